@@ -1,0 +1,122 @@
+// CPU FlashAttention-2 forward.
+//
+// Work item: (batch, query head, block of kBlockM query rows). The item keeps
+// its output rows in an accumulation-type tile and streams key/value blocks
+// through L1: S = Q K^T, online softmax (running max m and sum l, in base 2),
+// O = diag(alpha) O + P V. Memory is a few tiles per thread, never Sq x Sk.
+#include <cmath>
+#include <limits>
+
+#include "cpu/kernels.h"
+#include "cpu/scores.h"
+#include "cpu/tile.h"
+
+namespace jax_flash::cpu {
+namespace {
+
+template <typename T>
+void FwdItem(const FwdParams& p, int64_t item) {
+  using A = Acc<T>;
+  const AttentionShape& s = p.shape;
+  const int64_t num_m_blocks = (s.seqlen_q + kBlockM - 1) / kBlockM;
+  // Longest items first: with a causal mask the last query blocks see the
+  // most keys, so they are handed out, for every head, before the short ones.
+  const int64_t num_heads_total = s.batch * s.num_heads_q;
+  const int64_t m_block = num_m_blocks - 1 - item / num_heads_total;
+  const int64_t h = item % num_heads_total % s.num_heads_q;
+  const int64_t b = item % num_heads_total / s.num_heads_q;
+  const int64_t h_kv = h / s.group_size();
+  const int64_t i0 = m_block * kBlockM;
+  const int64_t rows = std::min(kBlockM, s.seqlen_q - i0);
+  const int64_t D = s.head_dim;
+  const int64_t Dp = PaddedHeadDim<A>(D);
+  const BatchMask mask = BatchMask::For(p.mask, b, s.seqlen_q, s.seqlen_k);
+
+  thread_local Scratch<A> scratch;
+  A* q = scratch.Get((2 * kBlockM + kBlockN) * Dp + D * kBlockN + kBlockM * kBlockN + 2 * kBlockM);
+  A* o = q + kBlockM * Dp;
+  A* v = o + kBlockM * Dp;
+  A* kt = v + kBlockN * Dp;
+  A* s_tile = kt + D * kBlockN;
+  A* m = s_tile + kBlockM * kBlockN;
+  A* l = m + kBlockM;
+
+  PackRows(static_cast<const T*>(p.q), p.q_strides, b, h, i0, rows, rows, D, q, Dp);
+  std::fill(o, o + rows * Dp, A(0));
+  std::fill(m, m + rows, -std::numeric_limits<A>::infinity());
+  std::fill(l, l + rows, A(0));
+
+  int64_t j_begin, j_end;
+  mask.KeyRange(i0, i0 + rows, &j_begin, &j_end);
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kBlockN) {
+    const int64_t cols = std::min(kBlockN, j_end - j0);
+    PackColumns(static_cast<const T*>(p.k), p.k_strides, b, h_kv, j0, cols, D, kt, kBlockN);
+    PackRows(static_cast<const T*>(p.v), p.v_strides, b, h_kv, j0, cols, kBlockN, D, v, Dp);
+    Gemm<A, false>(rows, kBlockN, D, q, Dp, kt, kBlockN, s_tile, kBlockN);  // S = Q K^T
+    const bool all_visible = cols == kBlockN && mask.AllVisible(i0, i0 + rows, j0, j0 + cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      A* s_row = s_tile + r * kBlockN;
+      ScoreRow<A>(s_row, p.score, mask, i0 + r, j0, cols, all_visible, nullptr);
+      Vec<A> row_max = Load(s_row);
+      for (int64_t c = kLanes<A>; c < kBlockN; c += kLanes<A>) row_max = Max<A>(row_max, Load(s_row + c));
+      const A m_new = std::max(m[r], ReduceMax<A>(row_max));
+      if (m_new == -std::numeric_limits<A>::infinity()) {
+        // Nothing visible in this row so far: P = 0 keeps O and l unchanged.
+        std::fill(s_row, s_row + kBlockN, A(0));
+        continue;
+      }
+      Vec<A> row_sum{};
+      for (int64_t c = 0; c < kBlockN; c += kLanes<A>) {
+        const Vec<A> prob = Exp2<A>(Load(s_row + c) - m_new);
+        Store(s_row + c, prob);
+        row_sum += prob;
+      }
+      const A alpha = std::exp2(m[r] - m_new);  // rescales what came before
+      l[r] = l[r] * alpha + ReduceSum<A>(row_sum);
+      m[r] = m_new;
+      if (alpha != A(1)) {
+        A* o_row = o + r * Dp;
+        for (int64_t c = 0; c < Dp; c += kLanes<A>) Store(o_row + c, Load(o_row + c) * alpha);
+      }
+    }
+    Gemm<A, true>(rows, Dp, kBlockN, s_tile, kBlockN, v, Dp, o, Dp);  // O += P V
+  }
+
+  A* lse = static_cast<A*>(p.lse) + (b * s.num_heads_q + h) * s.seqlen_q + i0;
+  for (int64_t r = 0; r < rows; ++r) {
+    A* o_row = o + r * Dp;
+    if (l[r] == A(0)) {  // no visible key: output 0, lse = log(0)
+      std::fill(o_row, o_row + Dp, A(0));
+      lse[r] = -std::numeric_limits<A>::infinity();
+      continue;
+    }
+    const A inv_l = A(1) / l[r];
+    for (int64_t c = 0; c < Dp; c += kLanes<A>) Store(o_row + c, Load(o_row + c) * inv_l);
+    lse[r] = (m[r] + std::log2(l[r])) * static_cast<A>(kLn2);
+  }
+  UnpackRows(o, Dp, rows, D, static_cast<T*>(p.out), p.out_strides, b, h, i0);
+}
+
+template <typename T>
+void Fwd(const FwdParams& p, const ParallelFor& parallel_for) {
+  const AttentionShape& s = p.shape;
+  const int64_t num_m_blocks = (s.seqlen_q + kBlockM - 1) / kBlockM;
+  parallel_for(s.batch * s.num_heads_q * num_m_blocks,
+               [&p](int64_t item) { FwdItem<T>(p, item); });
+}
+
+}  // namespace
+
+void FlashFwd(const FwdParams& p, DType dtype, const ParallelFor& parallel_for) {
+  switch (dtype) {
+    case DType::kF32: return Fwd<float>(p, parallel_for);
+    case DType::kF64: return Fwd<double>(p, parallel_for);
+    case DType::kBF16: return Fwd<bf16>(p, parallel_for);
+    case DType::kF16: return Fwd<f16>(p, parallel_for);
+  }
+}
+
+const char* CompiledMarch() { return JAX_FLASH_CPU_MARCH; }
+int VectorBytes() { return kVectorBytes; }
+
+}  // namespace jax_flash::cpu

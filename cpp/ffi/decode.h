@@ -1,0 +1,235 @@
+// Decoding and validation shared by the CPU and CUDA handlers.
+//
+// Both platforms register the same targets with the same operands and
+// attributes; this header is the one place that turns XLA FFI buffers and
+// attributes into FwdParams/BwdParams, and the one place that says what is
+// valid. It must stay free of CUDA types so that the CPU build includes it.
+//
+// Operand contract (all shapes row-major, as XLA passes them):
+//   q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D): one floating dtype.
+//   q_seqlens, kv_seqlens: int32 (B,), or int32 (0,) when absent.
+//   q_segment_ids (B, Sq), kv_segment_ids (B, Sk): int32, or (0,) when absent
+//   (both present or both absent).
+//   Forward results: out like q; lse (B, Hq, Sq) in the accumulation type.
+//   Backward operands add out, lse, dout; results dq, dk, dv.
+// Attributes (declared once, in AddScoreAndMaskAttrs):
+//   scale: f64, softcap: f64 (0 = off), is_causal: bool,
+//   window_left, window_right: i64 (< 0 = unbounded).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "jax_flash/params.h"
+#include "jax_flash/supported.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jax_flash::ffi_decode {
+
+namespace ffi = xla::ffi;
+
+// Attributes that fwd and bwd share, in one struct so that both handlers
+// decode them identically.
+struct ScoreAndMaskAttrs {
+  double scale;
+  double softcap;
+  bool is_causal;
+  int64_t window_left;
+  int64_t window_right;
+};
+
+// Appends the shared attributes to a binding, in the order the handler
+// functions take them.
+template <typename Binding>
+auto AddScoreAndMaskAttrs(Binding binding) {
+  return std::move(binding).template Attr<double>("scale")   // multiplies q.k
+      .template Attr<double>("softcap")           // cap * tanh(x / cap); 0 = off
+      .template Attr<bool>("is_causal")           // j <= i
+      .template Attr<int64_t>("window_left")      // j >= i - left; < 0 = unbounded
+      .template Attr<int64_t>("window_right");    // j <= i + right; < 0 = unbounded
+}
+
+inline std::string DimsToString(ffi::AnyBuffer::Dimensions dims) {
+  std::string s = "(";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(dims[i]);
+  }
+  return s + (dims.size() == 1 ? ",)" : ")");
+}
+
+inline ffi::Error Invalid(const std::string& message) {
+  return ffi::Error::InvalidArgument("jax_flash: " + message);
+}
+
+inline bool IsSupportedFloat(ffi::DataType t) {
+  return t == ffi::DataType::F32 || t == ffi::DataType::F64 ||
+         t == ffi::DataType::BF16 || t == ffi::DataType::F16;
+}
+
+// The accumulation (and lse) type of an input type.
+inline ffi::DataType AccumulationType(ffi::DataType t) {
+  return t == ffi::DataType::F64 ? ffi::DataType::F64 : ffi::DataType::F32;
+}
+
+inline ffi::Error ExpectDims(const char* name, ffi::AnyBuffer::Dimensions dims,
+                             std::initializer_list<int64_t> expected) {
+  bool ok = dims.size() == expected.size();
+  size_t i = 0;
+  for (int64_t e : expected) {
+    if (!ok) break;
+    ok = dims[i++] == e;
+  }
+  if (ok) return ffi::Error::Success();
+  std::string want = "(";
+  i = 0;
+  for (int64_t e : expected) want += (i++ ? ", " : "") + std::to_string(e);
+  return Invalid(std::string(name) + " must have shape " + want + ")" +
+                 ", got " + DimsToString(dims));
+}
+
+// q, k, v -> shape; checks ranks, dtypes, head_dim range, GQA divisibility.
+inline ffi::Error DecodeShape(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                              const ffi::AnyBuffer& v, AttentionShape* shape) {
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4)
+    return Invalid("q, k, v must be rank 4 (batch, seq, heads, head_dim); got " +
+                   DimsToString(qd) + ", " + DimsToString(kd) + ", " + DimsToString(vd));
+  if (!IsSupportedFloat(q.element_type()))
+    return Invalid("q must be float32, float64, bfloat16 or float16");
+  if (k.element_type() != q.element_type() || v.element_type() != q.element_type())
+    return Invalid("q, k and v must have the same dtype");
+  shape->batch = qd[0];
+  shape->seqlen_q = qd[1];
+  shape->num_heads_q = qd[2];
+  shape->head_dim = qd[3];
+  shape->seqlen_k = kd[1];
+  shape->num_heads_kv = kd[2];
+  if (kd[0] != qd[0] || kd[3] != qd[3])
+    return Invalid("k must have shape (B, Sk, Hkv, D) = (" + std::to_string(qd[0]) +
+                   ", Sk, Hkv, " + std::to_string(qd[3]) + "), got " + DimsToString(kd));
+  if (auto e = ExpectDims("v", vd, {kd[0], kd[1], kd[2], kd[3]}); e.failure()) return e;
+  if (shape->head_dim < 1 || shape->head_dim > kMaxHeadDim)
+    return Invalid("head_dim must be in [1, " + std::to_string(kMaxHeadDim) + "], got " +
+                   std::to_string(shape->head_dim));
+  if (shape->num_heads_kv < 1 || shape->num_heads_q % shape->num_heads_kv != 0)
+    return Invalid("query heads (" + std::to_string(shape->num_heads_q) +
+                   ") must be a multiple of key/value heads (" +
+                   std::to_string(shape->num_heads_kv) + ")");
+  return ffi::Error::Success();
+}
+
+inline bool IsAbsent(const ffi::AnyBuffer& b) { return b.element_count() == 0; }
+
+// Lengths and segment ids -> mask pointers; checks shapes and dtypes.
+inline ffi::Error DecodeMask(const AttentionShape& s, const ScoreAndMaskAttrs& a,
+                             const ffi::AnyBuffer& q_seqlens,
+                             const ffi::AnyBuffer& kv_seqlens,
+                             const ffi::AnyBuffer& q_segment_ids,
+                             const ffi::AnyBuffer& kv_segment_ids, MaskParams* m) {
+  m->causal = a.is_causal;
+  m->window_left = a.window_left < 0 ? -1 : a.window_left;
+  m->window_right = a.window_right < 0 ? -1 : a.window_right;
+  struct Named { const char* name; const ffi::AnyBuffer* buf; };
+  for (Named n : {Named{"q_seqlens", &q_seqlens}, Named{"kv_seqlens", &kv_seqlens},
+                  Named{"q_segment_ids", &q_segment_ids},
+                  Named{"kv_segment_ids", &kv_segment_ids}}) {
+    if (n.buf->element_type() != ffi::DataType::S32)
+      return Invalid(std::string(n.name) + " must be int32");
+  }
+  if (!IsAbsent(q_seqlens)) {
+    if (auto e = ExpectDims("q_seqlens", q_seqlens.dimensions(), {s.batch}); e.failure()) return e;
+    m->q_seqlens = static_cast<const int32_t*>(q_seqlens.untyped_data());
+  }
+  if (!IsAbsent(kv_seqlens)) {
+    if (auto e = ExpectDims("kv_seqlens", kv_seqlens.dimensions(), {s.batch}); e.failure()) return e;
+    m->kv_seqlens = static_cast<const int32_t*>(kv_seqlens.untyped_data());
+  }
+  if (IsAbsent(q_segment_ids) != IsAbsent(kv_segment_ids) && s.batch * s.seqlen_q * s.seqlen_k > 0)
+    return Invalid("q_segment_ids and kv_segment_ids must be given together");
+  if (!IsAbsent(q_segment_ids) && !IsAbsent(kv_segment_ids)) {
+    if (auto e = ExpectDims("q_segment_ids", q_segment_ids.dimensions(), {s.batch, s.seqlen_q}); e.failure()) return e;
+    if (auto e = ExpectDims("kv_segment_ids", kv_segment_ids.dimensions(), {s.batch, s.seqlen_k}); e.failure()) return e;
+    m->q_segment_ids = static_cast<const int32_t*>(q_segment_ids.untyped_data());
+    m->kv_segment_ids = static_cast<const int32_t*>(kv_segment_ids.untyped_data());
+  }
+  return ffi::Error::Success();
+}
+
+inline ffi::Error DecodeScore(const ScoreAndMaskAttrs& a, ScoreParams* score) {
+  if (!std::isfinite(a.scale)) return Invalid("scale must be finite");
+  if (!std::isfinite(a.softcap) || a.softcap < 0)
+    return Invalid("softcap must be finite and >= 0 (0 disables it)");
+  score->scale = a.scale;
+  score->softcap = a.softcap;
+  return ffi::Error::Success();
+}
+
+// Everything the forward needs, validated. Results are checked against the
+// shapes they must have.
+inline ffi::Error DecodeFwd(const ScoreAndMaskAttrs& attrs, const ffi::AnyBuffer& q,
+                            const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                            const ffi::AnyBuffer& q_seqlens,
+                            const ffi::AnyBuffer& kv_seqlens,
+                            const ffi::AnyBuffer& q_segment_ids,
+                            const ffi::AnyBuffer& kv_segment_ids,
+                            ffi::AnyBuffer::Dimensions out_dims, ffi::DataType out_type,
+                            ffi::AnyBuffer::Dimensions lse_dims, ffi::DataType lse_type,
+                            FwdParams* p) {
+  if (auto e = DecodeShape(q, k, v, &p->shape); e.failure()) return e;
+  const AttentionShape& s = p->shape;
+  if (auto e = DecodeMask(s, attrs, q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids, &p->mask);
+      e.failure())
+    return e;
+  if (auto e = DecodeScore(attrs, &p->score); e.failure()) return e;
+  if (auto e = ExpectDims("out", out_dims, {s.batch, s.seqlen_q, s.num_heads_q, s.head_dim}); e.failure())
+    return e;
+  if (out_type != q.element_type()) return Invalid("out must have the dtype of q");
+  if (auto e = ExpectDims("lse", lse_dims, {s.batch, s.num_heads_q, s.seqlen_q}); e.failure()) return e;
+  if (lse_type != AccumulationType(q.element_type()))
+    return Invalid("lse must be float32 (float64 for float64 inputs)");
+  p->q = q.untyped_data();
+  p->k = k.untyped_data();
+  p->v = v.untyped_data();
+  p->q_strides = SeqStrides::Contiguous(s.seqlen_q, s.num_heads_q, s.head_dim);
+  p->k_strides = SeqStrides::Contiguous(s.seqlen_k, s.num_heads_kv, s.head_dim);
+  p->v_strides = p->k_strides;
+  p->out_strides = p->q_strides;
+  return ffi::Error::Success();
+}
+
+// The backward's extra operands (out, lse, dout) are checked against the
+// forward's shapes; results dq, dk, dv against q, k, v.
+inline ffi::Error DecodeBwdExtras(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                                  const ffi::AnyBuffer& out, const ffi::AnyBuffer& lse,
+                                  const ffi::AnyBuffer& dout,
+                                  ffi::AnyBuffer::Dimensions dq_dims,
+                                  ffi::AnyBuffer::Dimensions dk_dims,
+                                  ffi::AnyBuffer::Dimensions dv_dims, BwdParams* p) {
+  const AttentionShape& s = p->shape;
+  const int64_t B = s.batch, Sq = s.seqlen_q, Sk = s.seqlen_k, Hq = s.num_heads_q,
+                Hkv = s.num_heads_kv, D = s.head_dim;
+  if (auto e = ExpectDims("out", out.dimensions(), {B, Sq, Hq, D}); e.failure()) return e;
+  if (auto e = ExpectDims("dout", dout.dimensions(), {B, Sq, Hq, D}); e.failure()) return e;
+  if (auto e = ExpectDims("lse", lse.dimensions(), {B, Hq, Sq}); e.failure()) return e;
+  if (auto e = ExpectDims("dq", dq_dims, {B, Sq, Hq, D}); e.failure()) return e;
+  if (auto e = ExpectDims("dk", dk_dims, {B, Sk, Hkv, D}); e.failure()) return e;
+  if (auto e = ExpectDims("dv", dv_dims, {B, Sk, Hkv, D}); e.failure()) return e;
+  if (out.element_type() != q.element_type() || dout.element_type() != q.element_type())
+    return Invalid("out and dout must have the dtype of q");
+  if (lse.element_type() != AccumulationType(q.element_type()))
+    return Invalid("lse must be float32 (float64 for float64 inputs)");
+  (void)k;
+  p->out = const_cast<void*>(out.untyped_data());
+  p->lse = const_cast<void*>(lse.untyped_data());
+  p->dout = dout.untyped_data();
+  p->dout_strides = p->q_strides;
+  p->dq_strides = p->q_strides;
+  p->dk_strides = p->k_strides;
+  p->dv_strides = p->k_strides;
+  return ffi::Error::Success();
+}
+
+}  // namespace jax_flash::ffi_decode

@@ -1,0 +1,119 @@
+// The one definition of "may query i attend key j".
+//
+// Every kernel (CPU, CUDA) asks this header, so the semantics cannot drift
+// between backends. Conventions follow jax.nn.dot_product_attention:
+//   causal:  j <= i                          (top-left aligned, also for Sq != Sk)
+//   window:  i - window_left <= j <= i + window_right   (a bound < 0 is unbounded)
+//   lengths: i < q_seqlen[b] and j < kv_seqlen[b]
+//   segments: q_segment_ids[b, i] == kv_segment_ids[b, j]
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define JAX_FLASH_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define JAX_FLASH_HOST_DEVICE inline
+#endif
+
+namespace jax_flash {
+
+// Whole-batch mask description; null pointers mean "absent".
+struct MaskParams {
+  bool causal = false;
+  int64_t window_left = -1;   // < 0: unbounded.
+  int64_t window_right = -1;  // < 0: unbounded.
+  const int32_t* q_seqlens = nullptr;       // (B,)
+  const int32_t* kv_seqlens = nullptr;      // (B,)
+  const int32_t* q_segment_ids = nullptr;   // (B, Sq), contiguous
+  const int32_t* kv_segment_ids = nullptr;  // (B, Sk), contiguous
+};
+
+// The mask for one batch element, with its lengths resolved.
+struct BatchMask {
+  bool causal;
+  int64_t window_left;
+  int64_t window_right;
+  int64_t q_len;   // rows i >= q_len see nothing
+  int64_t kv_len;  // keys j >= kv_len are never seen
+  const int32_t* q_seg;   // null if no segments
+  const int32_t* kv_seg;
+
+  JAX_FLASH_HOST_DEVICE static BatchMask For(const MaskParams& m, int64_t b,
+                                             int64_t seqlen_q, int64_t seqlen_k) {
+    BatchMask r;
+    r.causal = m.causal;
+    r.window_left = m.window_left;
+    r.window_right = m.window_right;
+    r.q_len = seqlen_q;
+    r.kv_len = seqlen_k;
+    // Lengths are clamped to [0, seqlen]: a negative length hides everything,
+    // one past the end changes nothing.
+    if (m.q_seqlens != nullptr) r.q_len = Clamp(m.q_seqlens[b], seqlen_q);
+    if (m.kv_seqlens != nullptr) r.kv_len = Clamp(m.kv_seqlens[b], seqlen_k);
+    r.q_seg = m.q_segment_ids ? m.q_segment_ids + b * seqlen_q : nullptr;
+    r.kv_seg = m.kv_segment_ids ? m.kv_segment_ids + b * seqlen_k : nullptr;
+    return r;
+  }
+
+  // The exact predicate.
+  JAX_FLASH_HOST_DEVICE bool Visible(int64_t i, int64_t j) const {
+    if (i >= q_len || j >= kv_len) return false;
+    if (causal && j > i) return false;
+    if (window_left >= 0 && j < i - window_left) return false;
+    if (window_right >= 0 && j > i + window_right) return false;
+    if (q_seg != nullptr && q_seg[i] != kv_seg[j]) return false;
+    return true;
+  }
+
+  // Keys [*begin, *end) that rows [i0, i1) may see, from the band structure
+  // (causal, window, lengths); segments are not used here. Everything outside
+  // is invisible, so kernels skip it. Empty when begin >= end.
+  JAX_FLASH_HOST_DEVICE void KeyRange(int64_t i0, int64_t i1, int64_t* begin,
+                                      int64_t* end) const {
+    int64_t lo = 0, hi = kv_len;
+    if (i1 > q_len) i1 = q_len;
+    if (i0 >= i1) { *begin = 0; *end = 0; return; }
+    if (causal) hi = Min(hi, i1);  // j <= i1 - 1
+    if (window_right >= 0) hi = Min(hi, i1 - 1 + window_right + 1);
+    if (window_left >= 0) lo = Max(lo, i0 - window_left);
+    *begin = lo;
+    *end = hi > lo ? hi : lo;
+  }
+
+  // Query rows [*begin, *end) that may see some key in [j0, j1): the
+  // transpose of KeyRange, used by kernels that loop over key blocks.
+  JAX_FLASH_HOST_DEVICE void QueryRange(int64_t j0, int64_t j1, int64_t* begin,
+                                        int64_t* end) const {
+    int64_t lo = 0, hi = q_len;
+    if (j1 > kv_len) j1 = kv_len;
+    if (j0 >= j1) { *begin = 0; *end = 0; return; }
+    if (causal) lo = Max(lo, j0);  // i >= j
+    if (window_right >= 0) lo = Max(lo, j0 - window_right);  // i >= j - right
+    if (window_left >= 0) hi = Min(hi, j1 - 1 + window_left + 1);  // i <= j + left
+    *begin = lo;
+    *end = hi > lo ? hi : lo;
+  }
+
+  // True when every (i, j) in the rectangle is visible, so a kernel can skip
+  // the per-element test. Needs no segments; the band conditions are checked
+  // at the corners that bind them.
+  JAX_FLASH_HOST_DEVICE bool AllVisible(int64_t i0, int64_t i1, int64_t j0,
+                                        int64_t j1) const {
+    if (q_seg != nullptr) return false;
+    if (i1 > q_len || j1 > kv_len) return false;
+    if (causal && j1 - 1 > i0) return false;
+    if (window_left >= 0 && j0 < i1 - 1 - window_left) return false;
+    if (window_right >= 0 && j1 - 1 > i0 + window_right) return false;
+    return true;
+  }
+
+ private:
+  JAX_FLASH_HOST_DEVICE static int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
+  JAX_FLASH_HOST_DEVICE static int64_t Max(int64_t a, int64_t b) { return a > b ? a : b; }
+  JAX_FLASH_HOST_DEVICE static int64_t Clamp(int64_t n, int64_t upper) {
+    return n < 0 ? 0 : (n > upper ? upper : n);
+  }
+};
+
+}  // namespace jax_flash

@@ -1,0 +1,78 @@
+// Plain parameter structs shared by every kernel (CPU and CUDA).
+//
+// No XLA or CUDA types here: the FFI handlers decode buffers and attributes
+// into these structs, kernels read nothing else. Sizes, strides and offsets
+// are 64-bit so that a tensor of more than 2^31 elements is addressed
+// correctly. Strides are in elements.
+#pragma once
+
+#include <cstdint>
+
+#include "jax_flash/mask.h"
+
+namespace jax_flash {
+
+// The problem: query (B, Sq, Hq, D), key/value (B, Sk, Hkv, D), Hq % Hkv == 0.
+struct AttentionShape {
+  int64_t batch = 0;
+  int64_t seqlen_q = 0;
+  int64_t seqlen_k = 0;
+  int64_t num_heads_q = 0;
+  int64_t num_heads_kv = 0;
+  int64_t head_dim = 0;
+
+  int64_t group_size() const { return num_heads_q / num_heads_kv; }
+};
+
+// Strides of a (batch, seq, heads, head_dim) tensor; head_dim is contiguous.
+struct SeqStrides {
+  int64_t batch = 0;
+  int64_t row = 0;
+  int64_t head = 0;
+
+  static SeqStrides Contiguous(int64_t seqlen, int64_t heads, int64_t head_dim) {
+    return SeqStrides{seqlen * heads * head_dim, heads * head_dim, head_dim};
+  }
+  int64_t offset(int64_t b, int64_t row_index, int64_t h) const {
+    return b * batch + row_index * this->row + h * head;
+  }
+};
+
+// Score transform applied to q.k before the softmax:
+//   x = scale * q.k;  if softcap > 0: x = softcap * tanh(x / softcap).
+struct ScoreParams {
+  double scale = 1.0;
+  double softcap = 0.0;  // 0 disables the cap.
+};
+
+// Forward: out = softmax(x masked) @ v, lse = logsumexp(x masked) per row.
+// lse is laid out (B, Hq, Sq), in the accumulation type (float32 for
+// 16/32-bit inputs, float64 for float64 inputs). Rows with no visible key get
+// out = 0 and lse = -inf.
+struct FwdParams {
+  AttentionShape shape;
+  MaskParams mask;
+  ScoreParams score;
+
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  void* lse = nullptr;
+
+  SeqStrides q_strides, k_strides, v_strides, out_strides;
+};
+
+// Backward: given dout, produce dq, dk, dv. `delta` is a scratch buffer of
+// B * Hq * Sq accumulation-type elements holding D = rowsum(dout * out).
+struct BwdParams : FwdParams {
+  const void* dout = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  void* delta = nullptr;
+
+  SeqStrides dout_strides, dq_strides, dk_strides, dv_strides;
+};
+
+}  // namespace jax_flash

@@ -1,0 +1,41 @@
+"""Loads the compiled extension and registers its FFI targets with XLA, once."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+from jax_flash import _jax_flash
+
+FWD_TARGET = "jax_flash_fwd"
+BWD_TARGET = "jax_flash_bwd"
+
+
+@functools.cache
+def register_targets() -> tuple[str, ...]:
+  """Registers every compiled handler; returns the platforms registered."""
+  registered = []
+  for platform, targets in _jax_flash.registrations().items():
+    for name, capsule in targets.items():
+      jax.ffi.register_ffi_target(name, capsule, platform=platform)
+    registered.append(platform)
+  return tuple(registered)
+
+
+def build_info() -> dict:
+  """Facts fixed when jax_flash was compiled, and the jax it runs with.
+
+  Keys: ``version``, ``jax_version`` and ``jaxlib_version`` (running now),
+  ``jaxlib_build_version`` (whose FFI headers it was compiled against),
+  ``cuda`` (CUDA kernels compiled in), ``cuda_archs`` (e.g. ``"90a"``),
+  ``cpu_march`` and ``cpu_vector_bytes`` (how the CPU kernels were compiled),
+  ``max_head_dim``.
+  """
+  import jaxlib
+
+  info = dict(_jax_flash.build_info())
+  info["cuda_archs"] = [a for a in info["cuda_archs"].split(",") if a]
+  info["jax_version"] = jax.__version__
+  info["jaxlib_version"] = jaxlib.__version__
+  return info

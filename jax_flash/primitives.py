@@ -1,0 +1,166 @@
+"""The two JAX primitives behind jax_flash: ``flash_fwd_p`` and ``flash_bwd_p``.
+
+Each has an abstract evaluation (shapes and dtypes of the results), a lowering
+to the XLA FFI custom call of its platform, and a batching rule that folds
+vmapped axes into the kernel's batch (or, for a forward vmapped over the query
+alone, into its heads) so that ``vmap`` never loops.
+
+Operands (all arrays; optional ones are int32 of shape ``(0,)`` when absent):
+  fwd: q, k, v, q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids
+       -> out (like q), lse (B, Hq, Sq) in the accumulation dtype
+  bwd: q, k, v, out, lse, dout, q_seqlens, kv_seqlens, q_segment_ids,
+       kv_segment_ids -> dq, dk, dv
+Parameters (static): scale, softcap, is_causal, window_left, window_right;
+the backward adds deterministic.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+
+from jax_flash import _ffi
+
+flash_fwd_p = Primitive("flash_fwd")
+flash_fwd_p.multiple_results = True
+flash_bwd_p = Primitive("flash_bwd")
+flash_bwd_p.multiple_results = True
+
+# Where each platform's handler lives. Lowering rules exist for both; a
+# platform whose handler was not compiled in fails at compile time with
+# XLA's "no registered implementation" error, which build_info() explains.
+_LOWERING_PLATFORMS = ("cpu", "cuda")
+
+NUM_MASK_OPERANDS = 4  # q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids
+
+
+def accumulation_dtype(dtype) -> np.dtype:
+  """float64 inputs accumulate (and return lse) in float64, the rest in float32."""
+  return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
+# -- abstract evaluation -------------------------------------------------------
+
+
+def _fwd_abstract_eval(q, k, v, *mask_operands, **params):
+  del k, v, mask_operands, params
+  batch, seqlen_q, num_heads, _ = q.shape
+  out = jax.core.ShapedArray(q.shape, q.dtype)
+  lse = jax.core.ShapedArray((batch, num_heads, seqlen_q), accumulation_dtype(q.dtype))
+  return out, lse
+
+
+def _bwd_abstract_eval(q, k, v, out, lse, dout, *mask_operands, **params):
+  del out, lse, dout, mask_operands, params
+  return (jax.core.ShapedArray(q.shape, q.dtype), jax.core.ShapedArray(k.shape, k.dtype),
+          jax.core.ShapedArray(v.shape, v.dtype))
+
+
+flash_fwd_p.def_abstract_eval(_fwd_abstract_eval)
+flash_bwd_p.def_abstract_eval(_bwd_abstract_eval)
+
+
+# -- eager execution: compile the primitive on its own, once per parameters ----
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted(prim: Primitive, params: tuple):
+  return jax.jit(lambda *args: prim.bind(*args, **dict(params)))
+
+
+def _impl(prim, *args, **params):
+  return _jitted(prim, tuple(sorted(params.items())))(*args)
+
+
+flash_fwd_p.def_impl(functools.partial(_impl, flash_fwd_p))
+flash_bwd_p.def_impl(functools.partial(_impl, flash_bwd_p))
+
+
+# -- lowering ------------------------------------------------------------------
+
+
+def _typed_attributes(scale, softcap, is_causal, window_left, window_right, **extra):
+  """Attributes typed exactly as the C++ handlers declare them (decode.h)."""
+  attrs = dict(scale=np.float64(scale), softcap=np.float64(softcap),
+               is_causal=bool(is_causal), window_left=np.int64(window_left),
+               window_right=np.int64(window_right))
+  attrs.update({name: bool(value) for name, value in extra.items()})
+  return attrs
+
+
+def _lowering(target):
+  lower = jax.ffi.ffi_lowering(target)
+
+  def rule(ctx, *args, **params):
+    _ffi.register_targets()
+    return lower(ctx, *args, **_typed_attributes(**params))
+
+  return rule
+
+
+for _platform in _LOWERING_PLATFORMS:
+  mlir.register_lowering(flash_fwd_p, _lowering(_ffi.FWD_TARGET), platform=_platform)
+  mlir.register_lowering(flash_bwd_p, _lowering(_ffi.BWD_TARGET), platform=_platform)
+
+
+# -- batching ------------------------------------------------------------------
+
+
+def _is_absent(x) -> bool:
+  return x.ndim == 1 and x.shape[0] == 0
+
+
+def _fold_into_batch(args, dims, axis_size):
+  """Moves every vmapped axis to the front and merges it with the batch axis.
+
+  Unbatched operands are broadcast; absent optional operands stay absent.
+  """
+  folded = []
+  for x, d in zip(args, dims):
+    if d is batching.not_mapped:
+      if _is_absent(x):
+        folded.append(x)
+        continue
+      x = jnp.broadcast_to(x[None], (axis_size,) + x.shape)
+    else:
+      x = jnp.moveaxis(x, d, 0)
+    folded.append(x.reshape((axis_size * x.shape[1],) + x.shape[2:]))
+  return folded
+
+
+def _unfold_batch(x, axis_size):
+  return x.reshape((axis_size, x.shape[0] // axis_size) + x.shape[1:])
+
+
+def _fwd_batch_rule(args, dims, **params):
+  q_dim = dims[0]
+  axis_size = args[0].shape[q_dim] if q_dim is not batching.not_mapped else next(
+      x.shape[d] for x, d in zip(args, dims) if d is not batching.not_mapped)
+  if q_dim is not batching.not_mapped and all(d is batching.not_mapped for d in dims[1:]):
+    # Only the query is mapped: the mapped copies share K/V, so they become
+    # extra query heads of each KV group (placing the mapped axis right after
+    # the head axis keeps the GQA grouping head // group_size intact).
+    q = jnp.moveaxis(args[0], q_dim, 3)  # (B, Sq, Hq, V, D)
+    batch, seqlen_q, num_heads, _, head_dim = q.shape
+    q = q.reshape(batch, seqlen_q, num_heads * axis_size, head_dim)
+    out, lse = flash_fwd_p.bind(q, *args[1:], **params)
+    out = jnp.moveaxis(out.reshape(batch, seqlen_q, num_heads, axis_size, head_dim), 3, 0)
+    lse = jnp.moveaxis(lse.reshape(batch, num_heads, axis_size, seqlen_q), 2, 0)
+    return (out, lse), (0, 0)
+  out, lse = flash_fwd_p.bind(*_fold_into_batch(args, dims, axis_size), **params)
+  return (_unfold_batch(out, axis_size), _unfold_batch(lse, axis_size)), (0, 0)
+
+
+def _bwd_batch_rule(args, dims, **params):
+  axis_size = next(x.shape[d] for x, d in zip(args, dims) if d is not batching.not_mapped)
+  grads = flash_bwd_p.bind(*_fold_into_batch(args, dims, axis_size), **params)
+  return tuple(_unfold_batch(g, axis_size) for g in grads), (0, 0, 0)
+
+
+batching.primitive_batchers[flash_fwd_p] = _fwd_batch_rule
+batching.primitive_batchers[flash_bwd_p] = _bwd_batch_rule
