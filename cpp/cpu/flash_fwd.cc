@@ -1,13 +1,15 @@
 // CPU FlashAttention-2 forward.
 //
 // Work item: (batch, query head, block of kBlockM query rows). The item keeps
-// its output rows in an accumulation-type tile and streams key/value blocks
-// through L1: S = Q K^T, online softmax (running max m and sum l, in base 2),
-// O = diag(alpha) O + P V. Memory is a few tiles per thread, never Sq x Sk.
+// its output rows in an accumulation-type tile and streams key/value tiles
+// (packed once per call) through the cache: S = Q K^T, online softmax
+// (running max m and sum l, in base 2), O = diag(alpha) O + P V.
+// Memory: the packed K and V plus a few tiles per thread, never Sq x Sk.
 #include <cmath>
 #include <limits>
 
 #include "cpu/kernels.h"
+#include "cpu/packed.h"
 #include "cpu/scores.h"
 #include "cpu/tile.h"
 
@@ -15,8 +17,17 @@ namespace jax_flash::cpu {
 namespace {
 
 template <typename T>
-void FwdItem(const FwdParams& p, int64_t item) {
+struct FwdInputs {
   using A = Acc<T>;
+  const FwdParams& p;
+  const PackedTensor<A>& k_transposed;  // tiles [D][kBlockN]
+  const PackedTensor<A>& v_rows;        // tiles [kBlockN][Dp]
+};
+
+template <typename T>
+void FwdItem(const FwdInputs<T>& in, int64_t item) {
+  using A = Acc<T>;
+  const FwdParams& p = in.p;
   const AttentionShape& s = p.shape;
   const int64_t num_m_blocks = (s.seqlen_q + kBlockM - 1) / kBlockM;
   // Longest items first: with a causal mask the last query blocks see the
@@ -33,11 +44,9 @@ void FwdItem(const FwdParams& p, int64_t item) {
   const BatchMask mask = BatchMask::For(p.mask, b, s.seqlen_q, s.seqlen_k);
 
   thread_local Scratch<A> scratch;
-  A* q = scratch.Get((2 * kBlockM + kBlockN) * Dp + D * kBlockN + kBlockM * kBlockN + 2 * kBlockM);
+  A* q = scratch.Get(2 * kBlockM * Dp + kBlockM * kBlockN + 2 * kBlockM);
   A* o = q + kBlockM * Dp;
-  A* v = o + kBlockM * Dp;
-  A* kt = v + kBlockN * Dp;
-  A* s_tile = kt + D * kBlockN;
+  A* s_tile = o + kBlockM * Dp;
   A* m = s_tile + kBlockM * kBlockN;
   A* l = m + kBlockM;
 
@@ -48,11 +57,12 @@ void FwdItem(const FwdParams& p, int64_t item) {
 
   int64_t j_begin, j_end;
   mask.KeyRange(i0, i0 + rows, &j_begin, &j_end);
-  for (int64_t j0 = j_begin; j0 < j_end; j0 += kBlockN) {
-    const int64_t cols = std::min(kBlockN, j_end - j0);
-    PackColumns(static_cast<const T*>(p.k), p.k_strides, b, h_kv, j0, cols, D, kt, kBlockN);
-    PackRows(static_cast<const T*>(p.v), p.v_strides, b, h_kv, j0, cols, kBlockN, D, v, Dp);
-    Gemm<A, false>(rows, kBlockN, D, q, Dp, kt, kBlockN, s_tile, kBlockN);  // S = Q K^T
+  for (int64_t n_block = j_begin / kBlockN; n_block * kBlockN < j_end; ++n_block) {
+    const int64_t j0 = n_block * kBlockN;
+    const int64_t cols = std::min(kBlockN, s.seqlen_k - j0);
+    const A* kt = in.k_transposed.Tile(b, h_kv, n_block);
+    const A* v = in.v_rows.Tile(b, h_kv, n_block);
+    Gemm<A, false>(rows, kBlockN, D, RowMajor(q, Dp), kt, kBlockN, s_tile, kBlockN);  // S = Q K^T
     const bool all_visible = cols == kBlockN && mask.AllVisible(i0, i0 + rows, j0, j0 + cols);
     for (int64_t r = 0; r < rows; ++r) {
       A* s_row = s_tile + r * kBlockN;
@@ -79,7 +89,7 @@ void FwdItem(const FwdParams& p, int64_t item) {
         for (int64_t c = 0; c < Dp; c += kLanes<A>) Store(o_row + c, Load(o_row + c) * alpha);
       }
     }
-    Gemm<A, true>(rows, Dp, kBlockN, s_tile, kBlockN, v, Dp, o, Dp);  // O += P V
+    Gemm<A, true>(rows, Dp, kBlockN, RowMajor<A>(s_tile, kBlockN), v, Dp, o, Dp);  // O += P V
   }
 
   A* lse = static_cast<A*>(p.lse) + (b * s.num_heads_q + h) * s.seqlen_q + i0;
@@ -99,10 +109,18 @@ void FwdItem(const FwdParams& p, int64_t item) {
 
 template <typename T>
 void Fwd(const FwdParams& p, const ParallelFor& parallel_for) {
+  using A = Acc<T>;
   const AttentionShape& s = p.shape;
+  const PackedTensor<A> k_transposed(static_cast<const T*>(p.k), p.k_strides, s.batch,
+                                     s.seqlen_k, s.num_heads_kv, s.head_dim, kBlockN,
+                                     TileLayout::kTransposed, parallel_for);
+  const PackedTensor<A> v_rows(static_cast<const T*>(p.v), p.v_strides, s.batch, s.seqlen_k,
+                               s.num_heads_kv, s.head_dim, kBlockN, TileLayout::kRows,
+                               parallel_for);
+  const FwdInputs<T> in{p, k_transposed, v_rows};
   const int64_t num_m_blocks = (s.seqlen_q + kBlockM - 1) / kBlockM;
   parallel_for(s.batch * s.num_heads_q * num_m_blocks,
-               [&p](int64_t item) { FwdItem<T>(p, item); });
+               [&in](int64_t item) { FwdItem<T>(in, item); });
 }
 
 }  // namespace

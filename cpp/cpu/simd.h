@@ -61,7 +61,9 @@ inline void Store(A* p, Vec<A> v) {
 
 template <typename A>
 inline Vec<A> Splat(A x) {
-  return Vec<A>{} + x;
+  // x - (+0) == x exactly (also for -0 and NaN), so this folds to a single
+  // broadcast; x + 0 would not (-0 + 0 is +0).
+  return x - Vec<A>{};
 }
 
 template <typename A>

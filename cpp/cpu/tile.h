@@ -63,22 +63,25 @@ void UnpackRows(const A* src, int64_t ld, int64_t rows, int64_t head_dim, T* dst
   }
 }
 
-// out (cols x rows) = transpose of in (rows x cols); both row-major.
-template <typename A>
-void Transpose(const A* in, int64_t ld_in, int64_t rows, int64_t cols, A* out, int64_t ld_out) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) out[c * ld_out + r] = in[r * ld_in + c];
-}
-
 // Register tile of the products: kRows x kCols vectors of accumulators. With
 // 32 vector registers (AVX-512) 4 x 4 leaves room for the operands; with 16,
 // 4 x 2.
 inline constexpr int kMaxRowTile = 4;
 inline constexpr int kMaxColTile = kVectorBytes == 64 ? 4 : 2;
 
+// Operand a of a product is addressed with two strides, so that the same
+// code multiplies by a matrix or by its transpose without copying it:
+// element (row r, depth k) is a[r * row_stride + k * depth_stride].
+template <typename A>
+struct Lhs {
+  const A* a;
+  int64_t row_stride;
+  int64_t depth_stride;
+  const A* Row(int64_t r) const { return a + r * row_stride; }
+};
+
 template <typename A, int kRows, int kCols, bool kAccumulate>
-inline void MicroKernel(int64_t depth, const A* a, int64_t lda, const A* b, int64_t ldb,
-                        A* c, int64_t ldc) {
+inline void MicroKernel(int64_t depth, Lhs<A> lhs, const A* b, int64_t ldb, A* c, int64_t ldc) {
   Vec<A> acc[kRows][kCols];
   for (int r = 0; r < kRows; ++r)
     for (int j = 0; j < kCols; ++j)
@@ -87,7 +90,8 @@ inline void MicroKernel(int64_t depth, const A* a, int64_t lda, const A* b, int6
     Vec<A> bv[kCols];
     for (int j = 0; j < kCols; ++j) bv[j] = Load(b + k * ldb + j * kLanes<A>);
     for (int r = 0; r < kRows; ++r) {
-      const Vec<A> av = Splat(a[r * lda + k]);
+      // A scalar times a vector broadcasts inside the FMA.
+      const A av = lhs.a[r * lhs.row_stride + k * lhs.depth_stride];
       for (int j = 0; j < kCols; ++j) acc[r][j] += av * bv[j];
     }
   }
@@ -96,23 +100,24 @@ inline void MicroKernel(int64_t depth, const A* a, int64_t lda, const A* b, int6
 }
 
 template <typename A, int kRows, bool kAccumulate>
-inline void MicroKernelCols(int cols, int64_t depth, const A* a, int64_t lda, const A* b,
-                            int64_t ldb, A* c, int64_t ldc) {
+inline void MicroKernelCols(int cols, int64_t depth, Lhs<A> lhs, const A* b, int64_t ldb, A* c,
+                            int64_t ldc) {
   switch (cols) {
-    case 1: return MicroKernel<A, kRows, 1, kAccumulate>(depth, a, lda, b, ldb, c, ldc);
-    case 2: return MicroKernel<A, kRows, 2, kAccumulate>(depth, a, lda, b, ldb, c, ldc);
-    case 3: if constexpr (kMaxColTile >= 3) return MicroKernel<A, kRows, 3, kAccumulate>(depth, a, lda, b, ldb, c, ldc);
+    case 1: return MicroKernel<A, kRows, 1, kAccumulate>(depth, lhs, b, ldb, c, ldc);
+    case 2: return MicroKernel<A, kRows, 2, kAccumulate>(depth, lhs, b, ldb, c, ldc);
+    case 3: if constexpr (kMaxColTile >= 3) return MicroKernel<A, kRows, 3, kAccumulate>(depth, lhs, b, ldb, c, ldc);
             break;
-    case 4: if constexpr (kMaxColTile >= 4) return MicroKernel<A, kRows, 4, kAccumulate>(depth, a, lda, b, ldb, c, ldc);
+    case 4: if constexpr (kMaxColTile >= 4) return MicroKernel<A, kRows, 4, kAccumulate>(depth, lhs, b, ldb, c, ldc);
             break;
   }
 }
 
-// c (m x n) = a (m x depth) . b (depth x n), or c += that when kAccumulate.
-// All row-major; n must be a multiple of kLanes<A> (buffers are padded).
+// c (m x n) = lhs (m x depth) . b (depth x n), or c += that when kAccumulate.
+// b and c are row-major; n must be a multiple of kLanes<A> (buffers are
+// padded).
 template <typename A, bool kAccumulate>
-void Gemm(int64_t m, int64_t n, int64_t depth, const A* a, int64_t lda, const A* b,
-          int64_t ldb, A* c, int64_t ldc) {
+void Gemm(int64_t m, int64_t n, int64_t depth, Lhs<A> lhs, const A* b, int64_t ldb, A* c,
+          int64_t ldc) {
   const int64_t n_vectors = n / kLanes<A>;
   for (int64_t j0 = 0; j0 < n_vectors; j0 += kMaxColTile) {
     const int cols = static_cast<int>(std::min<int64_t>(kMaxColTile, n_vectors - j0));
@@ -120,12 +125,19 @@ void Gemm(int64_t m, int64_t n, int64_t depth, const A* a, int64_t lda, const A*
     A* cj = c + j0 * kLanes<A>;
     int64_t i = 0;
     for (; i + kMaxRowTile <= m; i += kMaxRowTile)
-      MicroKernelCols<A, kMaxRowTile, kAccumulate>(cols, depth, a + i * lda, lda, bj, ldb,
-                                                   cj + i * ldc, ldc);
+      MicroKernelCols<A, kMaxRowTile, kAccumulate>(
+          cols, depth, {lhs.Row(i), lhs.row_stride, lhs.depth_stride}, bj, ldb, cj + i * ldc, ldc);
     for (; i < m; ++i)
-      MicroKernelCols<A, 1, kAccumulate>(cols, depth, a + i * lda, lda, bj, ldb, cj + i * ldc, ldc);
+      MicroKernelCols<A, 1, kAccumulate>(cols, depth, {lhs.Row(i), lhs.row_stride, lhs.depth_stride},
+                                         bj, ldb, cj + i * ldc, ldc);
   }
 }
+
+// A row-major matrix as a left operand, and the transpose of one.
+template <typename A>
+Lhs<A> RowMajor(const A* a, int64_t ld) { return {a, ld, 1}; }
+template <typename A>
+Lhs<A> Transposed(const A* a, int64_t ld) { return {a, 1, ld}; }
 
 // Reusable per-thread buffers, grown on demand (never shrunk).
 template <typename A>
