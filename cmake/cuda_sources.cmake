@@ -1,0 +1,38 @@
+# The CUDA part of the extension: handlers, dispatch, exact SIMT kernels and
+# (when cmake/cuda_tc_sources.cmake exists) the tensor-core kernels.
+# Included by cmake/cuda_kernels.cmake once CUDA is enabled and
+# CMAKE_CUDA_ARCHITECTURES is set.
+
+# cudart is linked statically so the module imports on a machine without a
+# GPU or driver (the CUDA targets are then simply never called by XLA).
+find_package(CUDAToolkit REQUIRED)
+
+set(JAX_FLASH_TC_SOURCES "")
+if(EXISTS "${CMAKE_CURRENT_SOURCE_DIR}/cmake/cuda_tc_sources.cmake")
+  include(cmake/cuda_tc_sources.cmake)  # sets JAX_FLASH_TC_SOURCES
+endif()
+
+add_library(jax_flash_cuda STATIC
+  cpp/ffi/cuda_handlers.cc   # host C++; CUDA headers come with CUDA::cudart_static
+  cpp/cuda/dispatch.cu
+  # exact SIMT kernels, one storage type per file (parallel, short compiles)
+  cpp/cuda/exact_fwd_f32.cu cpp/cuda/exact_fwd_f64.cu
+  cpp/cuda/exact_fwd_bf16.cu cpp/cuda/exact_fwd_f16.cu
+  cpp/cuda/exact_bwd_f32.cu cpp/cuda/exact_bwd_f64.cu
+  cpp/cuda/exact_bwd_bf16.cu cpp/cuda/exact_bwd_f16.cu
+  ${JAX_FLASH_TC_SOURCES})
+target_include_directories(jax_flash_cuda PRIVATE ${JAX_FLASH_INCLUDES})
+if(XLA_FFI_INCLUDE_DIR)
+  # Third-party headers: their warnings (-Wreturn-type in api.h) are not ours.
+  target_include_directories(jax_flash_cuda SYSTEM PRIVATE "${XLA_FFI_INCLUDE_DIR}")
+endif()
+target_link_libraries(jax_flash_cuda PUBLIC CUDA::cudart_static)
+set_target_properties(jax_flash_cuda PROPERTIES
+  POSITION_INDEPENDENT_CODE ON
+  CUDA_SEPARABLE_COMPILATION OFF
+  CUDA_STANDARD 17
+  CUDA_STANDARD_REQUIRED ON)
+# IEEE arithmetic: no --use_fast_math (the exact kernels rely on accurate
+# exp/log/tanh, division and infinities). -lineinfo costs nothing at run time
+# and makes compute-sanitizer and profiler reports point at source lines.
+target_compile_options(jax_flash_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-O3 -lineinfo>)

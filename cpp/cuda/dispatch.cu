@@ -1,0 +1,92 @@
+// Chooses the kernel family for a problem and launches it.
+//
+// Two families: the tensor-core kernels (cpp/cuda/tc, bf16/fp16 only, head-dim
+// buckets) and the exact SIMT kernels (cpp/cuda/exact_*, every dtype and
+// head_dim, IEEE arithmetic). UseTensorCores() below is the single place that
+// routes between them.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda/exact_launch.cuh"
+#include "cuda/launch.h"
+
+namespace jax_flash::cuda {
+namespace {
+
+size_t AccBytes(DType dtype) { return dtype == DType::kFloat64 ? sizeof(double) : sizeof(float); }
+
+size_t RoundUp(size_t n, size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// Parts of the workspace start at multiples of this from its base.
+constexpr size_t kPartAlignment = 256;
+
+// Bytes of the delta = rowsum(dout * out) buffer, (B, Hq, Sq) accumulation type.
+size_t DeltaBytes(const BwdParams& p, DType dtype) {
+  const AttentionShape& s = p.shape;
+  return RoundUp(static_cast<size_t>(s.batch * s.num_heads_q * s.seqlen_q) * AccBytes(dtype),
+                 kPartAlignment);
+}
+
+// ===========================================================================
+// THE ROUTING DECISION: tensor cores or exact kernels.
+//
+// For now every problem runs the exact kernels. To enable the tensor-core
+// family, return true here for (bf16 or fp16) && tc::Supports(params, true),
+// and fill in the three marked TC calls below (tc::LaunchFwd,
+// tc::BwdWorkspace, tc::LaunchBwd from cpp/cuda/tc/tc_api.h). float32 and
+// float64 must always take the exact kernels (no TF32: check_grads relies on it).
+template <typename Params>
+bool UseTensorCores(const Params& params, DType dtype) {
+  (void)params;
+  (void)dtype;
+  return false;
+}
+// ===========================================================================
+
+template <typename Fn>
+cudaError_t ByDType(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kFloat32: return fn(float{});
+    case DType::kFloat64: return fn(double{});
+    case DType::kBFloat16: return fn(__nv_bfloat16{});
+    case DType::kFloat16: return fn(__half{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+cudaError_t LaunchFwd(const FwdParams& params, DType dtype, cudaStream_t stream) {
+  if (UseTensorCores(params, dtype)) {
+    return cudaErrorNotSupported;  // TC: return tc::LaunchFwd(params, dtype == DType::kBFloat16, stream);
+  }
+  return ByDType(dtype, [&](auto tag) {
+    return exact::LaunchExactFwd<decltype(tag)>(params, stream);
+  });
+}
+
+size_t BwdWorkspaceBytes(const BwdParams& params, DType dtype, bool deterministic) {
+  size_t bytes = DeltaBytes(params, dtype);
+  if (UseTensorCores(params, dtype)) {
+    (void)deterministic;  // TC: bytes += RoundUp(tc::BwdWorkspace(params, bf16, deterministic), kPartAlignment);
+  }
+  return bytes > 0 ? bytes : kPartAlignment;
+}
+
+cudaError_t LaunchBwd(const BwdParams& params, DType dtype, void* workspace, bool deterministic,
+                      cudaStream_t stream) {
+  BwdParams p = params;
+  // The workspace starts with delta; the rest (if any) belongs to the kernel.
+  p.delta = workspace;
+  if (UseTensorCores(p, dtype)) {
+    // TC: void* rest = static_cast<char*>(workspace) + DeltaBytes(p, dtype);
+    //     return tc::LaunchBwd(p, dtype == DType::kBFloat16, rest, deterministic, stream);
+    return cudaErrorNotSupported;
+  }
+  (void)deterministic;  // the exact backward is deterministic by construction
+  return ByDType(dtype, [&](auto tag) { return exact::LaunchExactBwd<decltype(tag)>(p, stream); });
+}
+
+}  // namespace jax_flash::cuda

@@ -1,0 +1,316 @@
+// Exact FlashAttention-2 backward: SIMT, IEEE arithmetic in the accumulation
+// type, any head_dim in [1, 256], any sequence lengths, GQA.
+//
+// Three kernels, in stream order:
+//   1. Delta:  D = rowsum(dO * O) per query row, into the scratch buffer.
+//   2. dK/dV:  one block per (batch, kv head, key block); it loops over the
+//              query blocks (QueryRange) of every query head of its group:
+//                P  = exp(S - lse),  dP = dO V^T,  dS = P * (dP - D)
+//                dV += P^T dO,  dK += dS^T Q     (dK, dV in registers)
+//   3. dQ:     one block per (batch, query head, query block); it loops over
+//              the key blocks (KeyRange): dQ += dS K   (dQ in registers)
+// Every output element is written by exactly one block and summed in a fixed
+// order, so the backward needs no atomics and is deterministic by
+// construction (bitwise reproducible run to run); the price is computing S and
+// dP twice (once per pass).
+//
+// With a softcap, x = cap * tanh(scale * q.k / cap), so dS is multiplied by
+// 1 - tanh^2. Rows whose lse is -inf (no visible key) get P = 0: their lse
+// is replaced by +inf, so exp(x - lse) = 0 and no -inf - (-inf) appears.
+// Included once per storage type by exact_bwd_<dtype>.cu, each of which
+// instantiates LaunchExactBwd<T>: one instantiation per file keeps each
+// compile short and lets the build run them in parallel.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/exact_common.cuh"
+#include "cuda/exact_launch.cuh"
+#include "jax_flash/mask.h"
+
+namespace jax_flash::cuda::exact {
+namespace {
+
+// ---------------------------------------------------------------------------
+// 1. D = rowsum(dO * O), one warp per query row.
+
+inline constexpr int kDeltaRowsPerBlock = kThreads / kWarpSize;
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) BwdDeltaKernel(const BwdParams p) {
+  using Acc = AccType<T>;
+  const AttentionShape& s = p.shape;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kDeltaRowsPerBlock + warp;
+  if (row >= s.batch * s.num_heads_q * s.seqlen_q) return;
+  // row enumerates the (B, Hq, Sq) layout of delta.
+  const int64_t i = row % s.seqlen_q;
+  const int64_t h = (row / s.seqlen_q) % s.num_heads_q;
+  const int64_t b = row / s.seqlen_q / s.num_heads_q;
+  const T* dout = static_cast<const T*>(p.dout) + Offset(p.dout_strides, b, i, h);
+  const T* out = static_cast<const T*>(p.out) + Offset(p.out_strides, b, i, h);
+  Acc sum = Acc(0);
+  for (int64_t d = lane; d < s.head_dim; d += kWarpSize) sum = fma(ToAcc(dout[d]), ToAcc(out[d]), sum);
+  sum = GroupSum<kWarpSize>(sum);
+  if (lane == 0) static_cast<Acc*>(p.delta)[row] = sum;
+}
+
+// ---------------------------------------------------------------------------
+// Shared-memory layout of the dK/dV and dQ kernels (the same tiles).
+
+template <typename Acc, int kMaxD>
+struct BwdLayout {
+  using Tiles = ExactTiles<Acc, kMaxD>;
+  static constexpr int kBlockM = Tiles::kBwdBlockM;
+  static constexpr int kBlockN = Tiles::kBwdBlockN;
+  static constexpr int kLd = Tiles::kLd;
+  static constexpr int kLdP = kBlockN + 1;  // odd: see ExactTiles
+  // sQ, sdO [kBlockM][kLd]; sK, sV [kBlockN][kLd]; sP, sdS [kBlockM][kLdP];
+  // sLse, sDelta [kBlockM].
+  static constexpr size_t kSharedElems = size_t(2 * kBlockM + 2 * kBlockN) * kLd +
+                                         size_t(2 * kBlockM) * kLdP + 2 * kBlockM;
+  static constexpr size_t kSharedBytes = kSharedElems * sizeof(Acc);
+  static_assert(kSharedBytes <= kMaxSharedBytes, "backward tiles exceed shared memory");
+
+  Acc *sQ, *sdO, *sK, *sV, *sP, *sdS, *sLse, *sDelta;
+
+  __device__ explicit BwdLayout(unsigned char* raw) {
+    sQ = reinterpret_cast<Acc*>(raw);
+    sdO = sQ + kBlockM * kLd;
+    sK = sdO + kBlockM * kLd;
+    sV = sK + kBlockN * kLd;
+    sP = sV + kBlockN * kLd;
+    sdS = sP + kBlockM * kLdP;
+    sLse = sdS + kBlockM * kLdP;
+    sDelta = sLse + kBlockM;
+  }
+};
+
+// Loads the query-side tiles of rows [i0, i0 + m_valid) of head h: Q, dO,
+// lse (with -inf replaced by +inf so that P = exp(x - lse) = 0) and D.
+template <typename T, int kMaxD, typename Layout>
+__device__ __forceinline__ void LoadQuerySide(const BwdParams& p, const Layout& t, int64_t b,
+                                              int64_t h, int64_t i0, int m_valid) {
+  using Acc = AccType<T>;
+  const int head_dim = static_cast<int>(p.shape.head_dim);
+  LoadTile<Layout::kBlockM, kMaxD>(t.sQ, static_cast<const T*>(p.q) + Offset(p.q_strides, b, i0, h),
+                                   p.q_strides.row, m_valid, head_dim);
+  LoadTile<Layout::kBlockM, kMaxD>(t.sdO,
+                                   static_cast<const T*>(p.dout) + Offset(p.dout_strides, b, i0, h),
+                                   p.dout_strides.row, m_valid, head_dim);
+  for (int r = threadIdx.x; r < Layout::kBlockM; r += kThreads) {
+    Acc lse = Infinity<Acc>(), delta = Acc(0);
+    if (r < m_valid) {
+      const int64_t at = RowStatOffset(p.shape, b, h, i0 + r);
+      lse = static_cast<const Acc*>(p.lse)[at];
+      if (lse == -Infinity<Acc>()) lse = Infinity<Acc>();
+      delta = static_cast<const Acc*>(p.delta)[at];
+    }
+    t.sLse[r] = lse;
+    t.sDelta[r] = delta;
+  }
+}
+
+// For the tile of query rows [i0, i0 + m_valid) x keys [j0, j0 + n_valid)
+// already in shared memory, computes
+//   P  = exp(x - lse)            (0 where invisible)       -> sP (if kWriteP)
+//   dS = P * (dO V^T - D) * dx   (0 where invisible)       -> sdS
+// where x is the transformed score and dx its derivative (softcap). The
+// factor `scale` of dS is applied once to the final dQ/dK.
+template <bool kWriteP, typename Layout, typename Acc>
+__device__ __forceinline__ void ProbsAndScoreGrads(const Layout& t, const BatchMask& mask,
+                                                   int64_t i0, int m_valid, int64_t j0,
+                                                   int n_valid, int head_dim, Acc scale,
+                                                   Acc softcap) {
+  constexpr int kLd = Layout::kLd, kLdP = Layout::kLdP;
+  using SMap = TileMap<Layout::kBlockM, Layout::kBlockN>;
+  const SMap smap(threadIdx.x);
+  Fragment<SMap, Acc> dot, dp;
+  Fill<SMap, Acc>(dot, Acc(0));
+  Fill<SMap, Acc>(dp, Acc(0));
+  MultiplyAccumulate(smap, dot, t.sQ, kLd, 1, t.sK, kLd, 1, head_dim);   // Q K^T
+  MultiplyAccumulate(smap, dp, t.sdO, kLd, 1, t.sV, kLd, 1, head_dim);   // dO V^T
+  if (!smap.active) return;
+  const bool all_visible = mask.AllVisible(i0, i0 + m_valid, j0, j0 + n_valid);
+#pragma unroll
+  for (int i = 0; i < SMap::kRowsPerThread; ++i) {
+    const int r = smap.row(i);
+#pragma unroll
+    for (int jj = 0; jj < SMap::kColsPerThread; ++jj) {
+      const int c = smap.col(jj);
+      Acc prob = Acc(0), dscore = Acc(0);
+      if (r < m_valid && c < n_valid && (all_visible || mask.Visible(i0 + r, j0 + c))) {
+        Acc dx;
+        const Acc x = Score(dot[i][jj], scale, softcap, &dx);
+        prob = Exp(x - t.sLse[r]);
+        dscore = prob * (dp[i][jj] - t.sDelta[r]) * dx;
+      }
+      if constexpr (kWriteP) t.sP[r * kLdP + c] = prob;
+      t.sdS[r * kLdP + c] = dscore;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// 2. dK, dV.
+
+template <typename T, int kMaxD>
+__global__ void __launch_bounds__(kThreads) BwdDkDvExactKernel(const BwdParams p) {
+  using Acc = AccType<T>;
+  using L = BwdLayout<Acc, kMaxD>;
+  constexpr int kBlockM = L::kBlockM, kBlockN = L::kBlockN, kLd = L::kLd, kLdP = L::kLdP;
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  const L t(shared_raw);
+
+  const AttentionShape& s = p.shape;
+  const int head_dim = static_cast<int>(s.head_dim);
+  // (batch, kv head, key block), key block fastest; one grid dimension.
+  const int64_t num_n_blocks = CeilDiv(s.seqlen_k, kBlockN);
+  const int64_t n_block = blockIdx.x % num_n_blocks;
+  const int64_t h_kv = (blockIdx.x / num_n_blocks) % s.num_heads_kv;
+  const int64_t b = blockIdx.x / num_n_blocks / s.num_heads_kv;
+  const int64_t j0 = n_block * kBlockN;
+  const int n_valid = ValidRows<kBlockN>(s.seqlen_k - j0);
+
+  const BatchMask mask = BatchMask::For(p.mask, b, s.seqlen_q, s.seqlen_k);
+  int64_t query_begin, query_end;
+  mask.QueryRange(j0, j0 + n_valid, &query_begin, &query_end);
+
+  const Acc scale = static_cast<Acc>(p.score.scale);
+  const Acc softcap = static_cast<Acc>(p.score.softcap);
+  LoadTile<kBlockN, kMaxD>(t.sK, static_cast<const T*>(p.k) + Offset(p.k_strides, b, j0, h_kv),
+                           p.k_strides.row, n_valid, head_dim);
+  LoadTile<kBlockN, kMaxD>(t.sV, static_cast<const T*>(p.v) + Offset(p.v_strides, b, j0, h_kv),
+                           p.v_strides.row, n_valid, head_dim);
+
+  using KvMap = TileMap<kBlockN, kMaxD>;
+  const KvMap kvmap(threadIdx.x);
+  Fragment<KvMap, Acc> dk, dv;
+  Fill<KvMap, Acc>(dk, Acc(0));
+  Fill<KvMap, Acc>(dv, Acc(0));
+
+  // GQA: this kv head serves query heads [h_kv * G, (h_kv + 1) * G); their
+  // contributions are summed here, in a fixed order.
+  const int64_t group = GroupSize(s);
+  for (int64_t h = h_kv * group; h < (h_kv + 1) * group; ++h) {
+    for (int64_t i0 = query_begin; i0 < query_end; i0 += kBlockM) {
+      const int m_valid = ValidRows<kBlockM>(query_end - i0);
+      __syncthreads();  // the previous query block's readers are done
+      LoadQuerySide<T, kMaxD>(p, t, b, h, i0, m_valid);
+      __syncthreads();
+      ProbsAndScoreGrads</*kWriteP=*/true>(t, mask, i0, m_valid, j0, n_valid, head_dim, scale,
+                                           softcap);
+      __syncthreads();
+      // Both products reduce over the query rows of the block: rows are the
+      // keys (P^T, dS^T read with unit row stride), columns the head dim.
+      MultiplyAccumulate(kvmap, dv, t.sP, 1, kLdP, t.sdO, 1, kLd, m_valid);  // dV += P^T dO
+      MultiplyAccumulate(kvmap, dk, t.sdS, 1, kLdP, t.sQ, 1, kLd, m_valid);  // dK += dS^T Q
+    }
+  }
+
+  StoreFragment<T>(kvmap, dk, scale, static_cast<T*>(p.dk) + Offset(p.dk_strides, b, j0, h_kv),
+                   p.dk_strides.row, n_valid, head_dim);
+  StoreFragment<T>(kvmap, dv, Acc(1), static_cast<T*>(p.dv) + Offset(p.dv_strides, b, j0, h_kv),
+                   p.dv_strides.row, n_valid, head_dim);
+}
+
+// ---------------------------------------------------------------------------
+// 3. dQ.
+
+template <typename T, int kMaxD>
+__global__ void __launch_bounds__(kThreads) BwdDqExactKernel(const BwdParams p) {
+  using Acc = AccType<T>;
+  using L = BwdLayout<Acc, kMaxD>;
+  constexpr int kBlockM = L::kBlockM, kBlockN = L::kBlockN, kLd = L::kLd, kLdP = L::kLdP;
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  const L t(shared_raw);
+
+  const AttentionShape& s = p.shape;
+  const int head_dim = static_cast<int>(s.head_dim);
+  // (batch, query head, query block), query block fastest; one grid dimension.
+  const int64_t num_m_blocks = CeilDiv(s.seqlen_q, kBlockM);
+  const int64_t m_block = blockIdx.x % num_m_blocks;
+  const int64_t h = (blockIdx.x / num_m_blocks) % s.num_heads_q;
+  const int64_t b = blockIdx.x / num_m_blocks / s.num_heads_q;
+  const int64_t h_kv = h / GroupSize(s);
+  const int64_t i0 = m_block * kBlockM;
+  const int m_valid = ValidRows<kBlockM>(s.seqlen_q - i0);
+
+  const BatchMask mask = BatchMask::For(p.mask, b, s.seqlen_q, s.seqlen_k);
+  int64_t key_begin, key_end;
+  mask.KeyRange(i0, i0 + m_valid, &key_begin, &key_end);
+
+  const Acc scale = static_cast<Acc>(p.score.scale);
+  const Acc softcap = static_cast<Acc>(p.score.softcap);
+  LoadQuerySide<T, kMaxD>(p, t, b, h, i0, m_valid);
+  const T* k = static_cast<const T*>(p.k) + Offset(p.k_strides, b, 0, h_kv);
+  const T* v = static_cast<const T*>(p.v) + Offset(p.v_strides, b, 0, h_kv);
+
+  using QMap = TileMap<kBlockM, kMaxD>;
+  const QMap qmap(threadIdx.x);
+  Fragment<QMap, Acc> dq;
+  Fill<QMap, Acc>(dq, Acc(0));
+
+  for (int64_t j0 = key_begin; j0 < key_end; j0 += kBlockN) {
+    const int n_valid = ValidRows<kBlockN>(key_end - j0);
+    __syncthreads();  // the previous key block's readers are done
+    LoadTile<kBlockN, kMaxD>(t.sK, k + j0 * p.k_strides.row, p.k_strides.row, n_valid, head_dim);
+    LoadTile<kBlockN, kMaxD>(t.sV, v + j0 * p.v_strides.row, p.v_strides.row, n_valid, head_dim);
+    __syncthreads();
+    ProbsAndScoreGrads</*kWriteP=*/false>(t, mask, i0, m_valid, j0, n_valid, head_dim, scale,
+                                          softcap);
+    __syncthreads();
+    MultiplyAccumulate(qmap, dq, t.sdS, kLdP, 1, t.sK, 1, kLd, n_valid);  // dQ += dS K
+  }
+
+  StoreFragment<T>(qmap, dq, scale, static_cast<T*>(p.dq) + Offset(p.dq_strides, b, i0, h),
+                   p.dq_strides.row, m_valid, head_dim);
+}
+
+// ---------------------------------------------------------------------------
+// Launch.
+
+template <typename Kernel>
+cudaError_t Launch(Kernel kernel, int64_t blocks, size_t shared_bytes, const BwdParams& p,
+                   cudaStream_t stream) {
+  if (blocks == 0) return cudaSuccess;
+  if (blocks > kMaxGridX) return cudaErrorInvalidConfiguration;
+  if (shared_bytes > kDefaultSharedBytes) {
+    // Not a stream operation: allowed while XLA captures a command buffer.
+    const cudaError_t err = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes));
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<static_cast<unsigned>(blocks), kThreads, shared_bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T, int kMaxD>
+cudaError_t LaunchBwdTier(const BwdParams& p, cudaStream_t stream) {
+  using L = BwdLayout<AccType<T>, kMaxD>;
+  const AttentionShape& s = p.shape;
+  const int64_t rows = s.batch * s.num_heads_q * s.seqlen_q;
+  cudaError_t err = Launch(BwdDeltaKernel<T>, CeilDiv(rows, kDeltaRowsPerBlock), 0, p, stream);
+  if (err != cudaSuccess) return err;
+  err = Launch(BwdDkDvExactKernel<T, kMaxD>,
+               CeilDiv(s.seqlen_k, L::kBlockN) * s.num_heads_kv * s.batch, L::kSharedBytes, p,
+               stream);
+  if (err != cudaSuccess) return err;
+  return Launch(BwdDqExactKernel<T, kMaxD>, CeilDiv(s.seqlen_q, L::kBlockM) * s.num_heads_q * s.batch,
+                L::kSharedBytes, p, stream);
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t LaunchExactBwd(const BwdParams& p, cudaStream_t stream) {
+  switch (HeadDimTier(p.shape.head_dim)) {
+    case 32: return LaunchBwdTier<T, 32>(p, stream);
+    case 64: return LaunchBwdTier<T, 64>(p, stream);
+    case 128: return LaunchBwdTier<T, 128>(p, stream);
+    case 256: return LaunchBwdTier<T, 256>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace jax_flash::cuda::exact

@@ -1,0 +1,222 @@
+// Exact FlashAttention-2 forward: SIMT, IEEE arithmetic in the accumulation
+// type, any head_dim in [1, 256], any sequence lengths.
+//
+// One block computes kBlockM query rows of one (batch, query head):
+//   for each key block j in KeyRange(rows):       (fully masked blocks skipped)
+//     S   = scale * Q K_j^T, softcap, mask -> -inf          (shared memory)
+//     m'  = max(m, rowmax S);  P = exp(S - m');  alpha = exp(m - m')
+//     l   = alpha * l + rowsum P;  O = alpha * O + P V_j    (O in registers)
+//   out = O / l,  lse = m + log(l)
+// No Sq x Sk buffer exists. A row that sees no key ends with l = 0 and gets
+// out = 0, lse = -inf.
+// Included once per storage type by exact_fwd_<dtype>.cu, each of which
+// instantiates LaunchExactFwd<T>: one instantiation per file keeps each
+// compile short and lets the build run them in parallel.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/exact_common.cuh"
+#include "cuda/exact_launch.cuh"
+#include "jax_flash/mask.h"
+
+namespace jax_flash::cuda::exact {
+namespace {
+
+template <typename Acc, int kMaxD>
+struct FwdLayout {
+  using Tiles = ExactTiles<Acc, kMaxD>;
+  static constexpr int kBlockM = Tiles::kFwdBlockM;
+  static constexpr int kBlockN = Tiles::kFwdBlockN;
+  static constexpr int kLd = Tiles::kLd;
+  static constexpr int kLdP = kBlockN + 1;  // odd: column reads of P avoid bank conflicts
+  // sQ[kBlockM][kLd], sK[kBlockN][kLd], sV[kBlockN][kLd], sP[kBlockM][kLdP],
+  // sRowScale[kBlockM].
+  static constexpr size_t kSharedElems =
+      size_t(kBlockM + 2 * kBlockN) * kLd + size_t(kBlockM) * kLdP + kBlockM;
+  static constexpr size_t kSharedBytes = kSharedElems * sizeof(Acc);
+  static_assert(kSharedBytes <= kMaxSharedBytes, "forward tiles exceed shared memory");
+  // The row-wise softmax gives each query row kThreadsPerRow threads.
+  static constexpr int kThreadsPerRow = kThreads / kBlockM;
+  static_assert(kThreadsPerRow * kBlockM == kThreads && kThreadsPerRow <= kWarpSize &&
+                    (kThreadsPerRow & (kThreadsPerRow - 1)) == 0,
+                "softmax rows must split a warp evenly");
+};
+
+template <typename T, int kMaxD>
+__global__ void __launch_bounds__(kThreads) FlashFwdExactKernel(const FwdParams p) {
+  using Acc = AccType<T>;
+  using L = FwdLayout<Acc, kMaxD>;
+  constexpr int kBlockM = L::kBlockM, kBlockN = L::kBlockN, kLd = L::kLd, kLdP = L::kLdP;
+
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  Acc* sQ = reinterpret_cast<Acc*>(shared_raw);
+  Acc* sK = sQ + kBlockM * kLd;
+  Acc* sV = sK + kBlockN * kLd;
+  Acc* sP = sV + kBlockN * kLd;          // scores, then probabilities
+  Acc* sRowScale = sP + kBlockM * kLdP;  // alpha per key block, then l at the end
+
+  const AttentionShape& s = p.shape;
+  const int head_dim = static_cast<int>(s.head_dim);
+  // Blocks are numbered (batch, head, query block) with the query block
+  // fastest, so blocks sharing K/V of one head run together (L2 reuse). One
+  // grid dimension avoids the 65535 limit of y/z for large batch * heads.
+  const int64_t num_m_blocks = CeilDiv(s.seqlen_q, kBlockM);
+  const int64_t m_block = blockIdx.x % num_m_blocks;
+  const int64_t h = (blockIdx.x / num_m_blocks) % s.num_heads_q;
+  const int64_t b = blockIdx.x / num_m_blocks / s.num_heads_q;
+  const int64_t h_kv = h / GroupSize(s);
+  const int64_t i0 = m_block * kBlockM;
+  const int m_valid = ValidRows<kBlockM>(s.seqlen_q - i0);
+
+  const BatchMask mask = BatchMask::For(p.mask, b, s.seqlen_q, s.seqlen_k);
+  int64_t key_begin, key_end;
+  mask.KeyRange(i0, i0 + m_valid, &key_begin, &key_end);
+
+  const Acc scale = static_cast<Acc>(p.score.scale);
+  const Acc softcap = static_cast<Acc>(p.score.softcap);
+  const T* q = static_cast<const T*>(p.q) + Offset(p.q_strides, b, i0, h);
+  const T* k = static_cast<const T*>(p.k) + Offset(p.k_strides, b, 0, h_kv);
+  const T* v = static_cast<const T*>(p.v) + Offset(p.v_strides, b, 0, h_kv);
+
+  LoadTile<kBlockM, kMaxD>(sQ, q, p.q_strides.row, m_valid, head_dim);
+
+  // Softmax state of row `row`, held (identically) by its kThreadsPerRow threads.
+  const int row = threadIdx.x / L::kThreadsPerRow;
+  const int row_lane = threadIdx.x % L::kThreadsPerRow;
+  Acc m = -Infinity<Acc>();
+  Acc l = Acc(0);
+
+  using SMap = TileMap<kBlockM, kBlockN>;
+  using OMap = TileMap<kBlockM, kMaxD>;
+  const SMap smap(threadIdx.x);
+  const OMap omap(threadIdx.x);
+  Fragment<OMap, Acc> o;
+  Fill<OMap, Acc>(o, Acc(0));
+
+  for (int64_t j0 = key_begin; j0 < key_end; j0 += kBlockN) {
+    const int n_valid = ValidRows<kBlockN>(key_end - j0);
+    __syncthreads();  // the previous block's readers of sK, sV, sP are done
+    LoadTile<kBlockN, kMaxD>(sK, k + j0 * p.k_strides.row, p.k_strides.row, n_valid, head_dim);
+    LoadTile<kBlockN, kMaxD>(sV, v + j0 * p.v_strides.row, p.v_strides.row, n_valid, head_dim);
+    __syncthreads();
+
+    // S = scale * Q K^T with the score transform; invisible entries -> -inf.
+    {
+      Fragment<SMap, Acc> dot;
+      Fill<SMap, Acc>(dot, Acc(0));
+      MultiplyAccumulate(smap, dot, sQ, kLd, 1, sK, kLd, 1, head_dim);
+      const bool all_visible = mask.AllVisible(i0, i0 + m_valid, j0, j0 + n_valid);
+      if (smap.active) {
+#pragma unroll
+        for (int i = 0; i < SMap::kRowsPerThread; ++i) {
+#pragma unroll
+          for (int jj = 0; jj < SMap::kColsPerThread; ++jj) {
+            const int r = smap.row(i), c = smap.col(jj);
+            Acc unused_derivative;
+            Acc x = Score(dot[i][jj], scale, softcap, &unused_derivative);
+            const bool visible =
+                r < m_valid && c < n_valid && (all_visible || mask.Visible(i0 + r, j0 + c));
+            sP[r * kLdP + c] = visible ? x : -Infinity<Acc>();
+          }
+        }
+      }
+    }
+    __syncthreads();
+
+    // Online softmax, one row per group of kThreadsPerRow threads.
+    {
+      Acc* p_row = sP + row * kLdP;
+      Acc tile_max = -Infinity<Acc>();
+      for (int c = row_lane; c < n_valid; c += L::kThreadsPerRow) tile_max = Max(tile_max, p_row[c]);
+      tile_max = GroupMax<L::kThreadsPerRow>(tile_max);
+      const Acc m_new = Max(m, tile_max);
+      // While a row has seen no visible key, m_new = -inf; exponentiate
+      // against 0 instead so that exp(-inf - (-inf)) cannot produce NaN.
+      const Acc m_ref = m_new == -Infinity<Acc>() ? Acc(0) : m_new;
+      Acc row_sum = Acc(0);
+      for (int c = row_lane; c < n_valid; c += L::kThreadsPerRow) {
+        const Acc prob = Exp(p_row[c] - m_ref);
+        p_row[c] = prob;
+        row_sum += prob;
+      }
+      row_sum = GroupSum<L::kThreadsPerRow>(row_sum);
+      const Acc alpha = Exp(m - m_ref);  // 0 while m = -inf
+      l = alpha * l + row_sum;
+      m = m_new;
+      if (row_lane == 0) sRowScale[row] = alpha;
+    }
+    __syncthreads();
+
+    // O = alpha * O + P V.
+    if (omap.active) {
+#pragma unroll
+      for (int i = 0; i < OMap::kRowsPerThread; ++i) {
+        const Acc alpha = sRowScale[omap.row(i)];
+#pragma unroll
+        for (int jj = 0; jj < OMap::kColsPerThread; ++jj) o[i][jj] *= alpha;
+      }
+    }
+    MultiplyAccumulate(omap, o, sP, kLdP, 1, sV, 1, kLd, n_valid);
+  }
+
+  // lse, and l for the division below.
+  __syncthreads();  // sRowScale's last alphas have been read
+  if (row_lane == 0) {
+    sRowScale[row] = l;
+    if (row < m_valid) {
+      Acc* lse = static_cast<Acc*>(p.lse);
+      lse[RowStatOffset(s, b, h, i0 + row)] = l > Acc(0) ? m + Log(l) : -Infinity<Acc>();
+    }
+  }
+  __syncthreads();
+
+  if (omap.active) {
+    T* out = static_cast<T*>(p.out) + Offset(p.out_strides, b, i0, h);
+#pragma unroll
+    for (int i = 0; i < OMap::kRowsPerThread; ++i) {
+      const int r = omap.row(i);
+      if (r >= m_valid) continue;
+      const Acc row_l = sRowScale[r];
+#pragma unroll
+      for (int jj = 0; jj < OMap::kColsPerThread; ++jj) {
+        const int d = omap.col(jj);
+        // Division (not a reciprocal multiply): one rounding, as the reference.
+        if (d < head_dim)
+          out[r * p.out_strides.row + d] = FromAcc<T>(row_l > Acc(0) ? o[i][jj] / row_l : Acc(0));
+      }
+    }
+  }
+}
+
+template <typename T, int kMaxD>
+cudaError_t LaunchFwdTier(const FwdParams& p, cudaStream_t stream) {
+  using L = FwdLayout<AccType<T>, kMaxD>;
+  const int64_t blocks = CeilDiv(p.shape.seqlen_q, L::kBlockM) * p.shape.num_heads_q * p.shape.batch;
+  if (blocks == 0) return cudaSuccess;
+  if (blocks > kMaxGridX) return cudaErrorInvalidConfiguration;
+  auto kernel = FlashFwdExactKernel<T, kMaxD>;
+  if (L::kSharedBytes > kDefaultSharedBytes) {
+    // Not a stream operation: allowed while XLA captures a command buffer.
+    const cudaError_t err = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kSharedBytes));
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<static_cast<unsigned>(blocks), kThreads, L::kSharedBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t LaunchExactFwd(const FwdParams& p, cudaStream_t stream) {
+  switch (HeadDimTier(p.shape.head_dim)) {
+    case 32: return LaunchFwdTier<T, 32>(p, stream);
+    case 64: return LaunchFwdTier<T, 64>(p, stream);
+    case 128: return LaunchFwdTier<T, 128>(p, stream);
+    case 256: return LaunchFwdTier<T, 256>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace jax_flash::cuda::exact

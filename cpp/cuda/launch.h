@@ -1,0 +1,41 @@
+// What the CUDA FFI handlers call: dtype + params in, kernels launched on a
+// stream out. Free of XLA types, so kernels and tests can use it directly.
+//
+// Everything here is stream-ordered and command-buffer compatible: no
+// cudaMalloc, no synchronisation, no host reads of device data. Scratch
+// memory comes from the caller (XLA's ScratchAllocator in the handler).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "jax_flash/params.h"
+
+namespace jax_flash::cuda {
+
+// Storage dtype of q, k, v, out (and the gradients). Accumulation (and lse,
+// delta) is float64 for kFloat64, float32 otherwise.
+enum class DType { kFloat32, kFloat64, kBFloat16, kFloat16 };
+
+// Alignment of the workspace pointer. XLA's FFI scratch allocator accepts at
+// most 16 (XLA_FFI_DeviceMemory_Allocate rejects larger alignments), so
+// kernels must not assume more of the base pointer.
+inline constexpr size_t kWorkspaceAlignment = 16;
+
+// Writes params.out and params.lse.
+cudaError_t LaunchFwd(const FwdParams& params, DType dtype, cudaStream_t stream);
+
+// Bytes of device scratch LaunchBwd needs (delta = rowsum(dout * out), plus
+// whatever the chosen kernel needs); never 0, so callers always pass a real
+// pointer.
+size_t BwdWorkspaceBytes(const BwdParams& params, DType dtype, bool deterministic);
+
+// Writes params.dq, dk, dv. `workspace` holds BwdWorkspaceBytes(...) bytes
+// aligned to kWorkspaceAlignment; params.delta is ignored (set from it).
+// deterministic = true asks for bitwise-reproducible gradients; the exact
+// kernels are deterministic either way.
+cudaError_t LaunchBwd(const BwdParams& params, DType dtype, void* workspace, bool deterministic,
+                      cudaStream_t stream);
+
+}  // namespace jax_flash::cuda
