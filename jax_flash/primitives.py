@@ -111,6 +111,10 @@ for _platform in _LOWERING_PLATFORMS:
 # -- batching ------------------------------------------------------------------
 
 
+# How batching rules mark an operand that vmap does not map (jax uses None).
+_NOT_MAPPED = None
+
+
 def _is_absent(x) -> bool:
   return x.ndim == 1 and x.shape[0] == 0
 
@@ -122,7 +126,7 @@ def _fold_into_batch(args, dims, axis_size):
   """
   folded = []
   for x, d in zip(args, dims):
-    if d is batching.not_mapped:
+    if d is _NOT_MAPPED:
       if _is_absent(x):
         folded.append(x)
         continue
@@ -139,9 +143,9 @@ def _unfold_batch(x, axis_size):
 
 def _fwd_batch_rule(args, dims, **params):
   q_dim = dims[0]
-  axis_size = args[0].shape[q_dim] if q_dim is not batching.not_mapped else next(
-      x.shape[d] for x, d in zip(args, dims) if d is not batching.not_mapped)
-  if q_dim is not batching.not_mapped and all(d is batching.not_mapped for d in dims[1:]):
+  axis_size = args[0].shape[q_dim] if q_dim is not _NOT_MAPPED else next(
+      x.shape[d] for x, d in zip(args, dims) if d is not _NOT_MAPPED)
+  if q_dim is not _NOT_MAPPED and all(d is _NOT_MAPPED for d in dims[1:]):
     # Only the query is mapped: the mapped copies share K/V, so they become
     # extra query heads of each KV group (placing the mapped axis right after
     # the head axis keeps the GQA grouping head // group_size intact).
@@ -157,7 +161,7 @@ def _fwd_batch_rule(args, dims, **params):
 
 
 def _bwd_batch_rule(args, dims, **params):
-  axis_size = next(x.shape[d] for x, d in zip(args, dims) if d is not batching.not_mapped)
+  axis_size = next(x.shape[d] for x, d in zip(args, dims) if d is not _NOT_MAPPED)
   grads = flash_bwd_p.bind(*_fold_into_batch(args, dims, axis_size), **params)
   return tuple(_unfold_batch(g, axis_size) for g in grads), (0, 0, 0)
 

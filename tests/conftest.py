@@ -1,0 +1,61 @@
+"""Shared test setup: float64 on, the backends to run on, the FlashAttention rule."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+jax.config.update("jax_enable_x64", True)  # float64 inputs and the float64 reference
+
+
+def available_backends() -> list[str]:
+  backends = ["cpu"]
+  try:
+    if jax.devices("gpu"):
+      backends.append("gpu")
+  except RuntimeError:
+    pass
+  return backends
+
+
+@pytest.fixture(params=available_backends())
+def backend(request):
+  """Runs the test on each available backend (CPU always, the GPU if there is one)."""
+  with jax.default_device(jax.devices(request.param)[0]):
+    yield request.param
+
+
+# Tiny absolute slack, relative to the largest reference value, on top of the
+# FlashAttention rule (see assert_flash_close).
+RELATIVE_ATOL = {
+    np.dtype("float64"): 1e-12,
+    np.dtype("float32"): 1e-6,
+    np.dtype("float16"): 1e-4,
+    np.dtype(jax.numpy.bfloat16): 1e-3,
+}
+
+
+def assert_flash_close(name: str, got, reference, plain, dtype) -> None:
+  """The FlashAttention rule: |got - ref| <= 2 |plain - ref| + tiny atol.
+
+  `reference` is the float64 dense result; `plain` is a dense implementation
+  in the kernel's own dtype. Infinities (lse of rows that see nothing) must
+  match exactly; NaN never passes.
+  """
+  got = np.asarray(got, np.float64)
+  reference = np.asarray(reference, np.float64)
+  plain = np.asarray(plain, np.float64)
+  assert got.shape == reference.shape, f"{name}: shape {got.shape} != {reference.shape}"
+  assert not np.isnan(got).any(), f"{name}: NaN in result"
+  infinite = ~np.isfinite(reference)
+  np.testing.assert_array_equal(got[infinite], reference[infinite], err_msg=f"{name}: infinities")
+  finite = ~infinite
+  if not finite.any():
+    return
+  err = np.max(np.abs(got[finite] - reference[finite]))
+  plain_err = np.max(np.abs(plain[finite] - reference[finite]))
+  atol = RELATIVE_ATOL[np.dtype(dtype)] * max(1.0, np.max(np.abs(reference[finite])))
+  assert err <= 2 * plain_err + atol, (
+      f"{name}: max error {err:.3g} > 2 x plain {np.dtype(dtype).name} error {plain_err:.3g} "
+      f"+ atol {atol:.3g}")

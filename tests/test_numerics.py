@@ -1,0 +1,163 @@
+"""jax_flash against the float64 dense reference: outputs, lse and gradients.
+
+Every dtype, odd sizes, GQA, Sq != Sk and every mask option, each compared
+with the FlashAttention rule (conftest.assert_flash_close).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash
+from conftest import assert_flash_close
+from reference import Options, attention, attention_and_grads, make_inputs, visible_mask
+
+DTYPES = [jnp.float64, jnp.float32, jnp.bfloat16, jnp.float16]
+
+# (batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim): odd sizes on purpose.
+SHAPES = [
+    (1, 1, 1, 1, 1, 1),
+    (2, 17, 17, 2, 2, 40),
+    (1, 127, 33, 4, 2, 72),
+    (2, 65, 130, 3, 1, 64),
+    (1, 33, 70, 2, 2, 256),
+]
+
+OPTIONS = {
+    "plain": Options(),
+    "causal": Options(is_causal=True),
+    "window": Options(window=(9, 4)),
+    "causal_window": Options(is_causal=True, window=(20, 0)),
+    "lengths": Options(with_lengths=True),
+    "segments": Options(with_segments=True),
+    "softcap": Options(softcap=2.0, scale=0.9),
+    "everything": Options(is_causal=True, window=(30, 5), softcap=5.0, with_lengths=True,
+                          with_segments=True, scale=0.3),
+}
+
+
+def run_flash(inputs, opts, dtype):
+  """(out, lse, dq, dk, dv) from jax_flash, under jit, in `dtype`."""
+  q, k, v, dout = (jnp.asarray(x, dtype) for x in (inputs.q, inputs.k, inputs.v, inputs.dout))
+  kwargs = opts.kwargs(inputs)
+
+  @jax.jit
+  def fwd_bwd(q, k, v, dout):
+    def f(q, k, v):
+      return jax_flash.flash_attention(q, k, v, return_residual=True, **kwargs)
+    (out, lse), vjp = jax.vjp(f, q, k, v)
+    dq, dk, dv = vjp((dout, jnp.zeros_like(lse)))
+    return out, lse, dq, dk, dv
+
+  return fwd_bwd(q, k, v, dout)
+
+
+def check_against_reference(inputs, opts, dtype, check_grads=True):
+  mask = visible_mask(opts, inputs)
+  got = run_flash(inputs, opts, dtype)
+  f64 = lambda x: jnp.asarray(x, jnp.float64)
+  ref = attention_and_grads(f64(inputs.q), f64(inputs.k), f64(inputs.v), f64(inputs.dout), mask,
+                            opts)
+  cast = lambda x: jnp.asarray(x, dtype)
+  plain = attention_and_grads(cast(inputs.q), cast(inputs.k), cast(inputs.v), cast(inputs.dout),
+                              mask, opts)
+  names = ["out", "lse", "dq", "dk", "dv"] if check_grads else ["out", "lse"]
+  for name, g, r, p in zip(names, got, ref, plain):
+    assert_flash_close(name, g, r, p, dtype if name != "lse" else jnp.float32
+                       if dtype != jnp.float64 else jnp.float64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("option", ["plain", "causal", "everything"])
+def test_shapes_and_dtypes(backend, dtype, shape, option):
+  rng = np.random.default_rng(abs(hash((shape, option))) % 2**32)
+  check_against_reference(make_inputs(rng, *shape), OPTIONS[option], dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_every_option(backend, dtype, option):
+  rng = np.random.default_rng(7)
+  check_against_reference(make_inputs(rng, 2, 100, 77, 4, 2, 48), OPTIONS[option], dtype)
+
+
+def test_long_sequence(backend):
+  """S = 1000: many key and query blocks, partial last block."""
+  rng = np.random.default_rng(3)
+  check_against_reference(make_inputs(rng, 1, 1000, 1000, 2, 1, 32), Options(is_causal=True),
+                          jnp.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+def test_rows_that_see_nothing(backend, dtype):
+  """Output 0, lse -inf, zero gradients, never NaN."""
+  rng = np.random.default_rng(11)
+  inputs = make_inputs(rng, 3, 20, 24, 2, 2, 16)
+  inputs.kv_lengths[:] = [0, 5, 24]  # batch 0 sees no key at all
+  inputs.q_lengths[:] = [20, 10, 20]  # rows 10.. of batch 1 are padding
+  # window (0, 0) with causal leaves every row its diagonal only; a key
+  # length of 5 then hides rows 5.. of batch 1.
+  opts = Options(is_causal=True, window=(3, 0), with_lengths=True)
+  out, lse, dq, dk, dv = run_flash(inputs, opts, dtype)
+  for x in (out, dq, dk, dv):
+    assert not jnp.isnan(x).any()
+  np.testing.assert_array_equal(np.asarray(out[0], np.float64), 0)
+  np.testing.assert_array_equal(np.asarray(out[1, 10:], np.float64), 0)
+  assert np.all(np.isneginf(np.asarray(lse[0])))
+  np.testing.assert_array_equal(np.asarray(dq[0], np.float64), 0)
+  np.testing.assert_array_equal(np.asarray(dk[0], np.float64), 0)
+  np.testing.assert_array_equal(np.asarray(dv[0], np.float64), 0)
+  check_against_reference(inputs, opts, dtype)
+
+
+def test_segments_without_a_match(backend):
+  rng = np.random.default_rng(5)
+  inputs = make_inputs(rng, 1, 9, 9, 1, 1, 8)
+  inputs.q_segments[:] = 1
+  inputs.kv_segments[:] = 2
+  out, lse, dq, dk, dv = run_flash(inputs, Options(with_segments=True), jnp.float32)
+  assert float(jnp.abs(out).max()) == 0 and float(jnp.abs(dk).max()) == 0
+  assert bool(jnp.all(jnp.isneginf(lse)))
+
+
+def test_extra_batch_dimensions(backend):
+  rng = np.random.default_rng(9)
+  q = jnp.asarray(rng.standard_normal((2, 3, 11, 4, 16)), jnp.float32)
+  k = jnp.asarray(rng.standard_normal((2, 3, 13, 2, 16)), jnp.float32)
+  v = jnp.asarray(rng.standard_normal((2, 3, 13, 2, 16)), jnp.float32)
+  lengths = jnp.asarray(rng.integers(1, 13, size=(2, 3)), jnp.int32)
+  out = jax_flash.flash_attention(q, k, v, is_causal=True, key_value_seq_lengths=lengths)
+  flat = jax_flash.flash_attention(q.reshape(6, 11, 4, 16), k.reshape(6, 13, 2, 16),
+                                   v.reshape(6, 13, 2, 16), is_causal=True,
+                                   key_value_seq_lengths=lengths.reshape(6))
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(flat).reshape(out.shape))
+
+
+def test_deterministic_gradients(backend):
+  rng = np.random.default_rng(13)
+  inputs = make_inputs(rng, 2, 130, 130, 4, 2, 64)
+  q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in (inputs.q, inputs.k, inputs.v))
+  grad = jax.jit(jax.grad(lambda q, k, v: jax_flash.flash_attention(
+      q, k, v, is_causal=True, deterministic=True).astype(jnp.float32).sum(), argnums=(0, 1, 2)))
+  first, second = grad(q, k, v), grad(q, k, v)
+  for a, b in zip(first, second):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def test_tolerance_catches_a_one_percent_scale_error(backend):
+  """The comparison is sharp enough to fail a kernel whose scale is 1% off."""
+  rng = np.random.default_rng(17)
+  inputs = make_inputs(rng, 1, 64, 64, 2, 2, 32)
+  opts = Options(scale=0.2)
+  mask = visible_mask(opts, inputs)
+  q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in (inputs.q, inputs.k, inputs.v))
+  wrong = jax_flash.flash_attention(q, k, v, scale=0.2 * 1.01)
+  f64 = lambda x: jnp.asarray(x, jnp.float64)
+  ref, _ = attention(f64(inputs.q), f64(inputs.k), f64(inputs.v), mask, opts)
+  plain, _ = attention(q, k, v, mask, opts)
+  with pytest.raises(AssertionError, match="out: max error"):
+    assert_flash_close("out", wrong, ref, plain, jnp.bfloat16)
