@@ -19,9 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_flash import _supported
-from jax_flash.primitives import flash_bwd_p, flash_fwd_p
+from jax_flash.primitives import MASK_OPERANDS, accumulation_dtype, flash_bwd_p, flash_fwd_p
 
-_NO_MASK_OPERAND = np.zeros((0,), np.int32)
+_NO_INT_OPERAND = np.zeros((0,), np.int32)
+_NO_MASK = np.zeros((0,), np.bool_)
+_NO_KEY = np.zeros((0,), np.uint32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,11 +34,14 @@ class _Config:
   is_causal: bool
   window_left: int  # -1 = unbounded
   window_right: int  # -1 = unbounded
+  dropout_rate: float  # 0.0 = off
+  broadcast_dropout: bool
   deterministic: bool
 
   def fwd_params(self) -> dict[str, Any]:
     return dict(scale=self.scale, softcap=self.softcap, is_causal=self.is_causal,
-                window_left=self.window_left, window_right=self.window_right)
+                window_left=self.window_left, window_right=self.window_right,
+                dropout_rate=self.dropout_rate, broadcast_dropout=self.broadcast_dropout)
 
   def bwd_params(self) -> dict[str, Any]:
     return dict(self.fwd_params(), deterministic=self.deterministic)
@@ -57,9 +62,12 @@ def _attention_with_vjp(config: _Config):
   def bwd(residuals, cotangents):
     q, k, v, out, lse, mask_operands = residuals
     dout, _ = cotangents  # lse is returned under stop_gradient: its cotangent is 0.
-    dq, dk, dv = flash_bwd_p.bind(q, k, v, out, lse, dout.astype(q.dtype), *mask_operands,
-                                  **config.bwd_params())
-    return (dq, dk, dv) + (None,) * len(mask_operands)
+    dq, dk, dv, dbias = flash_bwd_p.bind(q, k, v, out, lse, dout.astype(q.dtype),
+                                         *mask_operands, **config.bwd_params())
+    cotangents = [None] * len(mask_operands)
+    if mask_operands[MASK_OPERANDS.index("bias")].size:
+      cotangents[MASK_OPERANDS.index("bias")] = dbias
+    return (dq, dk, dv, *cotangents)
 
   attention.defvjp(fwd, bwd)
   return attention
@@ -136,7 +144,7 @@ def _window(local_window_size) -> tuple[int, int]:
 
 def _int_operand(name: str, x, expected_shape: tuple[int, ...]):
   if x is None:
-    return _NO_MASK_OPERAND
+    return _NO_INT_OPERAND
   if not hasattr(x, "dtype"):
     x = jnp.asarray(x)
   if not jnp.issubdtype(x.dtype, jnp.integer):
@@ -146,15 +154,54 @@ def _int_operand(name: str, x, expected_shape: tuple[int, ...]):
   return jnp.asarray(x, jnp.int32)
 
 
+def _dense_operand(name: str, x, batch_shape: tuple[int, ...], full: tuple[int, int, int]):
+  """A bias or mask, broadcastable to (*batch_shape, N, T, S), as the kernels take it.
+
+  Returns a 4-d array (B', N', T', S') with each dim 1 or the kernel's
+  (B, N, T, S): leading batch dims are flattened (and spelled out if only
+  some of them broadcast).
+  """
+  if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+    x = jnp.asarray(x)
+  target = batch_shape + full
+  if x.ndim > len(target):
+    raise ValueError(f"{name} must have at most {len(target)} dimensions (broadcastable to "
+                     f"{target}), got shape {tuple(x.shape)}")
+  shape = (1,) * (len(target) - x.ndim) + tuple(x.shape)
+  if any(d not in (1, t) for d, t in zip(shape, target)):
+    raise ValueError(f"{name} must be broadcastable to {target} (batch..., heads, q_len, "
+                     f"kv_len), got shape {tuple(x.shape)}")
+  x = x.reshape(shape)
+  lead = shape[:len(batch_shape)]
+  if all(d == 1 for d in lead):
+    return x.reshape((1,) + shape[len(batch_shape):])
+  x = jnp.broadcast_to(x, batch_shape + shape[len(batch_shape):])
+  return x.reshape((math.prod(batch_shape),) + shape[len(batch_shape):])
+
+
+def _dropout(dropout_rate, dropout_rng):
+  """Checks dropout arguments; returns (rate, uint32 key words (1, 2) or absent)."""
+  rate = _static_float("dropout_rate", dropout_rate)
+  if not 0.0 <= rate < 1.0:
+    raise ValueError(f"dropout_rate must be in [0, 1), got {rate}")
+  if rate == 0.0:
+    return 0.0, _NO_KEY
+  if dropout_rng is None:
+    raise ValueError("dropout_rng (a jax.random key) is required when dropout_rate > 0")
+  # Two 32-bit words from any key type (threefry, rbg, ...), traceable.
+  return rate, jax.random.bits(dropout_rng, (1, 2), jnp.uint32)
+
+
 # -- the functions -------------------------------------------------------------
 
 
-def flash_attention(query, key, value, *, scale: float | None = None,
-                    is_causal: bool = False,
+def flash_attention(query, key, value, *, bias=None, mask=None,
+                    scale: float | None = None, is_causal: bool = False,
                     local_window_size: int | tuple[int, int] | None = None,
                     query_seq_lengths=None, key_value_seq_lengths=None,
                     q_segment_ids=None, kv_segment_ids=None,
-                    logits_soft_cap: float | None = None,
+                    logits_soft_cap: float | None = None, dropout_rate: float = 0.0,
+                    dropout_rng=None, broadcast_dropout: bool = False,
                     deterministic: bool = False, return_residual: bool = False):
   """Exact attention with the FlashAttention-2 algorithm; jax_flash's native API.
 
@@ -166,6 +213,10 @@ def flash_attention(query, key, value, *, scale: float | None = None,
   Args:
     query, key, value: arrays of one dtype: float32, float64, bfloat16 or
       float16; head dim ``H`` from 1 to 256.
+    bias: added to the scaled logits; broadcastable to ``(..., N, T, S)``.
+      Differentiable: its gradient is summed over the broadcast dimensions.
+    mask: boolean, broadcastable to ``(..., N, T, S)``; ``True`` = attend.
+      Tiles where it is all False are skipped.
     scale: multiplies ``query . key``; default ``1 / sqrt(H)``.
     is_causal: query ``i`` sees keys ``j <= i`` (top-left aligned, as in
       jax.nn, also when ``T != S``).
@@ -178,7 +229,14 @@ def flash_attention(query, key, value, *, scale: float | None = None,
       ``(..., S)`` (give both): query ``i`` sees key ``j`` only if their ids
       are equal, for packed sequences.
     logits_soft_cap: if set, logits ``x`` become ``cap * tanh(x / cap)``
-      after scaling (Gemma 2 style).
+      after scaling and bias (Gemma 2 style).
+    dropout_rate, dropout_rng: dropout on the attention probabilities, fused
+      in the kernels: element ``(b, h, i, j)`` is kept with probability
+      ``1 - dropout_rate`` (then scaled by ``1 / (1 - dropout_rate)``), as a
+      function of the key and those indices alone, so forward, backward,
+      CPU and GPU draw the same mask. ``dropout_rng`` is a jax.random key.
+    broadcast_dropout: one dropout mask for all batch elements and heads
+      (Flax's ``broadcast_dropout``).
     deterministic: bitwise-reproducible gradients on GPUs (the CPU backward
       is always deterministic).
     return_residual: also return the logsumexp of the (scaled, capped,
@@ -204,21 +262,38 @@ def flash_attention(query, key, value, *, scale: float | None = None,
   window_left, window_right = _window(local_window_size)
   if (q_segment_ids is None) != (kv_segment_ids is None):
     raise ValueError("q_segment_ids and kv_segment_ids must be given together")
-  mask_operands = (
-      _int_operand("query_seq_lengths", query_seq_lengths, batch_shape),
-      _int_operand("key_value_seq_lengths", key_value_seq_lengths, batch_shape),
-      _int_operand("q_segment_ids", q_segment_ids, batch_shape + (seqlen_q,)),
-      _int_operand("kv_segment_ids", kv_segment_ids, batch_shape + (seqlen_k,)),
-  )
+  dense_full = (query.shape[-2], seqlen_q, seqlen_k)
+  acc_dtype = accumulation_dtype(query.dtype)
+  if bias is None:
+    kernel_bias = np.zeros((0,), acc_dtype)
+  else:
+    bias_dtype = getattr(bias, "dtype", None)
+    if bias_dtype is None or not jnp.issubdtype(bias_dtype, jnp.floating):
+      raise TypeError(f"bias must be a floating-point array, got {bias_dtype}")
+    kernel_bias = _dense_operand("bias", bias, batch_shape, dense_full).astype(acc_dtype)
+  if mask is None:
+    kernel_mask = _NO_MASK
+  else:
+    if getattr(mask, "dtype", None) != jnp.bool_:
+      raise TypeError(f"mask must be a boolean array, got {getattr(mask, 'dtype', type(mask))}")
+    kernel_mask = _dense_operand("mask", mask, batch_shape, dense_full)
+  dropout_rate, dropout_key = _dropout(dropout_rate, dropout_rng)
   config = _Config(scale=scale, softcap=softcap, is_causal=bool(is_causal),
                    window_left=window_left, window_right=window_right,
+                   dropout_rate=dropout_rate, broadcast_dropout=bool(broadcast_dropout),
                    deterministic=bool(deterministic))
 
   # The kernels take exactly one batch dimension: flatten the batch shape.
   batch = math.prod(batch_shape)
   def to_kernel(x):
-    return x.reshape((batch,) + x.shape[len(batch_shape):])
-  kernel_mask = tuple(m if m is _NO_MASK_OPERAND else to_kernel(m) for m in mask_operands)
+    return x if x.shape == (0,) else x.reshape((batch,) + x.shape[len(batch_shape):])
+  kernel_mask = (
+      to_kernel(_int_operand("query_seq_lengths", query_seq_lengths, batch_shape)),
+      to_kernel(_int_operand("key_value_seq_lengths", key_value_seq_lengths, batch_shape)),
+      to_kernel(_int_operand("q_segment_ids", q_segment_ids, batch_shape + (seqlen_q,))),
+      to_kernel(_int_operand("kv_segment_ids", kv_segment_ids, batch_shape + (seqlen_k,))),
+      kernel_bias, kernel_mask, dropout_key,
+  )
   out, lse = _attention_with_vjp(config)(to_kernel(query), to_kernel(key), to_kernel(value),
                                          *kernel_mask)
   out = out.reshape(query.shape)
@@ -232,7 +307,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
                           scale: float | None = None, is_causal: bool = False,
                           query_seq_lengths=None, key_value_seq_lengths=None,
                           local_window_size: int | tuple[int, int] | None = None,
-                          implementation: None = None, return_residual: bool = False):
+                          implementation: None = None, return_residual: bool = False,
+                          dropout_rate: float = 0.0, dropout_rng=None,
+                          broadcast_dropout: bool = False):
   """A drop-in for ``jax.nn.dot_product_attention`` backed by jax_flash.
 
   Same arguments, layout (``(B, T, N, H)`` or ``(T, N, H)``) and semantics
@@ -243,15 +320,11 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
 
   One difference, on purpose: a query row that sees no key at all (for
   example ``key_value_seq_lengths == 0``, or a window that leaves the
-  sequence) outputs 0 with a logsumexp of ``-inf``, where jax.nn averages all
-  values. ``bias`` and ``mask`` are not supported yet (NotImplementedError).
-  ``implementation`` exists for signature compatibility and must be None.
+  sequence, or a mask row that is all False) outputs 0 with a logsumexp of
+  ``-inf``, where jax.nn averages all values. ``implementation`` exists for
+  signature compatibility and must be None. Beyond jax.nn: ``dropout_rate``,
+  ``dropout_rng`` and ``broadcast_dropout`` as in flash_attention.
   """
-  if bias is not None or mask is not None:
-    raise NotImplementedError(
-        "jax_flash.dot_product_attention does not support dense `bias` or `mask` yet; "
-        "use is_causal, local_window_size, query_seq_lengths/key_value_seq_lengths, or "
-        "jax_flash.flash_attention's segment ids instead")
   if implementation is not None:
     raise ValueError("implementation must be None for jax_flash.dot_product_attention "
                      f"(it always uses jax_flash kernels), got {implementation!r}")
@@ -261,7 +334,13 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
   unbatched = getattr(query, "ndim", 4) == 3
   if unbatched:  # jax.nn treats (T, N, H) as a batch of one.
     query, key, value = query[None], key[None], value[None]
-  out, lse = flash_attention(query, key, value, scale=scale, is_causal=is_causal,
+  for name, x in (("bias", bias), ("mask", mask)):
+    if x is not None and getattr(x, "ndim", 4) != 4:
+      raise ValueError(f"{name} must be 4-d, broadcastable to (B, N, T, S), as in jax.nn; got "
+                       f"shape {getattr(x, 'shape', None)}")
+  out, lse = flash_attention(query, key, value, bias=bias, mask=mask, scale=scale,
+                             is_causal=is_causal, dropout_rate=dropout_rate,
+                             dropout_rng=dropout_rng, broadcast_dropout=broadcast_dropout,
                              local_window_size=local_window_size,
                              query_seq_lengths=query_seq_lengths,
                              key_value_seq_lengths=key_value_seq_lengths,

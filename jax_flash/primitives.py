@@ -5,13 +5,17 @@ to the XLA FFI custom call of its platform, and a batching rule that folds
 vmapped axes into the kernel's batch (or, for a forward vmapped over the query
 alone, into its heads) so that ``vmap`` never loops.
 
-Operands (all arrays; optional ones are int32 of shape ``(0,)`` when absent):
-  fwd: q, k, v, q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids
-       -> out (like q), lse (B, Hq, Sq) in the accumulation dtype
-  bwd: q, k, v, out, lse, dout, q_seqlens, kv_seqlens, q_segment_ids,
-       kv_segment_ids -> dq, dk, dv
-Parameters (static): scale, softcap, is_causal, window_left, window_right;
-the backward adds deterministic.
+Operands (all arrays; optional ones have shape ``(0,)`` when absent):
+  fwd: q, k, v, *mask_operands -> out (like q), lse (B, Hq, Sq) in the
+       accumulation dtype
+  bwd: q, k, v, out, lse, dout, *mask_operands -> dq, dk, dv, dbias
+  mask_operands: q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids (int32),
+       bias (accumulation dtype, 4-d, broadcastable to (B, Hq, Sq, Sk)),
+       mask (bool, likewise), dropout_key (uint32 (Bkey, 2)).
+  dbias has the bias's shape, or (0,) without a bias.
+Parameters (static): scale, softcap, is_causal, window_left, window_right,
+dropout_rate, broadcast_dropout; the backward adds deterministic. The C++
+side of this contract is cpp/ffi/decode.h.
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ flash_bwd_p.multiple_results = True
 # XLA's "no registered implementation" error, which build_info() explains.
 _LOWERING_PLATFORMS = ("cpu", "cuda")
 
-NUM_MASK_OPERANDS = 4  # q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids
+MASK_OPERANDS = ("q_seqlens", "kv_seqlens", "q_segment_ids", "kv_segment_ids", "bias", "mask",
+                 "dropout_key")
+_BIAS, _MASK, _KEY = (MASK_OPERANDS.index(name) for name in ("bias", "mask", "dropout_key"))
 
 
 def accumulation_dtype(dtype) -> np.dtype:
@@ -56,9 +62,10 @@ def _fwd_abstract_eval(q, k, v, *mask_operands, **params):
 
 
 def _bwd_abstract_eval(q, k, v, out, lse, dout, *mask_operands, **params):
-  del out, lse, dout, mask_operands, params
+  del out, lse, dout, params
+  bias = mask_operands[_BIAS]
   return (jax.core.ShapedArray(q.shape, q.dtype), jax.core.ShapedArray(k.shape, k.dtype),
-          jax.core.ShapedArray(v.shape, v.dtype))
+          jax.core.ShapedArray(v.shape, v.dtype), jax.core.ShapedArray(bias.shape, bias.dtype))
 
 
 flash_fwd_p.def_abstract_eval(_fwd_abstract_eval)
@@ -84,11 +91,13 @@ flash_bwd_p.def_impl(functools.partial(_impl, flash_bwd_p))
 # -- lowering ------------------------------------------------------------------
 
 
-def _typed_attributes(scale, softcap, is_causal, window_left, window_right, **extra):
+def _typed_attributes(scale, softcap, is_causal, window_left, window_right, dropout_rate,
+                      broadcast_dropout, **extra):
   """Attributes typed exactly as the C++ handlers declare them (decode.h)."""
   attrs = dict(scale=np.float64(scale), softcap=np.float64(softcap),
                is_causal=bool(is_causal), window_left=np.int64(window_left),
-               window_right=np.int64(window_right))
+               window_right=np.int64(window_right), dropout_rate=np.float64(dropout_rate),
+               broadcast_dropout=bool(broadcast_dropout))
   attrs.update({name: bool(value) for name, value in extra.items()})
   return attrs
 
@@ -119,51 +128,85 @@ def _is_absent(x) -> bool:
   return x.ndim == 1 and x.shape[0] == 0
 
 
-def _fold_into_batch(args, dims, axis_size):
+def _fold_into_batch(args, dims, axis_size, batch, num_leading):
   """Moves every vmapped axis to the front and merges it with the batch axis.
 
-  Unbatched operands are broadcast; absent optional operands stay absent.
+  `batch` is the kernel batch of one example; the first `num_leading`
+  operands are per-row tensors, the rest are MASK_OPERANDS. Unbatched
+  operands are broadcast, absent optional operands stay absent. Returns the
+  folded operands and, for the bias, whether its batch dim was 1 (so that
+  dbias can be summed back).
   """
   folded = []
-  for x, d in zip(args, dims):
-    if d is _NOT_MAPPED:
-      if _is_absent(x):
-        folded.append(x)
-        continue
-      x = jnp.broadcast_to(x[None], (axis_size,) + x.shape)
-    else:
-      x = jnp.moveaxis(x, d, 0)
+  bias_was_broadcast = False
+  for index, (x, d) in enumerate(zip(args, dims)):
+    name = MASK_OPERANDS[index - num_leading] if index >= num_leading else None
+    if _is_absent(x) and d is _NOT_MAPPED:
+      folded.append(x)
+      continue
+    x = jnp.broadcast_to(x[None], (axis_size,) + x.shape) if d is _NOT_MAPPED else (
+        jnp.moveaxis(x, d, 0))
+    if name in ("bias", "mask"):
+      # A dense operand may broadcast over the batch (dim 1); the folded
+      # batch is axis_size * batch, so spell the batch out first.
+      if name == "bias":
+        bias_was_broadcast = x.shape[1] == 1 and batch > 1
+      x = jnp.broadcast_to(x, (axis_size, batch) + x.shape[2:])
     folded.append(x.reshape((axis_size * x.shape[1],) + x.shape[2:]))
-  return folded
+  return folded, bias_was_broadcast
 
 
 def _unfold_batch(x, axis_size):
   return x.reshape((axis_size, x.shape[0] // axis_size) + x.shape[1:])
 
 
+def _axis_size(args, dims):
+  return next(x.shape[d] for x, d in zip(args, dims) if d is not _NOT_MAPPED)
+
+
+def _example_batch(x, d):
+  """The kernel batch of one example of a (possibly mapped) per-row tensor."""
+  return x.shape[1] if d == 0 else x.shape[0]
+
+
 def _fwd_batch_rule(args, dims, **params):
   q_dim = dims[0]
-  axis_size = args[0].shape[q_dim] if q_dim is not _NOT_MAPPED else next(
-      x.shape[d] for x, d in zip(args, dims) if d is not _NOT_MAPPED)
-  if q_dim is not _NOT_MAPPED and all(d is _NOT_MAPPED for d in dims[1:]):
+  axis_size = _axis_size(args, dims)
+  if (q_dim is not _NOT_MAPPED and all(d is _NOT_MAPPED for d in dims[1:]) and
+      params["dropout_rate"] == 0):
     # Only the query is mapped: the mapped copies share K/V, so they become
     # extra query heads of each KV group (placing the mapped axis right after
-    # the head axis keeps the GQA grouping head // group_size intact).
-    q = jnp.moveaxis(args[0], q_dim, 3)  # (B, Sq, Hq, V, D)
-    batch, seqlen_q, num_heads, _, head_dim = q.shape
-    q = q.reshape(batch, seqlen_q, num_heads * axis_size, head_dim)
-    out, lse = flash_fwd_p.bind(q, *args[1:], **params)
-    out = jnp.moveaxis(out.reshape(batch, seqlen_q, num_heads, axis_size, head_dim), 3, 0)
-    lse = jnp.moveaxis(lse.reshape(batch, num_heads, axis_size, seqlen_q), 2, 0)
-    return (out, lse), (0, 0)
-  out, lse = flash_fwd_p.bind(*_fold_into_batch(args, dims, axis_size), **params)
+    # the head axis keeps the GQA grouping head // group_size intact). Not
+    # with dropout, whose mask depends on the head index, nor with a dense
+    # bias or mask that varies per head.
+    bias, mask = args[3 + _BIAS], args[3 + _MASK]
+    if all(_is_absent(x) or x.shape[1] == 1 for x in (bias, mask)):
+      q = jnp.moveaxis(args[0], q_dim, 3)  # (B, Sq, Hq, V, D)
+      batch, seqlen_q, num_heads, _, head_dim = q.shape
+      q = q.reshape(batch, seqlen_q, num_heads * axis_size, head_dim)
+      out, lse = flash_fwd_p.bind(q, *args[1:], **params)
+      out = jnp.moveaxis(out.reshape(batch, seqlen_q, num_heads, axis_size, head_dim), 3, 0)
+      lse = jnp.moveaxis(lse.reshape(batch, num_heads, axis_size, seqlen_q), 2, 0)
+      return (out, lse), (0, 0)
+  batch = _example_batch(args[0], q_dim)
+  folded, _ = _fold_into_batch(args, dims, axis_size, batch, num_leading=3)
+  out, lse = flash_fwd_p.bind(*folded, **params)
   return (_unfold_batch(out, axis_size), _unfold_batch(lse, axis_size)), (0, 0)
 
 
 def _bwd_batch_rule(args, dims, **params):
-  axis_size = next(x.shape[d] for x, d in zip(args, dims) if d is not _NOT_MAPPED)
-  grads = flash_bwd_p.bind(*_fold_into_batch(args, dims, axis_size), **params)
-  return tuple(_unfold_batch(g, axis_size) for g in grads), (0, 0, 0)
+  axis_size = _axis_size(args, dims)
+  batch = _example_batch(args[0], dims[0])
+  folded, bias_was_broadcast = _fold_into_batch(args, dims, axis_size, batch, num_leading=6)
+  dq, dk, dv, dbias = flash_bwd_p.bind(*folded, **params)
+  grads = [_unfold_batch(g, axis_size) for g in (dq, dk, dv)]
+  if _is_absent(dbias):
+    dbias = jnp.zeros((axis_size, 0), dbias.dtype)
+  else:
+    dbias = _unfold_batch(dbias, axis_size)
+    if bias_was_broadcast:
+      dbias = jnp.sum(dbias, axis=1, keepdims=True)
+  return (*grads, dbias), (0, 0, 0, 0)
 
 
 batching.primitive_batchers[flash_fwd_p] = _fwd_batch_rule

@@ -25,6 +25,9 @@ class Options:
   softcap: float | None = None
   with_lengths: bool = False
   with_segments: bool = False
+  # Shape of a random dense bias / boolean mask, broadcastable to (B, N, T, S).
+  bias_shape: tuple[int, ...] | None = None
+  mask_shape: tuple[int, ...] | None = None
 
   def kwargs(self, inputs: "Inputs") -> dict:
     """Keyword arguments of jax_flash.flash_attention for these options."""
@@ -34,7 +37,15 @@ class Options:
       kw.update(query_seq_lengths=inputs.q_lengths, key_value_seq_lengths=inputs.kv_lengths)
     if self.with_segments:
       kw.update(q_segment_ids=inputs.q_segments, kv_segment_ids=inputs.kv_segments)
+    if self.mask_shape is not None:
+      kw.update(mask=dense_mask(self, inputs))
     return kw
+
+  def bias(self, inputs: "Inputs"):
+    """The float64 bias of these options (None without one)."""
+    if self.bias_shape is None:
+      return None
+    return np.random.default_rng(inputs.q.size).standard_normal(self.bias_shape)
 
 
 @dataclasses.dataclass
@@ -65,8 +76,19 @@ def make_inputs(rng: np.random.Generator, batch, seqlen_q, seqlen_k, heads, kv_h
   return Inputs(q, k, v, dout, q_lengths, kv_lengths, q_segments, kv_segments)
 
 
+def dense_mask(opts: Options, inputs: Inputs) -> np.ndarray:
+  """The random boolean mask of these options: about a quarter False, plus
+  whole rows and a whole column block that are False."""
+  rng = np.random.default_rng(inputs.q.size + 1)
+  mask = rng.random(opts.mask_shape) > 0.25
+  mask[..., :3, :] = False if mask.shape[-2] > 5 else mask[..., :3, :]
+  if mask.shape[-1] > 70:
+    mask[..., 64:, :64] = False  # a whole tile of nothing
+  return mask
+
+
 def visible_mask(opts: Options, inputs: Inputs) -> np.ndarray:
-  """Boolean (B, 1, T, S): may query i attend key j (jax.nn conventions)."""
+  """Boolean (B, 1 or N, T, S): may query i attend key j (jax.nn conventions)."""
   batch, seqlen_q = inputs.q.shape[:2]
   seqlen_k = inputs.k.shape[1]
   i = np.arange(seqlen_q)[:, None]
@@ -81,11 +103,19 @@ def visible_mask(opts: Options, inputs: Inputs) -> np.ndarray:
     mask &= (i[None] < inputs.q_lengths[:, None, None]) & (j[None] < inputs.kv_lengths[:, None, None])
   if opts.with_segments:
     mask &= inputs.q_segments[:, :, None] == inputs.kv_segments[:, None, :]
-  return mask[:, None]
+  mask = mask[:, None]
+  if opts.mask_shape is not None:
+    mask = mask & dense_mask(opts, inputs)
+  return mask
 
 
-def attention(q, k, v, mask, opts: Options, *, compute_dtype=None):
+def attention(q, k, v, mask, opts: Options, *, bias=None, keep=None, dropout_rate=0.0,
+              compute_dtype=None):
   """Dense attention with jnp; returns (out, lse) with lse shaped (B, T, N).
+
+  bias is added to the scaled logits; keep (boolean (B, N, T, S)) is a
+  dropout mask applied to the probabilities, kept ones scaled by
+  1 / (1 - dropout_rate).
 
   compute_dtype None: everything in the inputs' dtype, except that 16-bit
   inputs compute logits and softmax in float32 and round P to the input
@@ -101,6 +131,8 @@ def attention(q, k, v, mask, opts: Options, *, compute_dtype=None):
   scale = opts.scale if opts.scale is not None else 1.0 / np.sqrt(head_dim)
   logits = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=acc,
                       precision=jax.lax.Precision.HIGHEST).astype(acc) * scale
+  if bias is not None:
+    logits = logits + bias.astype(acc)
   if opts.softcap is not None:
     logits = opts.softcap * jnp.tanh(logits / opts.softcap)
   logits = jnp.where(mask, logits, -jnp.inf)
@@ -109,6 +141,8 @@ def attention(q, k, v, mask, opts: Options, *, compute_dtype=None):
   p = jnp.exp(logits - row_max)
   l = jnp.sum(p, axis=-1, keepdims=True)
   probs = jnp.where(l > 0, p / jnp.where(l > 0, l, 1), 0)
+  if keep is not None:
+    probs = jnp.where(keep, probs / (1 - dropout_rate), 0)
   out = jnp.einsum("bnts,bsnh->btnh", probs.astype(v.dtype if compute_dtype is None else acc),
                    v.astype(v.dtype if compute_dtype is None else acc),
                    preferred_element_type=acc, precision=jax.lax.Precision.HIGHEST)
@@ -117,11 +151,11 @@ def attention(q, k, v, mask, opts: Options, *, compute_dtype=None):
   return out.astype(dtype if compute_dtype is None else acc), jnp.swapaxes(lse, 1, 2)
 
 
-def attention_and_grads(q, k, v, dout, mask, opts: Options, *, compute_dtype=None):
-  """(out, lse, dq, dk, dv) of the dense implementation, via jax.vjp."""
-  def f(q, k, v):
-    return attention(q, k, v, mask, opts, compute_dtype=compute_dtype)[0]
-  out, vjp = jax.vjp(f, q, k, v)
-  dq, dk, dv = vjp(dout.astype(out.dtype))
-  lse = attention(q, k, v, mask, opts, compute_dtype=compute_dtype)[1]
-  return out, lse, dq, dk, dv
+def attention_and_grads(q, k, v, dout, mask, opts: Options, *, bias=None, compute_dtype=None):
+  """(out, lse, dq, dk, dv[, dbias]) of the dense implementation, via jax.vjp."""
+  def f(q, k, v, bias):
+    return attention(q, k, v, mask, opts, bias=bias, compute_dtype=compute_dtype)[0]
+  out, vjp = jax.vjp(f, q, k, v, bias)
+  dq, dk, dv, dbias = vjp(dout.astype(out.dtype))
+  lse = attention(q, k, v, mask, opts, bias=bias, compute_dtype=compute_dtype)[1]
+  return (out, lse, dq, dk, dv) + (() if bias is None else (dbias,))

@@ -68,12 +68,19 @@ def test_unbatched_inputs_like_jax_nn(backend):
                              atol=1e-5, rtol=1e-5)
 
 
-def test_dense_bias_and_mask_not_yet_supported():
+def test_matches_jax_nn_with_bias_and_mask(backend):
   q, k, v = qkv()
-  with pytest.raises(NotImplementedError, match="bias"):
-    jax_flash.dot_product_attention(q, k, v, bias=jnp.zeros((2, 4, 10, 12)))
-  with pytest.raises(NotImplementedError, match="mask"):
-    jax_flash.dot_product_attention(q, k, v, mask=jnp.ones((2, 4, 10, 12), bool))
+  rng = np.random.default_rng(1)
+  bias = jnp.asarray(rng.standard_normal((1, 4, 10, 12)), jnp.float32)
+  mask = jnp.asarray(rng.random((2, 1, 10, 12)) > 0.3).at[:, :, :, 0].set(True)
+  kwargs = dict(bias=bias, mask=mask, is_causal=True)
+  np.testing.assert_allclose(np.asarray(jax_flash.dot_product_attention(q, k, v, **kwargs)),
+                             np.asarray(jax.nn.dot_product_attention(q, k, v, **kwargs)),
+                             atol=1e-5, rtol=1e-5)
+  grad = lambda f: jax.grad(lambda q, b: jnp.sum(f(q, k, v, bias=b, mask=mask) ** 2),
+                            argnums=(0, 1))(q, bias)
+  for a, b in zip(grad(jax_flash.dot_product_attention), grad(jax.nn.dot_product_attention)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=1e-4)
 
 
 # -- bad input: Python errors before anything is lowered ------------------------
@@ -117,6 +124,14 @@ BAD_INPUTS = [
      r"q_segment_ids must have shape \(2, 10\)"),
     ("segments dtype", _bad(q_segment_ids=jnp.zeros((2, 10), jnp.float32), kv_segment_ids=jnp.zeros((2, 12), jnp.float32)),
      TypeError, "integer dtype"),
+    ("bias shape", _bad(bias=jnp.zeros((2, 4, 10, 5), jnp.float32)), ValueError,
+     r"bias must be broadcastable to \(2, 4, 10, 12\)"),
+    ("bias dtype", _bad(bias=jnp.zeros((10, 12), jnp.int32)), TypeError, "bias must be a floating"),
+    ("mask dtype", _bad(mask=jnp.zeros((10, 12), jnp.float32)), TypeError, "mask must be a boolean"),
+    ("mask rank", _bad(mask=jnp.zeros((1, 2, 4, 10, 12), bool)), ValueError, "at most 4"),
+    ("dropout rate", _bad(dropout_rate=1.0, dropout_rng=jax.random.key(0)), ValueError,
+     r"dropout_rate must be in \[0, 1\)"),
+    ("dropout rng", _bad(dropout_rate=0.1), ValueError, "dropout_rng"),
 ]
 
 
@@ -144,14 +159,20 @@ def test_dot_product_attention_rejects_an_implementation():
 # -- the C++ handlers validate too: errors, never a crash -----------------------
 
 NO = np.zeros((0,), np.int32)
-FWD_PARAMS = dict(scale=1.0, softcap=0.0, is_causal=False, window_left=-1, window_right=-1)
+NO_BIAS = np.zeros((0,), np.float32)
+NO_MASK = np.zeros((0,), bool)
+NO_KEY = np.zeros((0,), np.uint32)
+FWD_PARAMS = dict(scale=1.0, softcap=0.0, is_causal=False, window_left=-1, window_right=-1,
+                  dropout_rate=0.0, broadcast_dropout=False)
 
 
 @pytest.mark.parametrize("case", ["lengths shape", "segment shape", "lengths dtype",
-                                  "scale", "softcap", "one segment operand"])
+                                  "scale", "softcap", "one segment operand", "bias shape",
+                                  "bias dtype", "mask dtype", "dropout without key",
+                                  "dropout key batch"])
 def test_handler_rejects_bad_operands(backend, case):
   q, k, v = qkv()
-  operands = [q, k, v, NO, NO, NO, NO]
+  operands = [q, k, v, NO, NO, NO, NO, NO_BIAS, NO_MASK, NO_KEY]
   params = dict(FWD_PARAMS)
   if case == "lengths shape":
     operands[3] = np.zeros((5,), np.int32)
@@ -165,6 +186,17 @@ def test_handler_rejects_bad_operands(backend, case):
     params["softcap"] = -2.0
   elif case == "one segment operand":
     operands[5] = np.zeros((2, 10), np.int32)
+  elif case == "bias shape":
+    operands[7] = np.zeros((2, 4, 10, 5), np.float32)
+  elif case == "bias dtype":
+    operands[7] = np.zeros((1, 1, 10, 12), np.float64)
+  elif case == "mask dtype":
+    operands[8] = np.zeros((1, 1, 10, 12), np.int32)
+  elif case == "dropout without key":
+    params["dropout_rate"] = 0.5
+  elif case == "dropout key batch":
+    params["dropout_rate"] = 0.5
+    operands[9] = np.zeros((3, 2), np.uint32)
   with pytest.raises(Exception, match="jax_flash"):
     jax.block_until_ready(flash_fwd_p.bind(*map(jnp.asarray, operands), **params))
 
@@ -173,7 +205,8 @@ def test_bwd_handler_rejects_bad_lse(backend):
   q, k, v = qkv()
   bad_lse = jnp.zeros((2, 4, 10), jnp.float64)  # must be float32 for float32 inputs
   with pytest.raises(Exception, match="lse must be float32"):
-    jax.block_until_ready(flash_bwd_p.bind(q, k, v, q, bad_lse, q, *map(jnp.asarray, [NO] * 4),
+    jax.block_until_ready(flash_bwd_p.bind(q, k, v, q, bad_lse, q,
+                                           *map(jnp.asarray, [NO] * 4 + [NO_BIAS, NO_MASK, NO_KEY]),
                                            deterministic=False, **FWD_PARAMS))
 
 

@@ -36,35 +36,44 @@ OPTIONS = {
     "softcap": Options(softcap=2.0, scale=0.9),
     "everything": Options(is_causal=True, window=(30, 5), softcap=5.0, with_lengths=True,
                           with_segments=True, scale=0.3),
+    "bias": Options(bias_shape=(2, 4, 100, 77)),
+    "bias_broadcast": Options(bias_shape=(1, 4, 1, 77)),
+    "mask": Options(mask_shape=(2, 1, 100, 77)),
+    # (A bias constant along keys would not change the softmax: its exact
+    # gradient is a sum whose terms cancel, a poor test of anything.)
+    "bias_mask_softcap": Options(bias_shape=(4, 1, 77), mask_shape=(2, 4, 100, 77),
+                                 softcap=3.0, is_causal=True),
 }
 
 
 def run_flash(inputs, opts, dtype):
-  """(out, lse, dq, dk, dv) from jax_flash, under jit, in `dtype`."""
+  """(out, lse, dq, dk, dv[, dbias]) from jax_flash, under jit, in `dtype`."""
   q, k, v, dout = (jnp.asarray(x, dtype) for x in (inputs.q, inputs.k, inputs.v, inputs.dout))
   kwargs = opts.kwargs(inputs)
+  bias = opts.bias(inputs)
+  bias = None if bias is None else jnp.asarray(bias, dtype)
 
   @jax.jit
-  def fwd_bwd(q, k, v, dout):
-    def f(q, k, v):
-      return jax_flash.flash_attention(q, k, v, return_residual=True, **kwargs)
-    (out, lse), vjp = jax.vjp(f, q, k, v)
-    dq, dk, dv = vjp((dout, jnp.zeros_like(lse)))
-    return out, lse, dq, dk, dv
+  def fwd_bwd(q, k, v, bias, dout):
+    def f(q, k, v, bias):
+      return jax_flash.flash_attention(q, k, v, bias=bias, return_residual=True, **kwargs)
+    (out, lse), vjp = jax.vjp(f, q, k, v, bias)
+    grads = vjp((dout, jnp.zeros_like(lse)))
+    return (out, lse) + tuple(g for g in grads if g is not None)
 
-  return fwd_bwd(q, k, v, dout)
+  return fwd_bwd(q, k, v, bias, dout)
 
 
 def check_against_reference(inputs, opts, dtype, check_grads=True):
   mask = visible_mask(opts, inputs)
   got = run_flash(inputs, opts, dtype)
-  f64 = lambda x: jnp.asarray(x, jnp.float64)
+  f64 = lambda x: None if x is None else jnp.asarray(x, jnp.float64)
   ref = attention_and_grads(f64(inputs.q), f64(inputs.k), f64(inputs.v), f64(inputs.dout), mask,
-                            opts)
-  cast = lambda x: jnp.asarray(x, dtype)
+                            opts, bias=f64(opts.bias(inputs)))
+  cast = lambda x: None if x is None else jnp.asarray(x, dtype)
   plain = attention_and_grads(cast(inputs.q), cast(inputs.k), cast(inputs.v), cast(inputs.dout),
-                              mask, opts)
-  names = ["out", "lse", "dq", "dk", "dv"] if check_grads else ["out", "lse"]
+                              mask, opts, bias=cast(opts.bias(inputs)))
+  names = ["out", "lse", "dq", "dk", "dv", "dbias"] if check_grads else ["out", "lse"]
   for name, g, r, p in zip(names, got, ref, plain):
     assert_flash_close(name, g, r, p, dtype if name != "lse" else jnp.float32
                        if dtype != jnp.float64 else jnp.float64)

@@ -6,6 +6,7 @@
 //   2. dK, dV: work item (batch, kv head, key block); loops over the query
 //      blocks of every query head in the GQA group that can see the block.
 //   3. dQ: work item (batch, query head, query block); loops over key blocks.
+//   4. dbias, when there is a bias (see DbiasItem).
 // Both 2 and 3 recompute P = exp(x - lse) and dS = P * (dP - D) tile by tile
 // from Q, dO, K, V packed once per call (packed.h). Recomputing in pass 3
 // costs three extra tile products per tile over a single pass with a shared
@@ -37,7 +38,7 @@ struct BwdInputs {
 // Per-thread tiles of the backward, row-major.
 template <typename A>
 struct BwdTiles {
-  A *p, *ds, *tanh, *acc0, *acc1, *lse2, *delta;
+  A *p, *ds, *sech2, *acc0, *acc1, *lse2, *delta;
 
   static BwdTiles Get(int64_t Dp) {
     thread_local Scratch<A> scratch;
@@ -47,8 +48,8 @@ struct BwdTiles {
     BwdTiles t;
     t.p = base;
     t.ds = t.p + tile;
-    t.tanh = t.ds + tile;
-    t.acc0 = t.tanh + tile;
+    t.sech2 = t.ds + tile;
+    t.acc0 = t.sech2 + tile;
     t.acc1 = t.acc0 + acc;
     t.lse2 = t.acc1 + acc;
     t.delta = t.lse2 + kBlockM;
@@ -73,10 +74,12 @@ void LoadRowStats(const BwdParams& p, int64_t b, int64_t h, int64_t i0, int64_t 
 }
 
 // For query rows [i0, i0 + rows) of (b, h) against key block n_block:
-// t.p = P and t.ds = dS with respect to the raw products q.k (soft cap and
-// scale folded in), both rows x kBlockN; columns past the keys are 0.
+// t.p = P as the forward applied it to V (after dropout) and t.ds = dS, the
+// gradient with respect to the logits before the soft cap (which is also
+// the bias gradient); rows x kBlockN, columns past the keys are 0. The
+// softmax scale is applied by the callers when they write dQ and dK.
 template <typename A>
-void ProbsAndScoreGrads(const BwdInputs<A>& in, const BatchMask& mask, int64_t b, int64_t h,
+void ProbsAndScoreGrads(const BwdInputs<A>& in, const HeadView<A>& head, int64_t b, int64_t h,
                         int64_t m_block, int64_t rows, int64_t n_block, BwdTiles<A>& t) {
   const BwdParams& p = in.p;
   const AttentionShape& s = p.shape;
@@ -90,25 +93,45 @@ void ProbsAndScoreGrads(const BwdInputs<A>& in, const BatchMask& mask, int64_t b
                  kBlockN);  // S = Q K^T
   Gemm<A, false>(rows, kBlockN, D, dout, in.v_transposed.Tile(b, h_kv, n_block), kBlockN, t.ds,
                  kBlockN);  // dP = dO V^T
-  const bool all_visible = cols == kBlockN && mask.AllVisible(i0, i0 + rows, j0, j0 + cols);
+  const bool all_visible =
+      cols == kBlockN && head.mask.AllVisible(i0, i0 + rows, j0, j0 + cols);
   const bool capped = p.score.softcap > 0;
-  const A scale = static_cast<A>(p.score.scale);
+  const A keep_scale = static_cast<A>(p.dropout.keep_scale());
   for (int64_t r = 0; r < rows; ++r) {
     A* p_row = t.p + r * kBlockN;
     A* ds_row = t.ds + r * kBlockN;
-    A* tanh_row = t.tanh + r * kBlockN;
-    ScoreRow<A>(p_row, p.score, mask, i0 + r, j0, cols, all_visible, capped ? tanh_row : nullptr);
-    for (int64_t c = 0; c < kBlockN; c += kLanes<A>) {
-      const Vec<A> prob = Exp2<A>(Load(p_row + c) - t.lse2[r]);
-      Store(p_row + c, prob);
-      Vec<A> ds = prob * (Load(ds_row + c) - t.delta[r]);
-      if (capped) {
-        const Vec<A> th = Load(tanh_row + c);
-        ds *= 1 - th * th;  // d(cap * tanh(x / cap)) / dx
+    A* sech2_row = t.sech2 + r * kBlockN;
+    ScoreRow<A>(p_row, p.score, head, i0 + r, j0, cols, all_visible, capped ? sech2_row : nullptr);
+    const A delta = t.delta[r];
+    if (!head.dropout.enabled) {
+      for (int64_t c = 0; c < kBlockN; c += kLanes<A>) {
+        const Vec<A> prob = Exp2<A>(Load(p_row + c) - t.lse2[r]);
+        Store(p_row + c, prob);
+        Store(ds_row + c, prob * (Load(ds_row + c) - delta));  // dS = P (dP - D)
       }
-      Store(ds_row + c, ds * scale);
+    } else {
+      // The forward used Z P / (1 - rate) for P V, so dV sees that and dP
+      // flows back through the same mask Z; D = rowsum(dO O) already holds it.
+      for (int64_t c = 0; c < kBlockN; c += kLanes<A>)
+        Store(p_row + c, Exp2<A>(Load(p_row + c) - t.lse2[r]));
+      ForEachDropoutColumn(head.dropout, i0 + r, j0, cols, [&](int64_t c, bool kept) {
+        const A prob = p_row[c];
+        ds_row[c] = prob * ((kept ? ds_row[c] * keep_scale : A(0)) - delta);
+        p_row[c] = kept ? prob * keep_scale : A(0);
+      });
+      for (int64_t c = cols; c < kBlockN; ++c) ds_row[c] = p_row[c] = 0;
+    }
+    if (capped) {  // d(cap tanh(x / cap)) / dx = sech^2(x / cap)
+      for (int64_t c = 0; c < kBlockN; c += kLanes<A>)
+        Store(ds_row + c, Load(ds_row + c) * Load(sech2_row + c));
     }
   }
+}
+
+// Multiplies rows x Dp accumulators by the softmax scale before they are written.
+template <typename A>
+void Scale(A* acc, int64_t rows, int64_t Dp, A scale) {
+  for (int64_t i = 0; i < rows * Dp; i += kLanes<A>) Store(acc + i, Load(acc + i) * scale);
 }
 
 template <typename T>
@@ -146,27 +169,29 @@ void DkDvItem(const BwdInputs<Acc<T>>& in, int64_t item) {
   const int64_t h_kv = item % num_kv_heads_total % s.num_heads_kv;
   const int64_t j0 = n_block * kBlockN;
   const int64_t cols = std::min(kBlockN, s.seqlen_k - j0);
-  const BatchMask mask = BatchMask::For(p.mask, b, s.seqlen_q, s.seqlen_k);
   BwdTiles<A> t = BwdTiles<A>::Get(Dp);
   A* dk = t.acc0;
   A* dv = t.acc1;
   std::fill(dk, dk + kBlockN * Dp, A(0));
   std::fill(dv, dv + kBlockN * Dp, A(0));
 
-  int64_t i_begin, i_end;
-  mask.QueryRange(j0, j0 + cols, &i_begin, &i_end);
   for (int64_t g = 0; g < s.group_size(); ++g) {
     const int64_t h = h_kv * s.group_size() + g;
+    const HeadView<A> head = HeadView<A>::For(p, b, h);
+    int64_t i_begin, i_end;
+    head.mask.QueryRange(j0, j0 + cols, &i_begin, &i_end);
     for (int64_t m_block = i_begin / kBlockM; m_block * kBlockM < i_end; ++m_block) {
       const int64_t rows = std::min(kBlockM, s.seqlen_q - m_block * kBlockM);
+      if (!head.TileMayBeVisible(m_block * kBlockM, rows, j0, cols)) continue;
       LoadRowStats(p, b, h, m_block * kBlockM, rows, t);
-      ProbsAndScoreGrads(in, mask, b, h, m_block, rows, n_block, t);
+      ProbsAndScoreGrads(in, head, b, h, m_block, rows, n_block, t);
       Gemm<A, true>(cols, Dp, rows, Transposed<A>(t.p, kBlockN),
                     in.dout_rows.Tile(b, h, m_block), Dp, dv, Dp);  // dV += P^T dO
       Gemm<A, true>(cols, Dp, rows, Transposed<A>(t.ds, kBlockN),
                     in.q_rows.Tile(b, h, m_block), Dp, dk, Dp);  // dK += dS^T Q
     }
   }
+  Scale(dk, cols, Dp, static_cast<A>(p.score.scale));
   UnpackRows(dk, Dp, cols, D, static_cast<T*>(p.dk), p.dk_strides, b, h_kv, j0);
   UnpackRows(dv, Dp, cols, D, static_cast<T*>(p.dv), p.dv_strides, b, h_kv, j0);
 }
@@ -186,20 +211,83 @@ void DqItem(const BwdInputs<Acc<T>>& in, int64_t item) {
   const int64_t h_kv = h / s.group_size();
   const int64_t i0 = m_block * kBlockM;
   const int64_t rows = std::min(kBlockM, s.seqlen_q - i0);
-  const BatchMask mask = BatchMask::For(p.mask, b, s.seqlen_q, s.seqlen_k);
+  const HeadView<A> head = HeadView<A>::For(p, b, h);
   BwdTiles<A> t = BwdTiles<A>::Get(Dp);
   A* dq = t.acc0;
 
   LoadRowStats(p, b, h, i0, rows, t);
   std::fill(dq, dq + rows * Dp, A(0));
   int64_t j_begin, j_end;
-  mask.KeyRange(i0, i0 + rows, &j_begin, &j_end);
+  head.mask.KeyRange(i0, i0 + rows, &j_begin, &j_end);
   for (int64_t n_block = j_begin / kBlockN; n_block * kBlockN < j_end; ++n_block) {
-    ProbsAndScoreGrads(in, mask, b, h, m_block, rows, n_block, t);
+    const int64_t j0 = n_block * kBlockN;
+    if (!head.TileMayBeVisible(i0, rows, j0, std::min(kBlockN, s.seqlen_k - j0))) continue;
+    ProbsAndScoreGrads(in, head, b, h, m_block, rows, n_block, t);
     Gemm<A, true>(rows, Dp, kBlockN, RowMajor<A>(t.ds, kBlockN), in.k_rows.Tile(b, h_kv, n_block),
                   Dp, dq, Dp);  // dQ += dS K
   }
+  Scale(dq, rows, Dp, static_cast<A>(p.score.scale));
   UnpackRows(dq, Dp, rows, D, static_cast<T*>(p.dq), p.dq_strides, b, h, i0);
+}
+
+// dbias = dS summed over the dimensions along which the bias broadcasts.
+// Work item: one (bias batch, bias head, block of bias rows); it owns those
+// rows of dbias and visits every (b, h, query block) that maps onto them,
+// so no two items write the same element. dS is recomputed here rather than
+// kept from the dK/dV pass, which would need an Sq x Sk buffer.
+template <typename T>
+void DbiasItem(const BwdInputs<Acc<T>>& in, int64_t item) {
+  using A = Acc<T>;
+  const BwdParams& p = in.p;
+  const AttentionShape& s = p.shape;
+  const int64_t* dims = p.score.bias_dims;  // (Bb, Hb, Tb, Sb), each 1 or full
+  const bool per_row = dims[2] == s.seqlen_q, per_col = dims[3] == s.seqlen_k;
+  const int64_t num_m_blocks = (s.seqlen_q + kBlockM - 1) / kBlockM;
+  const int64_t row_items = per_row ? num_m_blocks : 1;
+  const int64_t bias_b = item / (dims[1] * row_items);
+  const int64_t bias_h = item / row_items % dims[1];
+  const int64_t m_first = per_row ? item % row_items : 0;
+  const int64_t m_last = per_row ? m_first + 1 : num_m_blocks;
+  A* dbias = static_cast<A*>(p.dbias) + (bias_b * dims[1] + bias_h) * dims[2] * dims[3];
+  const int64_t row_stride = per_row ? dims[3] : 0;
+  const int64_t col_stride = per_col ? 1 : 0;
+  if (per_row) {
+    const int64_t i0 = m_first * kBlockM;
+    std::fill(dbias + i0 * dims[3], dbias + std::min(i0 + kBlockM, s.seqlen_q) * dims[3], A(0));
+  } else {
+    std::fill(dbias, dbias + dims[3], A(0));
+  }
+  BwdTiles<A> t = BwdTiles<A>::Get(PaddedHeadDim<A>(s.head_dim));
+  const int64_t b_count = dims[0] == 1 ? s.batch : 1, h_count = dims[1] == 1 ? s.num_heads_q : 1;
+  for (int64_t bi = 0; bi < b_count; ++bi)
+    for (int64_t hi = 0; hi < h_count; ++hi) {
+      const int64_t b = dims[0] == 1 ? bi : bias_b, h = dims[1] == 1 ? hi : bias_h;
+      const HeadView<A> head = HeadView<A>::For(p, b, h);
+      for (int64_t m_block = m_first; m_block < m_last; ++m_block) {
+        const int64_t i0 = m_block * kBlockM;
+        const int64_t rows = std::min(kBlockM, s.seqlen_q - i0);
+        LoadRowStats(p, b, h, i0, rows, t);
+        int64_t j_begin, j_end;
+        head.mask.KeyRange(i0, i0 + rows, &j_begin, &j_end);
+        for (int64_t n_block = j_begin / kBlockN; n_block * kBlockN < j_end; ++n_block) {
+          const int64_t j0 = n_block * kBlockN;
+          const int64_t cols = std::min(kBlockN, s.seqlen_k - j0);
+          if (!head.TileMayBeVisible(i0, rows, j0, cols)) continue;
+          ProbsAndScoreGrads(in, head, b, h, m_block, rows, n_block, t);
+          for (int64_t r = 0; r < rows; ++r) {
+            A* out_row = dbias + (i0 + r) * row_stride + j0 * col_stride;
+            const A* ds_row = t.ds + r * kBlockN;
+            if (per_col) {
+              for (int64_t c = 0; c < cols; ++c) out_row[c] += ds_row[c];
+            } else {  // summed over keys: lane-wise partial sums keep the error small
+              Vec<A> sum{};
+              for (int64_t c = 0; c < kBlockN; c += kLanes<A>) sum += Load(ds_row + c);
+              out_row[0] += ReduceSum<A>(sum);
+            }
+          }
+        }
+      }
+    }
 }
 
 template <typename T>
@@ -225,6 +313,11 @@ void Bwd(const BwdParams& p, const ParallelFor& parallel_for) {
   const BwdInputs<A> in{p, q_rows, dout_rows, k_transposed, v_transposed, k_rows};
   parallel_for(B * s.num_heads_kv * num_n_blocks, [&in](int64_t item) { DkDvItem<T>(in, item); });
   parallel_for(B * s.num_heads_q * num_m_blocks, [&in](int64_t item) { DqItem<T>(in, item); });
+  if (p.dbias != nullptr) {
+    const int64_t* dims = p.score.bias_dims;
+    const int64_t row_items = dims[2] == Sq ? num_m_blocks : 1;
+    parallel_for(dims[0] * dims[1] * row_items, [&in](int64_t item) { DbiasItem<T>(in, item); });
+  }
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // Work item: (batch, query head, block of kBlockM query rows). The item keeps
 // its output rows in an accumulation-type tile and streams key/value tiles
 // (packed once per call) through the cache: S = Q K^T, online softmax
-// (running max m and sum l, in base 2), O = diag(alpha) O + P V.
+// (running max m and sum l, in base 2), O = diag(alpha) O + P V; with
+// dropout, P V uses the dropped and rescaled P while l sums P itself.
 // Memory: the packed K and V plus a few tiles per thread, never Sq x Sk.
 #include <cmath>
 #include <limits>
@@ -41,7 +42,9 @@ void FwdItem(const FwdInputs<T>& in, int64_t item) {
   const int64_t rows = std::min(kBlockM, s.seqlen_q - i0);
   const int64_t D = s.head_dim;
   const int64_t Dp = PaddedHeadDim<A>(D);
-  const BatchMask mask = BatchMask::For(p.mask, b, s.seqlen_q, s.seqlen_k);
+  const HeadView<A> head = HeadView<A>::For(p, b, h);
+  const BatchMask& mask = head.mask;
+  const A keep_scale = static_cast<A>(p.dropout.keep_scale());
 
   thread_local Scratch<A> scratch;
   A* q = scratch.Get(2 * kBlockM * Dp + kBlockM * kBlockN + 2 * kBlockM);
@@ -60,13 +63,14 @@ void FwdItem(const FwdInputs<T>& in, int64_t item) {
   for (int64_t n_block = j_begin / kBlockN; n_block * kBlockN < j_end; ++n_block) {
     const int64_t j0 = n_block * kBlockN;
     const int64_t cols = std::min(kBlockN, s.seqlen_k - j0);
+    if (!head.TileMayBeVisible(i0, rows, j0, cols)) continue;
     const A* kt = in.k_transposed.Tile(b, h_kv, n_block);
     const A* v = in.v_rows.Tile(b, h_kv, n_block);
     Gemm<A, false>(rows, kBlockN, D, RowMajor(q, Dp), kt, kBlockN, s_tile, kBlockN);  // S = Q K^T
     const bool all_visible = cols == kBlockN && mask.AllVisible(i0, i0 + rows, j0, j0 + cols);
     for (int64_t r = 0; r < rows; ++r) {
       A* s_row = s_tile + r * kBlockN;
-      ScoreRow<A>(s_row, p.score, mask, i0 + r, j0, cols, all_visible, nullptr);
+      ScoreRow<A>(s_row, p.score, head, i0 + r, j0, cols, all_visible, nullptr);
       Vec<A> row_max = Load(s_row);
       for (int64_t c = kLanes<A>; c < kBlockN; c += kLanes<A>) row_max = Max<A>(row_max, Load(s_row + c));
       const A m_new = std::max(m[r], ReduceMax<A>(row_max));
@@ -84,6 +88,10 @@ void FwdItem(const FwdInputs<T>& in, int64_t item) {
       const A alpha = std::exp2(m[r] - m_new);  // rescales what came before
       l[r] = l[r] * alpha + ReduceSum<A>(row_sum);
       m[r] = m_new;
+      if (head.dropout.enabled)  // l sums P before dropout; P V uses the dropped P
+        ForEachDropoutColumn(head.dropout, i0 + r, j0, cols, [&](int64_t c, bool kept) {
+          s_row[c] = kept ? s_row[c] * keep_scale : A(0);
+        });
       if (alpha != A(1)) {
         A* o_row = o + r * Dp;
         for (int64_t c = 0; c < Dp; c += kLanes<A>) Store(o_row + c, Load(o_row + c) * alpha);

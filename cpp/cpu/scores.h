@@ -1,6 +1,7 @@
 // One row of a score tile: from raw q.k products to log2-domain logits, with
-// the soft cap and the mask applied. Shared by the forward and both backward
-// passes so that they see exactly the same logits.
+// bias, soft cap and mask applied, plus what every pass needs to know about
+// one (batch element, head). Shared by the forward and the backward passes so
+// that they see exactly the same logits and the same dropout mask.
 #pragma once
 
 #include <cstdint>
@@ -8,26 +9,63 @@
 
 #include "cpu/simd.h"
 #include "cpu/tile.h"
+#include "jax_flash/dropout.h"
 #include "jax_flash/mask.h"
 #include "jax_flash/params.h"
 
 namespace jax_flash::cpu {
 
+// Everything elementwise about one (batch element b, query head h).
+template <typename A>
+struct HeadView {
+  BatchMask mask;
+  const A* bias;  // this head's (Sq, Sk) view of the bias, or null
+  int64_t bias_row_stride;
+  int64_t bias_col_stride;
+  HeadDropout dropout;
+
+  static HeadView For(const FwdParams& p, int64_t b, int64_t h) {
+    const AttentionShape& s = p.shape;
+    HeadView v;
+    v.mask = BatchMask::For(p.mask, b, h, s.seqlen_q, s.seqlen_k);
+    const DenseStrides& bs = p.score.bias_strides;
+    v.bias = p.score.bias != nullptr
+                 ? static_cast<const A*>(p.score.bias) + b * bs.batch + h * bs.head
+                 : nullptr;
+    v.bias_row_stride = bs.row;
+    v.bias_col_stride = bs.col;
+    v.dropout = HeadDropout::For(p.dropout, s.batch, b, h);
+    return v;
+  }
+
+  // False only if no (i, j) of the tile is visible; such tiles are skipped.
+  bool TileMayBeVisible(int64_t i0, int64_t rows, int64_t j0, int64_t cols) const {
+    return !mask.HasElementwiseTerms() || mask.AnyVisible(i0, i0 + rows, j0, j0 + cols);
+  }
+};
+
 // s_row holds kBlockN raw products q_i . k_j for keys j0 .. j0 + kBlockN.
-// On return it holds log2(e) * x, where x = scale * q.k, capped as
+// On return it holds log2(e) * x, where x = scale * q.k + bias, capped as
 // cap * tanh(x / cap) when cap > 0, and -inf where query i may not see the
 // key (including columns >= cols, past the end of the key block).
-// With a cap, tanh_row (if not null) receives tanh(x / cap) for the backward.
+// With a cap, sech2_row (if not null) receives 1 - tanh^2(x / cap), the
+// derivative of the cap, for the backward.
 template <typename A>
-inline void ScoreRow(A* s_row, const ScoreParams& score, const BatchMask& mask, int64_t i,
-                     int64_t j0, int64_t cols, bool all_visible, A* tanh_row) {
+inline void ScoreRow(A* s_row, const ScoreParams& score, const HeadView<A>& head, int64_t i,
+                     int64_t j0, int64_t cols, bool all_visible, A* sech2_row) {
   const A scale = static_cast<A>(score.scale);
   const A cap = static_cast<A>(score.softcap);
+  for (int64_t c = 0; c < kBlockN; c += kLanes<A>) Store(s_row + c, Load(s_row + c) * scale);
+  if (head.bias != nullptr) {
+    const A* bias_row = head.bias + i * head.bias_row_stride + j0 * head.bias_col_stride;
+    for (int64_t c = 0; c < cols; ++c) s_row[c] += bias_row[c * head.bias_col_stride];
+  }
   for (int64_t c = 0; c < kBlockN; c += kLanes<A>) {
-    Vec<A> x = Load(s_row + c) * scale;
+    Vec<A> x = Load(s_row + c);
     if (cap > 0) {
-      const Vec<A> t = Tanh<A>(x / cap);
-      if (tanh_row != nullptr) Store(tanh_row + c, t);
+      Vec<A> sech2;
+      const Vec<A> t = Tanh<A>(x / cap, sech2_row != nullptr ? &sech2 : nullptr);
+      if (sech2_row != nullptr) Store(sech2_row + c, sech2);
       x = t * cap;
     }
     Store(s_row + c, x * static_cast<A>(kLog2e));
@@ -35,7 +73,20 @@ inline void ScoreRow(A* s_row, const ScoreParams& score, const BatchMask& mask, 
   if (!all_visible) {
     constexpr A kMasked = -std::numeric_limits<A>::infinity();
     for (int64_t c = 0; c < kBlockN; ++c)
-      if (c >= cols || !mask.Visible(i, j0 + c)) s_row[c] = kMasked;
+      if (c >= cols || !head.mask.Visible(i, j0 + c)) s_row[c] = kMasked;
+  }
+}
+
+// Calls keep(c, kept) for columns c < cols of row i, in order, with Philox
+// draws shared by each group of four columns.
+template <typename F>
+inline void ForEachDropoutColumn(const HeadDropout& dropout, int64_t i, int64_t j0, int64_t cols,
+                                 F&& keep) {
+  uint32_t draws[4];
+  for (int64_t c = 0; c < cols; ++c) {
+    const int64_t j = j0 + c;
+    if (c == 0 || (j & 3) == 0) dropout.Draws(i, j, draws);
+    keep(c, draws[j & 3] >= dropout.threshold);
   }
 }
 

@@ -66,17 +66,21 @@ cpu::ParallelFor PoolParallelFor(ffi::ThreadPool& pool) {
   };
 }
 
-ffi::Error FwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                  ffi::AnyBuffer v, ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
-                  ffi::AnyBuffer q_segment_ids, ffi::AnyBuffer kv_segment_ids,
+ffi::Error FwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                  ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
+                  ffi::AnyBuffer q_segment_ids, ffi::AnyBuffer kv_segment_ids, ffi::AnyBuffer bias,
+                  ffi::AnyBuffer mask, ffi::AnyBuffer dropout_key,
                   ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
                   double scale, double softcap, bool is_causal, int64_t window_left,
-                  int64_t window_right) {
-  const ScoreAndMaskAttrs attrs{scale, softcap, is_causal, window_left, window_right};
+                  int64_t window_right, double dropout_rate, bool broadcast_dropout) {
+  const ScoreAndMaskAttrs attrs{scale,        softcap,      is_causal,        window_left,
+                                window_right, dropout_rate, broadcast_dropout};
+  const ffi_decode::MaskOperands ops{q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids,
+                                     bias,      mask,       dropout_key};
   FwdParams p;
-  if (auto e = ffi_decode::DecodeFwd(attrs, q, k, v, q_seqlens, kv_seqlens, q_segment_ids,
-                                     kv_segment_ids, out->dimensions(), out->element_type(),
-                                     lse->dimensions(), lse->element_type(), &p);
+  if (auto e = ffi_decode::DecodeFwd(attrs, q, k, v, ops, out->dimensions(),
+                                     out->element_type(), lse->dimensions(),
+                                     lse->element_type(), &p);
       e.failure())
     return e;
   p.out = out->untyped_data();
@@ -85,24 +89,29 @@ ffi::Error FwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
   return ffi::Error::Success();
 }
 
-ffi::Error BwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                  ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
-                  ffi::AnyBuffer dout, ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
-                  ffi::AnyBuffer q_segment_ids, ffi::AnyBuffer kv_segment_ids,
+ffi::Error BwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                  ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
+                  ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
+                  ffi::AnyBuffer q_segment_ids, ffi::AnyBuffer kv_segment_ids, ffi::AnyBuffer bias,
+                  ffi::AnyBuffer mask, ffi::AnyBuffer dropout_key,
                   ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                  ffi::Result<ffi::AnyBuffer> dv, double scale, double softcap,
-                  bool is_causal, int64_t window_left, int64_t window_right,
+                  ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dbias,
+                  double scale, double softcap, bool is_causal, int64_t window_left,
+                  int64_t window_right, double dropout_rate, bool broadcast_dropout,
                   bool deterministic) {
   (void)deterministic;  // The CPU backward is always deterministic.
-  const ScoreAndMaskAttrs attrs{scale, softcap, is_causal, window_left, window_right};
+  const ScoreAndMaskAttrs attrs{scale,        softcap,      is_causal,        window_left,
+                                window_right, dropout_rate, broadcast_dropout};
+  const ffi_decode::MaskOperands ops{q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids,
+                                     bias,      mask,       dropout_key};
   BwdParams p;
-  if (auto e = ffi_decode::DecodeFwd(attrs, q, k, v, q_seqlens, kv_seqlens, q_segment_ids,
-                                     kv_segment_ids, out.dimensions(), out.element_type(),
+  if (auto e = ffi_decode::DecodeFwd(attrs, q, k, v, ops, out.dimensions(), out.element_type(),
                                      lse.dimensions(), lse.element_type(), &p);
       e.failure())
     return e;
   if (auto e = ffi_decode::DecodeBwdExtras(q, k, out, lse, dout, dq->dimensions(),
-                                           dk->dimensions(), dv->dimensions(), &p);
+                                           dk->dimensions(), dv->dimensions(), bias,
+                                           dbias->dimensions(), dbias->element_type(), &p);
       e.failure())
     return e;
   if (dq->element_type() != q.element_type() || dk->element_type() != q.element_type() ||
@@ -117,6 +126,7 @@ ffi::Error BwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
   p.dq = dq->untyped_data();
   p.dk = dk->untyped_data();
   p.dv = dv->untyped_data();
+  p.dbias = p.score.bias != nullptr ? dbias->untyped_data() : nullptr;
   cpu::FlashBwd(p, ToCpuDType(q.element_type()), PoolParallelFor(pool));
   return ffi::Error::Success();
 }
@@ -128,34 +138,27 @@ ffi::Error BwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxFlashFwdCpu, jax_flash::FwdCpu,
     jax_flash::ffi_decode::AddScoreAndMaskAttrs(
-        ffi::Ffi::Bind()
-            .Ctx<ffi::ThreadPool>()
-            .Arg<ffi::AnyBuffer>()   // q (B, Sq, Hq, D)
-            .Arg<ffi::AnyBuffer>()   // k (B, Sk, Hkv, D)
-            .Arg<ffi::AnyBuffer>()   // v (B, Sk, Hkv, D)
-            .Arg<ffi::AnyBuffer>()   // q_seqlens int32 (B,) or (0,)
-            .Arg<ffi::AnyBuffer>()   // kv_seqlens int32 (B,) or (0,)
-            .Arg<ffi::AnyBuffer>()   // q_segment_ids int32 (B, Sq) or (0,)
-            .Arg<ffi::AnyBuffer>()   // kv_segment_ids int32 (B, Sk) or (0,)
-            .Ret<ffi::AnyBuffer>()   // out (B, Sq, Hq, D)
+        jax_flash::ffi_decode::AddMaskOperands(ffi::Ffi::Bind()
+                                                   .Ctx<ffi::ThreadPool>()
+                                                   .Arg<ffi::AnyBuffer>()   // q (B, Sq, Hq, D)
+                                                   .Arg<ffi::AnyBuffer>()   // k (B, Sk, Hkv, D)
+                                                   .Arg<ffi::AnyBuffer>())  // v (B, Sk, Hkv, D)
+            .Ret<ffi::AnyBuffer>()     // out (B, Sq, Hq, D)
             .Ret<ffi::AnyBuffer>()));  // lse (B, Hq, Sq), accumulation type
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxFlashBwdCpu, jax_flash::BwdCpu,
     jax_flash::ffi_decode::AddScoreAndMaskAttrs(
-        ffi::Ffi::Bind()
-            .Ctx<ffi::ThreadPool>()
-            .Arg<ffi::AnyBuffer>()   // q
-            .Arg<ffi::AnyBuffer>()   // k
-            .Arg<ffi::AnyBuffer>()   // v
-            .Arg<ffi::AnyBuffer>()   // out (forward result)
-            .Arg<ffi::AnyBuffer>()   // lse (forward result)
-            .Arg<ffi::AnyBuffer>()   // dout
-            .Arg<ffi::AnyBuffer>()   // q_seqlens
-            .Arg<ffi::AnyBuffer>()   // kv_seqlens
-            .Arg<ffi::AnyBuffer>()   // q_segment_ids
-            .Arg<ffi::AnyBuffer>()   // kv_segment_ids
+        jax_flash::ffi_decode::AddMaskOperands(ffi::Ffi::Bind()
+                                                   .Ctx<ffi::ThreadPool>()
+                                                   .Arg<ffi::AnyBuffer>()   // q
+                                                   .Arg<ffi::AnyBuffer>()   // k
+                                                   .Arg<ffi::AnyBuffer>()   // v
+                                                   .Arg<ffi::AnyBuffer>()   // out (forward result)
+                                                   .Arg<ffi::AnyBuffer>()   // lse (forward result)
+                                                   .Arg<ffi::AnyBuffer>())  // dout
             .Ret<ffi::AnyBuffer>()   // dq
             .Ret<ffi::AnyBuffer>()   // dk
-            .Ret<ffi::AnyBuffer>())  // dv
+            .Ret<ffi::AnyBuffer>()   // dv
+            .Ret<ffi::AnyBuffer>())  // dbias: bias's shape, or (0,)
         .Attr<bool>("deterministic"));  // bitwise-reproducible gradients

@@ -37,19 +37,33 @@ ffi::Error LaunchError(const char* what, cudaError_t err) {
                               cudaGetErrorString(err));
 }
 
+// Dense bias/mask and dropout run on the CPU kernels only, for now.
+ffi::Error RejectUnsupported(const FwdParams& p) {
+  if (p.score.bias != nullptr || p.mask.dense != nullptr || p.dropout.enabled())
+    return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                      "jax_flash: dense bias, dense mask and dropout are not implemented by "
+                      "the CUDA kernels yet (they run on the CPU)");
+  return ffi::Error::Success();
+}
+
 ffi::Error FwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                    ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
                    ffi::AnyBuffer q_segment_ids, ffi::AnyBuffer kv_segment_ids,
+                   ffi::AnyBuffer bias, ffi::AnyBuffer mask, ffi::AnyBuffer dropout_key,
                    ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
                    double scale, double softcap, bool is_causal, int64_t window_left,
-                   int64_t window_right) {
-  const ScoreAndMaskAttrs attrs{scale, softcap, is_causal, window_left, window_right};
+                   int64_t window_right, double dropout_rate, bool broadcast_dropout) {
+  const ScoreAndMaskAttrs attrs{scale,        softcap,      is_causal,        window_left,
+                                window_right, dropout_rate, broadcast_dropout};
+  const ffi_decode::MaskOperands ops{q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids,
+                                     bias,      mask,       dropout_key};
   FwdParams p;
-  if (auto e = ffi_decode::DecodeFwd(attrs, q, k, v, q_seqlens, kv_seqlens, q_segment_ids,
-                                     kv_segment_ids, out->dimensions(), out->element_type(),
-                                     lse->dimensions(), lse->element_type(), &p);
+  if (auto e = ffi_decode::DecodeFwd(attrs, q, k, v, ops, out->dimensions(),
+                                     out->element_type(), lse->dimensions(),
+                                     lse->element_type(), &p);
       e.failure())
     return e;
+  if (auto e = RejectUnsupported(p); e.failure()) return e;
   p.out = out->untyped_data();
   p.lse = lse->untyped_data();
   if (cudaError_t err = cuda::LaunchFwd(p, ToCudaDType(q.element_type()), stream);
@@ -62,21 +76,27 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyB
                    ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
                    ffi::AnyBuffer dout, ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
                    ffi::AnyBuffer q_segment_ids, ffi::AnyBuffer kv_segment_ids,
+                   ffi::AnyBuffer bias, ffi::AnyBuffer mask, ffi::AnyBuffer dropout_key,
                    ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                   ffi::Result<ffi::AnyBuffer> dv, double scale, double softcap,
-                   bool is_causal, int64_t window_left, int64_t window_right,
+                   ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dbias,
+                   double scale, double softcap, bool is_causal, int64_t window_left,
+                   int64_t window_right, double dropout_rate, bool broadcast_dropout,
                    bool deterministic) {
-  const ScoreAndMaskAttrs attrs{scale, softcap, is_causal, window_left, window_right};
+  const ScoreAndMaskAttrs attrs{scale,        softcap,      is_causal,        window_left,
+                                window_right, dropout_rate, broadcast_dropout};
+  const ffi_decode::MaskOperands ops{q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids,
+                                     bias,      mask,       dropout_key};
   BwdParams p;
-  if (auto e = ffi_decode::DecodeFwd(attrs, q, k, v, q_seqlens, kv_seqlens, q_segment_ids,
-                                     kv_segment_ids, out.dimensions(), out.element_type(),
+  if (auto e = ffi_decode::DecodeFwd(attrs, q, k, v, ops, out.dimensions(), out.element_type(),
                                      lse.dimensions(), lse.element_type(), &p);
       e.failure())
     return e;
   if (auto e = ffi_decode::DecodeBwdExtras(q, k, out, lse, dout, dq->dimensions(),
-                                           dk->dimensions(), dv->dimensions(), &p);
+                                           dk->dimensions(), dv->dimensions(), bias,
+                                           dbias->dimensions(), dbias->element_type(), &p);
       e.failure())
     return e;
+  if (auto e = RejectUnsupported(p); e.failure()) return e;
   if (dq->element_type() != q.element_type() || dk->element_type() != q.element_type() ||
       dv->element_type() != q.element_type())
     return ffi_decode::Invalid("dq, dk and dv must have the dtype of q");
@@ -105,15 +125,12 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyB
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxFlashFwdCuda, jax_flash::FwdCuda,
     jax_flash::ffi_decode::AddScoreAndMaskAttrs(
-        ffi::Ffi::Bind()
-            .Ctx<ffi::PlatformStream<cudaStream_t>>()
-            .Arg<ffi::AnyBuffer>()   // q (B, Sq, Hq, D)
-            .Arg<ffi::AnyBuffer>()   // k (B, Sk, Hkv, D)
-            .Arg<ffi::AnyBuffer>()   // v (B, Sk, Hkv, D)
-            .Arg<ffi::AnyBuffer>()   // q_seqlens int32 (B,) or (0,)
-            .Arg<ffi::AnyBuffer>()   // kv_seqlens int32 (B,) or (0,)
-            .Arg<ffi::AnyBuffer>()   // q_segment_ids int32 (B, Sq) or (0,)
-            .Arg<ffi::AnyBuffer>()   // kv_segment_ids int32 (B, Sk) or (0,)
+        jax_flash::ffi_decode::AddMaskOperands(
+            ffi::Ffi::Bind()
+                .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                .Arg<ffi::AnyBuffer>()   // q (B, Sq, Hq, D)
+                .Arg<ffi::AnyBuffer>()   // k (B, Sk, Hkv, D)
+                .Arg<ffi::AnyBuffer>())  // v (B, Sk, Hkv, D)
             .Ret<ffi::AnyBuffer>()   // out (B, Sq, Hq, D)
             .Ret<ffi::AnyBuffer>()),   // lse (B, Hq, Sq), accumulation type
     // No scratch, no host work beyond launches: XLA may record it into a
@@ -123,22 +140,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxFlashBwdCuda, jax_flash::BwdCuda,
     jax_flash::ffi_decode::AddScoreAndMaskAttrs(
-        ffi::Ffi::Bind()
-            .Ctx<ffi::PlatformStream<cudaStream_t>>()
-            .Ctx<ffi::ScratchAllocator>()  // delta = rowsum(dout * out), kernel scratch
-            .Arg<ffi::AnyBuffer>()   // q
-            .Arg<ffi::AnyBuffer>()   // k
-            .Arg<ffi::AnyBuffer>()   // v
-            .Arg<ffi::AnyBuffer>()   // out (forward result)
-            .Arg<ffi::AnyBuffer>()   // lse (forward result)
-            .Arg<ffi::AnyBuffer>()   // dout
-            .Arg<ffi::AnyBuffer>()   // q_seqlens
-            .Arg<ffi::AnyBuffer>()   // kv_seqlens
-            .Arg<ffi::AnyBuffer>()   // q_segment_ids
-            .Arg<ffi::AnyBuffer>()   // kv_segment_ids
+        jax_flash::ffi_decode::AddMaskOperands(
+            ffi::Ffi::Bind()
+                .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                .Ctx<ffi::ScratchAllocator>()  // delta = rowsum(dout * out), kernel scratch
+                .Arg<ffi::AnyBuffer>()   // q
+                .Arg<ffi::AnyBuffer>()   // k
+                .Arg<ffi::AnyBuffer>()   // v
+                .Arg<ffi::AnyBuffer>()   // out (forward result)
+                .Arg<ffi::AnyBuffer>()   // lse (forward result)
+                .Arg<ffi::AnyBuffer>())  // dout
             .Ret<ffi::AnyBuffer>()   // dq
             .Ret<ffi::AnyBuffer>()   // dk
-            .Ret<ffi::AnyBuffer>())  // dv
+            .Ret<ffi::AnyBuffer>()   // dv
+            .Ret<ffi::AnyBuffer>())  // dbias: bias's shape, or (0,)
         .Attr<bool>("deterministic"));  // bitwise-reproducible gradients
 // The backward is not declared command-buffer compatible: its delta buffer
 // comes from the ScratchAllocator, whose memory is returned to XLA's

@@ -10,11 +10,18 @@
 //   q_seqlens, kv_seqlens: int32 (B,), or int32 (0,) when absent.
 //   q_segment_ids (B, Sq), kv_segment_ids (B, Sk): int32, or (0,) when absent
 //   (both present or both absent).
+//   bias: accumulation type, rank 4, each dim 1 or (B, Hq, Sq, Sk)'s; or (0,).
+//   mask: bool, rank 4, broadcast like bias; or (0,).
+//   dropout_key: uint32 (Bkey, 2), Bkey dividing B; or (0,) when off. Batch
+//   element b uses key b / (B / Bkey) and counter batch index b % (B / Bkey)
+//   (vmap over keys folds into the batch and stays exact).
 //   Forward results: out like q; lse (B, Hq, Sq) in the accumulation type.
-//   Backward operands add out, lse, dout; results dq, dk, dv.
+//   Backward operands add out, lse, dout after v; results dq, dk, dv, dbias
+//   (bias's shape and dtype, or (0,) without a bias).
 // Attributes (declared once, in AddScoreAndMaskAttrs):
 //   scale: f64, softcap: f64 (0 = off), is_causal: bool,
-//   window_left, window_right: i64 (< 0 = unbounded).
+//   window_left, window_right: i64 (< 0 = unbounded),
+//   dropout_rate: f64 in [0, 1), broadcast_dropout: bool.
 #pragma once
 
 #include <cmath>
@@ -38,6 +45,8 @@ struct ScoreAndMaskAttrs {
   bool is_causal;
   int64_t window_left;
   int64_t window_right;
+  double dropout_rate;
+  bool broadcast_dropout;
 };
 
 // Appends the shared attributes to a binding, in the order the handler
@@ -48,7 +57,27 @@ auto AddScoreAndMaskAttrs(Binding binding) {
       .template Attr<double>("softcap")           // cap * tanh(x / cap); 0 = off
       .template Attr<bool>("is_causal")           // j <= i
       .template Attr<int64_t>("window_left")      // j >= i - left; < 0 = unbounded
-      .template Attr<int64_t>("window_right");    // j <= i + right; < 0 = unbounded
+      .template Attr<int64_t>("window_right")     // j <= i + right; < 0 = unbounded
+      .template Attr<double>("dropout_rate")      // drop probability; 0 = off
+      .template Attr<bool>("broadcast_dropout");  // one mask for all batch and heads
+}
+
+// The operands that follow q, k, v (fwd) or q, k, v, out, lse, dout (bwd).
+struct MaskOperands {
+  ffi::AnyBuffer q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids, bias, mask, dropout_key;
+};
+
+// Appends the seven MaskOperands to a binding.
+template <typename Binding>
+auto AddMaskOperands(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::AnyBuffer>()   // q_seqlens int32 (B,) or (0,)
+      .template Arg<ffi::AnyBuffer>()   // kv_seqlens int32 (B,) or (0,)
+      .template Arg<ffi::AnyBuffer>()   // q_segment_ids int32 (B, Sq) or (0,)
+      .template Arg<ffi::AnyBuffer>()   // kv_segment_ids int32 (B, Sk) or (0,)
+      .template Arg<ffi::AnyBuffer>()   // bias, accumulation type, 4-d broadcastable, or (0,)
+      .template Arg<ffi::AnyBuffer>()   // mask bool, 4-d broadcastable, or (0,)
+      .template Arg<ffi::AnyBuffer>();  // dropout_key uint32 (Bkey, 2) or (0,)
 }
 
 inline std::string DimsToString(ffi::AnyBuffer::Dimensions dims) {
@@ -123,47 +152,104 @@ inline ffi::Error DecodeShape(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
 
 inline bool IsAbsent(const ffi::AnyBuffer& b) { return b.element_count() == 0; }
 
-// Lengths and segment ids -> mask pointers; checks shapes and dtypes.
+// A rank-4 operand broadcast to (B, Hq, Sq, Sk): checks its dims, returns
+// its strides (0 along broadcast dims) and dims.
+inline ffi::Error DecodeDense(const char* name, const ffi::AnyBuffer& buf,
+                              const AttentionShape& s, DenseStrides* strides, int64_t dims[4]) {
+  auto d = buf.dimensions();
+  const int64_t full[4] = {s.batch, s.num_heads_q, s.seqlen_q, s.seqlen_k};
+  bool ok = d.size() == 4;
+  for (int i = 0; ok && i < 4; ++i) ok = d[i] == 1 || d[i] == full[i];
+  if (!ok)
+    return Invalid(std::string(name) + " must be rank 4 and broadcastable to (B, Hq, Sq, Sk) = (" +
+                   std::to_string(full[0]) + ", " + std::to_string(full[1]) + ", " +
+                   std::to_string(full[2]) + ", " + std::to_string(full[3]) + "), got " +
+                   DimsToString(d));
+  int64_t stride[4];
+  int64_t running = 1;
+  for (int i = 3; i >= 0; --i) {
+    stride[i] = d[i] == 1 ? 0 : running;
+    running *= d[i];
+    dims[i] = d[i];
+  }
+  *strides = DenseStrides{stride[0], stride[1], stride[2], stride[3]};
+  return ffi::Error::Success();
+}
+
+// Lengths, segment ids and the dense mask -> mask pointers; checks shapes
+// and dtypes.
 inline ffi::Error DecodeMask(const AttentionShape& s, const ScoreAndMaskAttrs& a,
-                             const ffi::AnyBuffer& q_seqlens,
-                             const ffi::AnyBuffer& kv_seqlens,
-                             const ffi::AnyBuffer& q_segment_ids,
-                             const ffi::AnyBuffer& kv_segment_ids, MaskParams* m) {
+                             const MaskOperands& ops, MaskParams* m) {
   m->causal = a.is_causal;
   m->window_left = a.window_left < 0 ? -1 : a.window_left;
   m->window_right = a.window_right < 0 ? -1 : a.window_right;
   struct Named { const char* name; const ffi::AnyBuffer* buf; };
-  for (Named n : {Named{"q_seqlens", &q_seqlens}, Named{"kv_seqlens", &kv_seqlens},
-                  Named{"q_segment_ids", &q_segment_ids},
-                  Named{"kv_segment_ids", &kv_segment_ids}}) {
+  for (Named n : {Named{"q_seqlens", &ops.q_seqlens}, Named{"kv_seqlens", &ops.kv_seqlens},
+                  Named{"q_segment_ids", &ops.q_segment_ids},
+                  Named{"kv_segment_ids", &ops.kv_segment_ids}}) {
     if (n.buf->element_type() != ffi::DataType::S32)
       return Invalid(std::string(n.name) + " must be int32");
   }
-  if (!IsAbsent(q_seqlens)) {
-    if (auto e = ExpectDims("q_seqlens", q_seqlens.dimensions(), {s.batch}); e.failure()) return e;
-    m->q_seqlens = static_cast<const int32_t*>(q_seqlens.untyped_data());
+  if (!IsAbsent(ops.q_seqlens)) {
+    if (auto e = ExpectDims("q_seqlens", ops.q_seqlens.dimensions(), {s.batch}); e.failure()) return e;
+    m->q_seqlens = static_cast<const int32_t*>(ops.q_seqlens.untyped_data());
   }
-  if (!IsAbsent(kv_seqlens)) {
-    if (auto e = ExpectDims("kv_seqlens", kv_seqlens.dimensions(), {s.batch}); e.failure()) return e;
-    m->kv_seqlens = static_cast<const int32_t*>(kv_seqlens.untyped_data());
+  if (!IsAbsent(ops.kv_seqlens)) {
+    if (auto e = ExpectDims("kv_seqlens", ops.kv_seqlens.dimensions(), {s.batch}); e.failure()) return e;
+    m->kv_seqlens = static_cast<const int32_t*>(ops.kv_seqlens.untyped_data());
   }
-  if (IsAbsent(q_segment_ids) != IsAbsent(kv_segment_ids) && s.batch * s.seqlen_q * s.seqlen_k > 0)
+  if (IsAbsent(ops.q_segment_ids) != IsAbsent(ops.kv_segment_ids) &&
+      s.batch * s.seqlen_q * s.seqlen_k > 0)
     return Invalid("q_segment_ids and kv_segment_ids must be given together");
-  if (!IsAbsent(q_segment_ids) && !IsAbsent(kv_segment_ids)) {
-    if (auto e = ExpectDims("q_segment_ids", q_segment_ids.dimensions(), {s.batch, s.seqlen_q}); e.failure()) return e;
-    if (auto e = ExpectDims("kv_segment_ids", kv_segment_ids.dimensions(), {s.batch, s.seqlen_k}); e.failure()) return e;
-    m->q_segment_ids = static_cast<const int32_t*>(q_segment_ids.untyped_data());
-    m->kv_segment_ids = static_cast<const int32_t*>(kv_segment_ids.untyped_data());
+  if (!IsAbsent(ops.q_segment_ids) && !IsAbsent(ops.kv_segment_ids)) {
+    if (auto e = ExpectDims("q_segment_ids", ops.q_segment_ids.dimensions(), {s.batch, s.seqlen_q}); e.failure()) return e;
+    if (auto e = ExpectDims("kv_segment_ids", ops.kv_segment_ids.dimensions(), {s.batch, s.seqlen_k}); e.failure()) return e;
+    m->q_segment_ids = static_cast<const int32_t*>(ops.q_segment_ids.untyped_data());
+    m->kv_segment_ids = static_cast<const int32_t*>(ops.kv_segment_ids.untyped_data());
+  }
+  if (!IsAbsent(ops.mask)) {
+    if (ops.mask.element_type() != ffi::DataType::PRED) return Invalid("mask must be bool");
+    int64_t dims[4];
+    if (auto e = DecodeDense("mask", ops.mask, s, &m->dense_strides, dims); e.failure()) return e;
+    m->dense = static_cast<const uint8_t*>(ops.mask.untyped_data());
   }
   return ffi::Error::Success();
 }
 
-inline ffi::Error DecodeScore(const ScoreAndMaskAttrs& a, ScoreParams* score) {
+inline ffi::Error DecodeScore(const AttentionShape& s, const ScoreAndMaskAttrs& a,
+                              const MaskOperands& ops, ffi::DataType input_type,
+                              ScoreParams* score) {
   if (!std::isfinite(a.scale)) return Invalid("scale must be finite");
   if (!std::isfinite(a.softcap) || a.softcap < 0)
     return Invalid("softcap must be finite and >= 0 (0 disables it)");
   score->scale = a.scale;
   score->softcap = a.softcap;
+  if (!IsAbsent(ops.bias)) {
+    if (ops.bias.element_type() != AccumulationType(input_type))
+      return Invalid("bias must be float32 (float64 for float64 inputs)");
+    if (auto e = DecodeDense("bias", ops.bias, s, &score->bias_strides, score->bias_dims); e.failure())
+      return e;
+    score->bias = ops.bias.untyped_data();
+  }
+  return ffi::Error::Success();
+}
+
+// Dropout rate and keys. The keys stay where XLA put them (the device):
+// kernels resolve them per batch element with HeadDropout::For.
+inline ffi::Error DecodeDropout(const AttentionShape& s, const ScoreAndMaskAttrs& a,
+                                const MaskOperands& ops, DropoutParams* d) {
+  if (!(a.dropout_rate >= 0 && a.dropout_rate < 1))
+    return Invalid("dropout_rate must be in [0, 1)");
+  d->rate = a.dropout_rate;
+  d->broadcast_batch_and_heads = a.broadcast_dropout;
+  if (a.dropout_rate == 0) return ffi::Error::Success();
+  auto dims = ops.dropout_key.dimensions();
+  if (ops.dropout_key.element_type() != ffi::DataType::U32 || dims.size() != 2 || dims[1] != 2 ||
+      dims[0] < 1 || s.batch % dims[0] != 0)
+    return Invalid("dropout_key must be uint32 (Bkey, 2) with Bkey dividing the batch " +
+                   std::to_string(s.batch) + ", got " + DimsToString(dims));
+  d->keys = static_cast<const uint32_t*>(ops.dropout_key.untyped_data());
+  d->key_batch = dims[0];
   return ffi::Error::Success();
 }
 
@@ -171,19 +257,17 @@ inline ffi::Error DecodeScore(const ScoreAndMaskAttrs& a, ScoreParams* score) {
 // shapes they must have.
 inline ffi::Error DecodeFwd(const ScoreAndMaskAttrs& attrs, const ffi::AnyBuffer& q,
                             const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
-                            const ffi::AnyBuffer& q_seqlens,
-                            const ffi::AnyBuffer& kv_seqlens,
-                            const ffi::AnyBuffer& q_segment_ids,
-                            const ffi::AnyBuffer& kv_segment_ids,
+                            const MaskOperands& ops,
                             ffi::AnyBuffer::Dimensions out_dims, ffi::DataType out_type,
                             ffi::AnyBuffer::Dimensions lse_dims, ffi::DataType lse_type,
                             FwdParams* p) {
   if (auto e = DecodeShape(q, k, v, &p->shape); e.failure()) return e;
   const AttentionShape& s = p->shape;
-  if (auto e = DecodeMask(s, attrs, q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids, &p->mask);
-      e.failure())
+  if (auto e = DecodeMask(s, attrs, ops, &p->mask); e.failure()) return e;
+  if (auto e = DecodeScore(s, attrs, ops, q.element_type(), &p->score); e.failure())
     return e;
-  if (auto e = DecodeScore(attrs, &p->score); e.failure()) return e;
+  if (auto e = DecodeDropout(s, attrs, ops, &p->dropout); e.failure())
+    return e;
   if (auto e = ExpectDims("out", out_dims, {s.batch, s.seqlen_q, s.num_heads_q, s.head_dim}); e.failure())
     return e;
   if (out_type != q.element_type()) return Invalid("out must have the dtype of q");
@@ -207,7 +291,9 @@ inline ffi::Error DecodeBwdExtras(const ffi::AnyBuffer& q, const ffi::AnyBuffer&
                                   const ffi::AnyBuffer& dout,
                                   ffi::AnyBuffer::Dimensions dq_dims,
                                   ffi::AnyBuffer::Dimensions dk_dims,
-                                  ffi::AnyBuffer::Dimensions dv_dims, BwdParams* p) {
+                                  ffi::AnyBuffer::Dimensions dv_dims,
+                                  const ffi::AnyBuffer& bias, ffi::AnyBuffer::Dimensions dbias_dims,
+                                  ffi::DataType dbias_type, BwdParams* p) {
   const AttentionShape& s = p->shape;
   const int64_t B = s.batch, Sq = s.seqlen_q, Sk = s.seqlen_k, Hq = s.num_heads_q,
                 Hkv = s.num_heads_kv, D = s.head_dim;
@@ -222,6 +308,14 @@ inline ffi::Error DecodeBwdExtras(const ffi::AnyBuffer& q, const ffi::AnyBuffer&
   if (lse.element_type() != AccumulationType(q.element_type()))
     return Invalid("lse must be float32 (float64 for float64 inputs)");
   (void)k;
+  if (IsAbsent(bias)) {
+    if (dbias_dims.size() != 1 || dbias_dims[0] != 0)
+      return Invalid("dbias must be (0,) without a bias");
+  } else {
+    bool same = dbias_dims.size() == 4 && dbias_type == bias.element_type();
+    for (int i = 0; same && i < 4; ++i) same = dbias_dims[i] == p->score.bias_dims[i];
+    if (!same) return Invalid("dbias must have the shape and dtype of bias");
+  }
   p->out = const_cast<void*>(out.untyped_data());
   p->lse = const_cast<void*>(lse.untyped_data());
   p->dout = dout.untyped_data();

@@ -6,6 +6,7 @@
 //   window:  i - window_left <= j <= i + window_right   (a bound < 0 is unbounded)
 //   lengths: i < q_seqlen[b] and j < kv_seqlen[b]
 //   segments: q_segment_ids[b, i] == kv_segment_ids[b, j]
+//   dense:   mask[b, h, i, j] (a boolean array broadcast to (B, Hq, Sq, Sk))
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,15 @@
 
 namespace jax_flash {
 
+// Element strides of an array broadcast to (B, Hq, Sq, Sk); a broadcast
+// dimension has stride 0.
+struct DenseStrides {
+  int64_t batch = 0;
+  int64_t head = 0;
+  int64_t row = 0;
+  int64_t col = 0;
+};
+
 // Whole-batch mask description; null pointers mean "absent".
 struct MaskParams {
   bool causal = false;
@@ -27,9 +37,11 @@ struct MaskParams {
   const int32_t* kv_seqlens = nullptr;      // (B,)
   const int32_t* q_segment_ids = nullptr;   // (B, Sq), contiguous
   const int32_t* kv_segment_ids = nullptr;  // (B, Sk), contiguous
+  const uint8_t* dense = nullptr;           // boolean, broadcast to (B, Hq, Sq, Sk)
+  DenseStrides dense_strides;
 };
 
-// The mask for one batch element, with its lengths resolved.
+// The mask for one (batch element, query head), with its lengths resolved.
 struct BatchMask {
   bool causal;
   int64_t window_left;
@@ -38,8 +50,11 @@ struct BatchMask {
   int64_t kv_len;  // keys j >= kv_len are never seen
   const int32_t* q_seg;   // null if no segments
   const int32_t* kv_seg;
+  const uint8_t* dense;  // this head's (Sq, Sk) view, or null
+  int64_t dense_row_stride;
+  int64_t dense_col_stride;
 
-  JAX_FLASH_HOST_DEVICE static BatchMask For(const MaskParams& m, int64_t b,
+  JAX_FLASH_HOST_DEVICE static BatchMask For(const MaskParams& m, int64_t b, int64_t h,
                                              int64_t seqlen_q, int64_t seqlen_k) {
     BatchMask r;
     r.causal = m.causal;
@@ -53,6 +68,18 @@ struct BatchMask {
     if (m.kv_seqlens != nullptr) r.kv_len = Clamp(m.kv_seqlens[b], seqlen_k);
     r.q_seg = m.q_segment_ids ? m.q_segment_ids + b * seqlen_q : nullptr;
     r.kv_seg = m.kv_segment_ids ? m.kv_segment_ids + b * seqlen_k : nullptr;
+    r.dense = m.dense ? m.dense + b * m.dense_strides.batch + h * m.dense_strides.head : nullptr;
+    r.dense_row_stride = m.dense_strides.row;
+    r.dense_col_stride = m.dense_strides.col;
+    return r;
+  }
+
+  // For kernels without dense-mask support: the dispatch sends problems with
+  // a dense mask to kernels that use the 5-argument form.
+  JAX_FLASH_HOST_DEVICE static BatchMask For(const MaskParams& m, int64_t b,
+                                             int64_t seqlen_q, int64_t seqlen_k) {
+    BatchMask r = For(m, b, 0, seqlen_q, seqlen_k);
+    r.dense = nullptr;
     return r;
   }
 
@@ -63,11 +90,13 @@ struct BatchMask {
     if (window_left >= 0 && j < i - window_left) return false;
     if (window_right >= 0 && j > i + window_right) return false;
     if (q_seg != nullptr && q_seg[i] != kv_seg[j]) return false;
+    if (dense != nullptr && !dense[i * dense_row_stride + j * dense_col_stride]) return false;
     return true;
   }
 
   // Keys [*begin, *end) that rows [i0, i1) may see, from the band structure
-  // (causal, window, lengths); segments are not used here. Everything outside
+  // (causal, window, lengths); segments and the dense mask are not used here
+  // (kernels test whole tiles of those with AnyVisible). Everything outside
   // is invisible, so kernels skip it. Empty when begin >= end.
   JAX_FLASH_HOST_DEVICE void KeyRange(int64_t i0, int64_t i1, int64_t* begin,
                                       int64_t* end) const {
@@ -96,16 +125,32 @@ struct BatchMask {
   }
 
   // True when every (i, j) in the rectangle is visible, so a kernel can skip
-  // the per-element test. Needs no segments; the band conditions are checked
-  // at the corners that bind them.
+  // the per-element test. Needs no segments or dense mask; the band
+  // conditions are checked at the corners that bind them.
   JAX_FLASH_HOST_DEVICE bool AllVisible(int64_t i0, int64_t i1, int64_t j0,
                                         int64_t j1) const {
-    if (q_seg != nullptr) return false;
+    if (q_seg != nullptr || dense != nullptr) return false;
     if (i1 > q_len || j1 > kv_len) return false;
     if (causal && j1 - 1 > i0) return false;
     if (window_left >= 0 && j0 < i1 - 1 - window_left) return false;
     if (window_right >= 0 && j1 - 1 > i0 + window_right) return false;
     return true;
+  }
+
+  // False when no (i, j) in the rectangle is visible, so a kernel can skip
+  // the tile. Exact; costs one pass over the tile, so kernels call it only
+  // when segments or a dense mask are present (the band is handled by
+  // KeyRange/QueryRange).
+  JAX_FLASH_HOST_DEVICE bool AnyVisible(int64_t i0, int64_t i1, int64_t j0,
+                                        int64_t j1) const {
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t j = j0; j < j1; ++j)
+        if (Visible(i, j)) return true;
+    return false;
+  }
+
+  JAX_FLASH_HOST_DEVICE bool HasElementwiseTerms() const {
+    return q_seg != nullptr || dense != nullptr;
   }
 
  private:

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "jax_flash/dropout.h"
 #include "jax_flash/mask.h"
 
 namespace jax_flash {
@@ -21,7 +22,7 @@ struct AttentionShape {
   int64_t num_heads_kv = 0;
   int64_t head_dim = 0;
 
-  int64_t group_size() const { return num_heads_q / num_heads_kv; }
+  JAX_FLASH_HOST_DEVICE int64_t group_size() const { return num_heads_q / num_heads_kv; }
 };
 
 // Strides of a (batch, seq, heads, head_dim) tensor; head_dim is contiguous.
@@ -33,16 +34,20 @@ struct SeqStrides {
   static SeqStrides Contiguous(int64_t seqlen, int64_t heads, int64_t head_dim) {
     return SeqStrides{seqlen * heads * head_dim, heads * head_dim, head_dim};
   }
-  int64_t offset(int64_t b, int64_t row_index, int64_t h) const {
+  JAX_FLASH_HOST_DEVICE int64_t offset(int64_t b, int64_t row_index, int64_t h) const {
     return b * batch + row_index * this->row + h * head;
   }
 };
 
-// Score transform applied to q.k before the softmax:
-//   x = scale * q.k;  if softcap > 0: x = softcap * tanh(x / softcap).
+// Score transform applied to q.k before the mask and the softmax:
+//   x = scale * q.k + bias[b, h, i, j];  if softcap > 0: x = softcap * tanh(x / softcap).
 struct ScoreParams {
   double scale = 1.0;
   double softcap = 0.0;  // 0 disables the cap.
+  // Additive bias in the accumulation type, broadcast to (B, Hq, Sq, Sk); null if absent.
+  const void* bias = nullptr;
+  DenseStrides bias_strides;
+  int64_t bias_dims[4] = {0, 0, 0, 0};  // the bias's own shape (1 where broadcast)
 };
 
 // Forward: out = softmax(x masked) @ v, lse = logsumexp(x masked) per row.
@@ -53,6 +58,7 @@ struct FwdParams {
   AttentionShape shape;
   MaskParams mask;
   ScoreParams score;
+  DropoutParams dropout;
 
   const void* q = nullptr;
   const void* k = nullptr;
@@ -63,14 +69,18 @@ struct FwdParams {
   SeqStrides q_strides, k_strides, v_strides, out_strides;
 };
 
-// Backward: given dout, produce dq, dk, dv. `delta` is a scratch buffer of
-// B * Hq * Sq accumulation-type elements holding D = rowsum(dout * out).
+// Backward: given dout, produce dq, dk, dv (and dbias when there is a bias).
+// `delta` is a scratch buffer of B * Hq * Sq accumulation-type elements
+// holding D = rowsum(dout * out).
 struct BwdParams : FwdParams {
   const void* dout = nullptr;
   void* dq = nullptr;
   void* dk = nullptr;
   void* dv = nullptr;
   void* delta = nullptr;
+  // Gradient of the bias, in the bias's own (unbroadcast) shape, contiguous,
+  // accumulation type: sums dS over the dimensions the bias broadcasts.
+  void* dbias = nullptr;
 
   SeqStrides dout_strides, dq_strides, dk_strides, dv_strides;
 };

@@ -1,0 +1,120 @@
+"""Dropout fused in the kernels: keep rate, reproducibility, and gradients.
+
+The mask is recovered exactly by attending to one-hot values: with
+V[j] = e_j (and head_dim >= Sk), output row i *is* row i of the dropped and
+rescaled probabilities, so Z = (out != 0).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash
+from conftest import assert_flash_close
+from reference import Options, attention
+
+RATE = 0.3
+
+
+@pytest.fixture(autouse=True)
+def cpu_only(backend):
+  if backend == "gpu":
+    pytest.skip("dropout is not implemented by the CUDA kernels yet")
+
+
+def one_hot_problem(batch=2, seqlen_q=50, seqlen_k=64, heads=3, seed=0):
+  rng = np.random.default_rng(seed)
+  q = jnp.asarray(0.3 * rng.standard_normal((batch, seqlen_q, heads, seqlen_k)))
+  k = jnp.asarray(0.3 * rng.standard_normal((batch, seqlen_k, heads, seqlen_k)))
+  v = jnp.broadcast_to(jnp.eye(seqlen_k)[None, :, None, :], (batch, seqlen_k, heads, seqlen_k))
+  return q, k, v
+
+
+def recovered_mask(out):
+  """(B, N, T, S) kept elements, from an output computed with one-hot values."""
+  return jnp.transpose(out != 0, (0, 2, 1, 3))
+
+
+def test_keep_rate_and_scaling():
+  q, k, v = one_hot_problem()
+  out = jax_flash.flash_attention(q, k, v, dropout_rate=RATE, dropout_rng=jax.random.key(0))
+  keep = recovered_mask(out)
+  assert abs(float(keep.mean()) - (1 - RATE)) < 0.02  # 19200 draws: 5 sigma is 0.017
+  # Kept entries are the softmax probabilities scaled by 1 / (1 - rate).
+  probs = jax.nn.softmax(jnp.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1]), axis=-1)
+  np.testing.assert_allclose(np.asarray(jnp.transpose(out, (0, 2, 1, 3)))[np.asarray(keep)],
+                             np.asarray(probs / (1 - RATE))[np.asarray(keep)], rtol=1e-10)
+
+
+def test_same_key_same_mask_other_key_other_mask():
+  q, k, v = one_hot_problem()
+  f = jax.jit(lambda rng: jax_flash.flash_attention(q, k, v, dropout_rate=RATE, dropout_rng=rng))
+  a, b, c = f(jax.random.key(1)), f(jax.random.key(1)), f(jax.random.key(2))
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert float(jnp.mean(recovered_mask(a) != recovered_mask(c))) > 0.2
+
+
+def test_mask_depends_only_on_key_and_position():
+  """Different tilings, masks and batch layouts draw the same mask for the same element."""
+  q, k, v = one_hot_problem(seqlen_q=130)
+  rng = jax.random.key(3)
+  full = recovered_mask(jax_flash.flash_attention(q, k, v, dropout_rate=RATE, dropout_rng=rng))
+  causal = recovered_mask(jax_flash.flash_attention(q, k, v, is_causal=True, dropout_rate=RATE,
+                                                    dropout_rng=rng))
+  first_rows = recovered_mask(jax_flash.flash_attention(q[:, :50], k, v, dropout_rate=RATE,
+                                                        dropout_rng=rng))
+  visible = np.tril(np.ones((130, 64), bool))
+  np.testing.assert_array_equal(np.asarray(causal)[..., visible], np.asarray(full)[..., visible])
+  np.testing.assert_array_equal(np.asarray(first_rows), np.asarray(full)[:, :, :50])
+
+
+def test_broadcast_dropout_shares_one_mask():
+  q, k, v = one_hot_problem()
+  keep = recovered_mask(jax_flash.flash_attention(q, k, v, dropout_rate=RATE,
+                                                  dropout_rng=jax.random.key(4),
+                                                  broadcast_dropout=True))
+  np.testing.assert_array_equal(np.asarray(keep), np.broadcast_to(np.asarray(keep[:1, :1]),
+                                                                  keep.shape))
+
+
+def test_vmap_over_keys_is_exact():
+  q, k, v = one_hot_problem(batch=2)
+  keys = jax.random.split(jax.random.key(5), 3)
+  f = lambda rng: jax_flash.flash_attention(q, k, v, dropout_rate=RATE, dropout_rng=rng)
+  batched = jax.vmap(f)(keys)
+  for i in range(3):
+    np.testing.assert_array_equal(np.asarray(batched[i]), np.asarray(f(keys[i])))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32], ids=lambda d: jnp.dtype(d).name)
+def test_gradients_match_dense_reference_with_the_same_mask(dtype):
+  q, k, v = one_hot_problem(seed=6)
+  rng = jax.random.key(6)
+  keep = recovered_mask(jax_flash.flash_attention(q, k, v, dropout_rate=RATE, dropout_rng=rng))
+  # Fresh values (not one-hot) and a bias, with the recovered mask.
+  r = np.random.default_rng(7)
+  v = jnp.asarray(r.standard_normal(v.shape))
+  bias = jnp.asarray(r.standard_normal((1, 3, 50, 64)))
+  dout = jnp.asarray(r.standard_normal(q.shape))
+  opts = Options(is_causal=True)
+  visible = jnp.tril(jnp.ones((50, 64), bool))[None, None]
+
+  def flash(q, k, v, bias):
+    return jax_flash.flash_attention(q, k, v, bias=bias, is_causal=True, dropout_rate=RATE,
+                                     dropout_rng=rng)
+
+  def dense(q, k, v, bias):
+    return attention(q, k, v, visible, opts, bias=bias, keep=keep, dropout_rate=RATE)[0]
+
+  cast = lambda xs, t: [jnp.asarray(x, t) for x in xs]
+  out, vjp = jax.vjp(jax.jit(flash), *cast((q, k, v, bias), dtype))
+  got = (out,) + vjp(dout.astype(dtype))
+  ref_out, ref_vjp = jax.vjp(dense, q, k, v, bias)
+  ref = (ref_out,) + ref_vjp(dout)
+  plain_out, plain_vjp = jax.vjp(dense, *cast((q, k, v, bias), dtype))
+  plain = (plain_out,) + plain_vjp(dout.astype(dtype))
+  for name, g, rf, p in zip(["out", "dq", "dk", "dv", "dbias"], got, ref, plain):
+    assert_flash_close(name, g, rf, p, dtype)
