@@ -1,0 +1,60 @@
+"""jax_flash.plots draws bench rows (synthetic here) without a display."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from jax_flash import plots  # noqa: E402
+
+
+def _rows():
+  rows = []
+  for causal in (False, True):
+    for seqlen in (512, 1024, 2048):
+      for impl, speed in (("jax_flash", 2.0), ("xla", 1.0)):
+        rows.append(dict(batch=1, heads=2, seqlen=seqlen, head_dim=64, dtype="float32",
+                         causal=causal, impl=impl, status="ok",
+                         fwd_tflops=speed * seqlen / 1024, fwdbwd_tflops=speed / 2,
+                         memory=seqlen * (1 if impl == "jax_flash" else seqlen) * 1024))
+  # A failed row (no numbers) and a --memory row (measured peak, no speed).
+  rows.append(dict(batch=1, heads=2, seqlen=4096, head_dim=64, dtype="float32", causal=False,
+                   impl="cudnn", status="n/a (no GPU)"))
+  rows.append(dict(batch=1, heads=2, seqlen=4096, head_dim=64, dtype="float32", causal=False,
+                   impl="jax_flash", status="ok", static=dict(total=3 << 20),
+                   runtime_peak=4 << 20))
+  return rows
+
+
+def test_plot_writes_a_png(tmp_path):
+  path = tmp_path / "bench.png"
+  fig = plots.plot(_rows(), str(path))
+  assert path.stat().st_size > 10_000
+  assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  # One row of three panels (fwd, fwd+bwd, memory) per (head dim, causal).
+  assert len(fig.axes) == 2 * 3
+
+
+def test_cli_reads_the_bench_json(tmp_path):
+  data = tmp_path / "bench.json"
+  data.write_text(json.dumps(dict(meta=dict(device="test", platform="cpu"), rows=_rows())))
+  out = tmp_path / "bench.svg"
+  plots.main([str(data), str(out)])
+  assert out.read_text().lstrip().startswith("<?xml")
+
+
+def test_peak_memory_prefers_the_measured_peak():
+  assert plots.peak_memory(dict(runtime_peak=5, static=dict(total=3), memory=2)) == 5
+  assert plots.peak_memory(dict(static=dict(total=3), memory=2)) == 3
+  assert plots.peak_memory(dict(memory=2)) == 2
+  assert plots.peak_memory(dict(status="n/a")) is None
+
+
+def test_rows_that_are_not_bench_rows_are_a_clear_error(tmp_path):
+  with pytest.raises(ValueError, match="lacks"):
+    plots.plot([dict(impl="x")], str(tmp_path / "x.png"))
+  with pytest.raises(ValueError, match="no rows"):
+    plots.plot([], str(tmp_path / "x.png"))
