@@ -51,16 +51,59 @@ inline constexpr int kCudaHeadDimBuckets[] = {{{buckets}}};
 """
 
 
+# Tensor-core kernel instantiations: one .cu file per (direction, dtype,
+# bucket), so a 2-core CI machine compiles them in parallel and a change to
+# one kernel rebuilds only its own files. C++ element type per dtype name.
+_TC_CUDA_TYPES = {"bfloat16": ("bf16", "__nv_bfloat16"), "float16": ("fp16", "__half")}
+_TC_DIRECTIONS = {
+    "fwd": ("tc/flash_fwd.cuh",
+            "template cudaError_t RunFwd<{t}, {d}>(const FwdParams&, cudaStream_t);"),
+    "bwd": ("tc/flash_bwd.cuh",
+            "template cudaError_t RunBwd<{t}, {d}>(const BwdParams&, void*, bool, cudaStream_t);\n"
+            "template size_t BwdWorkspaceBytes<{t}, {d}>(const BwdParams&, bool);"),
+}
+
+
+def tc_sources() -> dict[str, str]:
+  """File name -> text of every tensor-core instantiation, plus the bucket list."""
+  files = {}
+  for direction, (header, template) in _TC_DIRECTIONS.items():
+    for dtype in CUDA_TENSOR_CORE_DTYPES:
+      short, cuda_type = _TC_CUDA_TYPES[dtype]
+      for bucket in CUDA_HEAD_DIM_BUCKETS:
+        body = template.format(t=cuda_type, d=bucket)
+        files[f"flash_{direction}_{short}_hd{bucket}.cu"] = (
+            f"// Generated from jax_flash/_supported.py; do not edit.\n"
+            f"#include \"{header}\"\n\n"
+            f"namespace jax_flash::cuda::tc {{\n{body}\n}}  // namespace jax_flash::cuda::tc\n")
+  entries = " ".join(f"X({b})" for b in CUDA_HEAD_DIM_BUCKETS)
+  files["tc_buckets.inc"] = (
+      "// Generated from jax_flash/_supported.py; do not edit.\n"
+      f"#define JAX_FLASH_TC_FOR_EACH_BUCKET(X) {entries}\n")
+  return files
+
+
+def _write_if_changed(path: pathlib.Path, text: str) -> None:
+  # Rewrite only on change so that rebuilds stay incremental.
+  path.parent.mkdir(parents=True, exist_ok=True)
+  if not path.exists() or path.read_text() != text:
+    path.write_text(text)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--header", type=pathlib.Path, required=True,
                       help="where to write supported.h")
+  parser.add_argument("--tc-sources", type=pathlib.Path, default=None,
+                      help="folder for the tensor-core instantiation .cu files; "
+                      "their paths are printed, one per line")
   args = parser.parse_args()
-  args.header.parent.mkdir(parents=True, exist_ok=True)
-  text = _header()
-  # Rewrite only on change so that rebuilds stay incremental.
-  if not args.header.exists() or args.header.read_text() != text:
-    args.header.write_text(text)
+  _write_if_changed(args.header, _header())
+  if args.tc_sources is not None:
+    for name, text in tc_sources().items():
+      _write_if_changed(args.tc_sources / name, text)
+      if name.endswith(".cu"):
+        print(args.tc_sources / name)
 
 
 if __name__ == "__main__":

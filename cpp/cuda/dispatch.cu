@@ -11,6 +11,7 @@
 
 #include "cuda/exact_launch.cuh"
 #include "cuda/launch.h"
+#include "cuda/tc/tc_api.h"
 
 namespace jax_flash::cuda {
 namespace {
@@ -32,16 +33,17 @@ size_t DeltaBytes(const BwdParams& p, DType dtype) {
 // ===========================================================================
 // THE ROUTING DECISION: tensor cores or exact kernels.
 //
-// For now every problem runs the exact kernels. To enable the tensor-core
-// family, return true here for (bf16 or fp16) && tc::Supports(params, true),
-// and fill in the three marked TC calls below (tc::LaunchFwd,
-// tc::BwdWorkspace, tc::LaunchBwd from cpp/cuda/tc/tc_api.h). float32 and
-// float64 must always take the exact kernels (no TF32: check_grads relies on it).
+// bf16/fp16 problems the tensor-core kernels support (tc::Supports: head dim
+// a multiple of 8 up to 256, aligned buffers, no bias/dropout/dense mask yet)
+// take them; everything else, and float32/float64 always (no TF32:
+// check_grads relies on exact arithmetic), takes the exact kernels.
+bool IsTensorCoreDType(DType dtype) {
+  return dtype == DType::kBFloat16 || dtype == DType::kFloat16;
+}
+
 template <typename Params>
 bool UseTensorCores(const Params& params, DType dtype) {
-  (void)params;
-  (void)dtype;
-  return false;
+  return IsTensorCoreDType(dtype) && tc::Supports(params, true);
 }
 // ===========================================================================
 
@@ -60,7 +62,7 @@ cudaError_t ByDType(DType dtype, Fn&& fn) {
 
 cudaError_t LaunchFwd(const FwdParams& params, DType dtype, cudaStream_t stream) {
   if (UseTensorCores(params, dtype)) {
-    return cudaErrorNotSupported;  // TC: return tc::LaunchFwd(params, dtype == DType::kBFloat16, stream);
+    return tc::LaunchFwd(params, dtype == DType::kBFloat16, stream);
   }
   return ByDType(dtype, [&](auto tag) {
     return exact::LaunchExactFwd<decltype(tag)>(params, stream);
@@ -70,7 +72,8 @@ cudaError_t LaunchFwd(const FwdParams& params, DType dtype, cudaStream_t stream)
 size_t BwdWorkspaceBytes(const BwdParams& params, DType dtype, bool deterministic) {
   size_t bytes = DeltaBytes(params, dtype);
   if (UseTensorCores(params, dtype)) {
-    (void)deterministic;  // TC: bytes += RoundUp(tc::BwdWorkspace(params, bf16, deterministic), kPartAlignment);
+    bytes += RoundUp(tc::BwdWorkspace(params, dtype == DType::kBFloat16, deterministic),
+                     kPartAlignment);
   }
   return bytes > 0 ? bytes : kPartAlignment;
 }
@@ -81,9 +84,8 @@ cudaError_t LaunchBwd(const BwdParams& params, DType dtype, void* workspace, boo
   // The workspace starts with delta; the rest (if any) belongs to the kernel.
   p.delta = workspace;
   if (UseTensorCores(p, dtype)) {
-    // TC: void* rest = static_cast<char*>(workspace) + DeltaBytes(p, dtype);
-    //     return tc::LaunchBwd(p, dtype == DType::kBFloat16, rest, deterministic, stream);
-    return cudaErrorNotSupported;
+    void* rest = static_cast<char*>(workspace) + DeltaBytes(p, dtype);
+    return tc::LaunchBwd(p, dtype == DType::kBFloat16, rest, deterministic, stream);
   }
   (void)deterministic;  // the exact backward is deterministic by construction
   return ByDType(dtype, [&](auto tag) { return exact::LaunchExactBwd<decltype(tag)>(p, stream); });

@@ -1,0 +1,100 @@
+// Dispatch over dtype and head-dim bucket for the tensor-core kernels, and
+// the checks of what they support. The bucket list comes from
+// jax_flash/_supported.py (generated tc_buckets.inc), like the instantiation
+// files, so the three cannot disagree.
+#include <cstdint>
+
+#include "tc/tc_api.h"
+#include "tc_buckets.inc"
+
+namespace jax_flash::cuda::tc {
+namespace {
+
+constexpr int kTcMaxHeadDim = 256;
+constexpr int kVectorElems = 8;      // 16-byte loads of 16-bit elements
+constexpr uintptr_t kVectorBytes = 16;
+
+bool Aligned(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % kVectorBytes == 0; }
+bool VectorStrides(const SeqStrides& s) {
+  return s.batch % kVectorElems == 0 && s.row % kVectorElems == 0 && s.head % kVectorElems == 0;
+}
+
+}  // namespace
+
+int HeadDimBucket(int64_t head_dim) {
+#define JAX_FLASH_TC_BUCKET(D) \
+  if (head_dim <= (D)) return (D);
+  JAX_FLASH_TC_FOR_EACH_BUCKET(JAX_FLASH_TC_BUCKET)
+#undef JAX_FLASH_TC_BUCKET
+  return 0;
+}
+
+bool Supports(const AttentionShape& shape, bool is_bf16_or_fp16) {
+  return is_bf16_or_fp16 && shape.head_dim > 0 && shape.head_dim <= kTcMaxHeadDim &&
+         shape.head_dim % kVectorElems == 0 && HeadDimBucket(shape.head_dim) != 0 &&
+         shape.num_heads_kv > 0 && shape.num_heads_q % shape.num_heads_kv == 0 &&
+         shape.num_heads_q <= 65535 && shape.batch <= 65535;
+}
+
+bool Supports(const FwdParams& p, bool is_bf16_or_fp16) {
+  // Not (yet) in these kernels: an additive bias, dropout, a dense boolean
+  // mask (they use the 4-argument BatchMask::For, which ignores it). Such
+  // problems go to the exact SIMT kernels.
+  if (p.score.bias != nullptr || p.dropout.enabled() || p.mask.dense != nullptr) return false;
+  return Supports(p.shape, is_bf16_or_fp16) && Aligned(p.q) && Aligned(p.k) && Aligned(p.v) &&
+         Aligned(p.out) && VectorStrides(p.q_strides) && VectorStrides(p.k_strides) &&
+         VectorStrides(p.v_strides) && VectorStrides(p.out_strides);
+}
+
+bool Supports(const BwdParams& p, bool is_bf16_or_fp16) {
+  // out and dout are read with 16-byte loads (D = rowsum(dout * out)); dq,
+  // dk, dv are written with 4-byte stores, so even strides would do, but
+  // one rule is simpler to state.
+  return Supports(static_cast<const FwdParams&>(p), is_bf16_or_fp16) && Aligned(p.dout) &&
+         Aligned(p.dq) && Aligned(p.dk) && Aligned(p.dv) && VectorStrides(p.dout_strides) &&
+         VectorStrides(p.dq_strides) && VectorStrides(p.dk_strides) &&
+         VectorStrides(p.dv_strides);
+}
+
+cudaError_t LaunchFwd(const FwdParams& params, bool bf16, cudaStream_t stream) {
+  if (!Supports(params, true)) return cudaErrorNotSupported;
+  switch (HeadDimBucket(params.shape.head_dim)) {
+#define JAX_FLASH_TC_CASE(D)                                                         \
+  case (D):                                                                          \
+    return bf16 ? RunFwd<__nv_bfloat16, (D)>(params, stream) : RunFwd<__half, (D)>(params, stream);
+    JAX_FLASH_TC_FOR_EACH_BUCKET(JAX_FLASH_TC_CASE)
+#undef JAX_FLASH_TC_CASE
+    default:
+      return cudaErrorNotSupported;
+  }
+}
+
+size_t BwdWorkspace(const BwdParams& params, bool bf16, bool deterministic) {
+  switch (HeadDimBucket(params.shape.head_dim)) {
+#define JAX_FLASH_TC_CASE(D)                                              \
+  case (D):                                                               \
+    return bf16 ? BwdWorkspaceBytes<__nv_bfloat16, (D)>(params, deterministic) \
+                : BwdWorkspaceBytes<__half, (D)>(params, deterministic);
+    JAX_FLASH_TC_FOR_EACH_BUCKET(JAX_FLASH_TC_CASE)
+#undef JAX_FLASH_TC_CASE
+    default:
+      return 0;
+  }
+}
+
+cudaError_t LaunchBwd(const BwdParams& params, bool bf16, void* workspace, bool deterministic,
+                      cudaStream_t stream) {
+  if (!Supports(params, true)) return cudaErrorNotSupported;
+  switch (HeadDimBucket(params.shape.head_dim)) {
+#define JAX_FLASH_TC_CASE(D)                                                          \
+  case (D):                                                                           \
+    return bf16 ? RunBwd<__nv_bfloat16, (D)>(params, workspace, deterministic, stream) \
+                : RunBwd<__half, (D)>(params, workspace, deterministic, stream);
+    JAX_FLASH_TC_FOR_EACH_BUCKET(JAX_FLASH_TC_CASE)
+#undef JAX_FLASH_TC_CASE
+    default:
+      return cudaErrorNotSupported;
+  }
+}
+
+}  // namespace jax_flash::cuda::tc

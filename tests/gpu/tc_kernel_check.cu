@@ -1,0 +1,389 @@
+// Standalone check and benchmark of the tensor-core kernels (cpp/cuda/tc).
+//
+// Correctness: random bf16/fp16 inputs, NaN-poisoned outputs, compared with a
+// float64 CPU reference by the FlashAttention rule: max error of the kernel
+// <= 2 x max error of a plain same-dtype implementation (float math with the
+// 16-bit roundings such an implementation makes: P, dS and outputs) + atol.
+// Timing: cudaEvents, median of many after warm-up, FLOPs per FA papers.
+//
+// Build: tests/gpu/tc_build.sh. Usage: tc_kernel_check [check|small|bench]
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tc/tc_api.h"
+
+using namespace jax_flash;
+namespace tc = jax_flash::cuda::tc;
+
+#define CHECK_CUDA(x)                                                                  \
+  do {                                                                                 \
+    cudaError_t e_ = (x);                                                              \
+    if (e_ != cudaSuccess) {                                                           \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(2);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+struct Case {
+  int B, Sq, Sk, Hq, Hkv, D;
+  bool causal = false;
+  int wl = -1, wr = -1;
+  bool lengths = false, segments = false;
+  float softcap = 0.f;
+  bool bf16 = true;
+  bool det = false;
+  std::string name() const {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "%s B%d Sq%d Sk%d H%d/%d D%d%s%s%s%s%s%s", bf16 ? "bf16" : "fp16", B,
+                  Sq, Sk, Hq, Hkv, D, causal ? " causal" : "",
+                  (wl >= 0 || wr >= 0) ? (" win" + std::to_string(wl) + "," + std::to_string(wr)).c_str() : "",
+                  lengths ? " lens" : "", segments ? " segs" : "", softcap > 0 ? " cap" : "",
+                  det ? " det" : "");
+    return buf;
+  }
+};
+
+static uint16_t ToBits(float x, bool bf16) {
+  if (bf16) { __nv_bfloat16 h = __float2bfloat16_rn(x); uint16_t r; std::memcpy(&r, &h, 2); return r; }
+  __half h = __float2half_rn(x); uint16_t r; std::memcpy(&r, &h, 2); return r;
+}
+static float FromBits(uint16_t b, bool bf16) {
+  if (bf16) { __nv_bfloat16 h; std::memcpy(&h, &b, 2); return __bfloat162float(h); }
+  __half h; std::memcpy(&h, &b, 2); return __half2float(h);
+}
+static float Round(float x, bool bf16) { return FromBits(ToBits(x, bf16), bf16); }
+
+struct Dev {
+  void* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t bytes) : n(bytes) { CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 16))); }
+  ~Dev() { cudaFree(p); }
+};
+
+// Reference outputs. Index (b, s, h, d) contiguous; lse (b, h, s).
+struct Ref {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+
+// exact = true: float64 everything. exact = false: the "plain same-dtype"
+// implementation: float32 math, P / dS / outputs rounded to the dtype.
+static void Reference(const Case& c, const MaskParams& mask_h, const std::vector<float>& q,
+                      const std::vector<float>& k, const std::vector<float>& v,
+                      const std::vector<float>& dout, double scale, bool exact, Ref* r) {
+  const int B = c.B, Sq = c.Sq, Sk = c.Sk, Hq = c.Hq, Hkv = c.Hkv, D = c.D, G = Hq / Hkv;
+  auto rnd = [&](double x) { return exact ? x : (double)Round((float)x, c.bf16); };
+  auto fl = [&](double x) { return exact ? x : (double)(float)x; };
+  r->out.assign((size_t)B * Sq * Hq * D, 0);
+  r->lse.assign((size_t)B * Hq * Sq, 0);
+  r->dq.assign((size_t)B * Sq * Hq * D, 0);
+  r->dk.assign((size_t)B * Sk * Hkv * D, 0);
+  r->dv.assign((size_t)B * Sk * Hkv * D, 0);
+  std::vector<double> dk_acc((size_t)B * Sk * Hq * D, 0), dv_acc((size_t)B * Sk * Hq * D, 0);
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < Hq; ++h) {
+      const int hk = h / G;
+      const BatchMask m = BatchMask::For(mask_h, b, Sq, Sk);
+      std::vector<double> x(Sk), p(Sk), dp(Sk), th(Sk);
+      std::vector<char> vis(Sk);
+      for (int i = 0; i < Sq; ++i) {
+        const float* qi = &q[(((size_t)b * Sq + i) * Hq + h) * D];
+        double mx = -INFINITY;
+        for (int j = 0; j < Sk; ++j) {
+          vis[j] = m.Visible(i, j);
+          if (!vis[j]) continue;
+          const float* kj = &k[(((size_t)b * Sk + j) * Hkv + hk) * D];
+          double s = 0;
+          for (int d = 0; d < D; ++d) s += (double)qi[d] * kj[d];
+          s = fl(s) * scale;
+          th[j] = 0;
+          if (c.softcap > 0) { th[j] = std::tanh(s / c.softcap); s = c.softcap * th[j]; }
+          x[j] = s;
+          mx = std::max(mx, s);
+        }
+        double l = 0;
+        for (int j = 0; j < Sk; ++j) { p[j] = vis[j] ? std::exp(x[j] - mx) : 0; l += p[j]; }
+        double* o = &r->out[(((size_t)b * Sq + i) * Hq + h) * D];
+        r->lse[((size_t)b * Hq + h) * Sq + i] = l > 0 ? mx + std::log(l) : -INFINITY;
+        if (l == 0) continue;
+        for (int j = 0; j < Sk; ++j) p[j] = p[j] / l;
+        for (int d = 0; d < D; ++d) {
+          double acc = 0;
+          for (int j = 0; j < Sk; ++j)
+            if (vis[j]) acc += rnd(p[j]) * v[(((size_t)b * Sk + j) * Hkv + hk) * D + d];
+          o[d] = rnd(acc);
+        }
+        // Backward: D = rowsum(dO * O) (from the rounded out, as the kernel).
+        const float* doi = &dout[(((size_t)b * Sq + i) * Hq + h) * D];
+        double Di = 0;
+        for (int d = 0; d < D; ++d) Di += (double)doi[d] * o[d];
+        for (int j = 0; j < Sk; ++j) {
+          if (!vis[j]) { dp[j] = 0; continue; }
+          const float* vj = &v[(((size_t)b * Sk + j) * Hkv + hk) * D];
+          double s = 0;
+          for (int d = 0; d < D; ++d) s += (double)doi[d] * vj[d];
+          double ds = p[j] * (s - Di) * (c.softcap > 0 ? 1 - th[j] * th[j] : 1.0);
+          dp[j] = rnd(ds);  // dS, rounded as a 16-bit kernel would before its GEMMs
+        }
+        double* dqi = &r->dq[(((size_t)b * Sq + i) * Hq + h) * D];
+        for (int d = 0; d < D; ++d) {
+          double acc = 0;
+          for (int j = 0; j < Sk; ++j)
+            if (vis[j]) acc += dp[j] * k[(((size_t)b * Sk + j) * Hkv + hk) * D + d];
+          dqi[d] = acc * scale;
+        }
+        for (int j = 0; j < Sk; ++j) {
+          if (!vis[j]) continue;
+          double* dkj = &dk_acc[(((size_t)b * Sk + j) * Hq + h) * D];
+          double* dvj = &dv_acc[(((size_t)b * Sk + j) * Hq + h) * D];
+          const double pr = rnd(p[j]);
+          for (int d = 0; d < D; ++d) {
+            dkj[d] += dp[j] * qi[d] * scale;
+            dvj[d] += pr * doi[d];
+          }
+        }
+      }
+    }
+  for (size_t e = 0; e < r->dq.size(); ++e) r->dq[e] = rnd(r->dq[e]);
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < Sk; ++j)
+      for (int h = 0; h < Hq; ++h)
+        for (int d = 0; d < D; ++d) {
+          size_t src = (((size_t)b * Sk + j) * Hq + h) * D + d;
+          size_t dst = (((size_t)b * Sk + j) * Hkv + h / G) * D + d;
+          r->dk[dst] += dk_acc[src];
+          r->dv[dst] += dv_acc[src];
+        }
+  for (auto& x : r->dk) x = rnd(x);
+  for (auto& x : r->dv) x = rnd(x);
+}
+
+struct Err { double max_abs = 0, rel_l2 = 0; bool nan = false; };
+static Err Compare(const std::vector<double>& got, const std::vector<double>& ref) {
+  Err e; double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isinf(ref[i]) || std::isinf(got[i])) {
+      if (!(std::isinf(ref[i]) && std::isinf(got[i]) && (ref[i] > 0) == (got[i] > 0))) e.nan = true;
+      continue;
+    }
+    if (std::isnan(got[i])) { e.nan = true; continue; }
+    double d = std::fabs(got[i] - ref[i]);
+    e.max_abs = std::max(e.max_abs, d); num += d * d; den += ref[i] * ref[i];
+  }
+  e.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  return e;
+}
+
+static bool RunCase(const Case& c, uint64_t seed, bool verbose = true) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const int B = c.B, Sq = c.Sq, Sk = c.Sk, Hq = c.Hq, Hkv = c.Hkv, D = c.D;
+  const size_t nq = (size_t)B * Sq * Hq * D, nk = (size_t)B * Sk * Hkv * D;
+  std::vector<float> q(nq), k(nk), v(nk), dout(nq);
+  std::vector<uint16_t> qb(nq), kb(nk), vb(nk), dob(nq);
+  auto fill = [&](std::vector<float>& f, std::vector<uint16_t>& bits, float sd) {
+    for (size_t i = 0; i < f.size(); ++i) { bits[i] = ToBits(nd(rng) * sd, c.bf16); f[i] = FromBits(bits[i], c.bf16); }
+  };
+  fill(q, qb, 1.f); fill(k, kb, 1.f); fill(v, vb, 1.f); fill(dout, dob, 1.f);
+  const double scale = 1.0 / std::sqrt((double)D);
+
+  // Mask arrays: lengths in [0, S] (one batch fully hidden when B > 1),
+  // segments in runs of random length.
+  std::vector<int32_t> qlen(B), kvlen(B), qseg((size_t)B * Sq), kvseg((size_t)B * Sk);
+  for (int b = 0; b < B; ++b) {
+    qlen[b] = (b == 1) ? 0 : (int)(rng() % (Sq + 1));
+    kvlen[b] = (int)(rng() % (Sk + 1));
+    int s = 0; for (int i = 0; i < Sq; ++i) { if (rng() % 23 == 0) ++s; qseg[(size_t)b * Sq + i] = s; }
+    s = 0; for (int j = 0; j < Sk; ++j) { if (rng() % 23 == 0) ++s; kvseg[(size_t)b * Sk + j] = s; }
+  }
+  MaskParams mh;
+  mh.causal = c.causal; mh.window_left = c.wl; mh.window_right = c.wr;
+  if (c.lengths) { mh.q_seqlens = qlen.data(); mh.kv_seqlens = kvlen.data(); }
+  if (c.segments) { mh.q_segment_ids = qseg.data(); mh.kv_segment_ids = kvseg.data(); }
+
+  Dev dq_(nq * 2), dk_(nk * 2), dv_(nk * 2), ddo(nq * 2), dout_(nq * 2), dlse((size_t)B * Hq * Sq * 4),
+      ddelta((size_t)B * Hq * Sq * 4), ddq(nq * 2), ddk(nk * 2), ddv(nk * 2), dql(B * 4), dkl(B * 4),
+      dqs((size_t)B * Sq * 4), dks((size_t)B * Sk * 4);
+  CHECK_CUDA(cudaMemcpy(dq_.p, qb.data(), nq * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dk_.p, kb.data(), nk * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dv_.p, vb.data(), nk * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(ddo.p, dob.data(), nq * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dql.p, qlen.data(), B * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dkl.p, kvlen.data(), B * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dqs.p, qseg.data(), (size_t)B * Sq * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dks.p, kvseg.data(), (size_t)B * Sk * 4, cudaMemcpyHostToDevice));
+  // Poison: 0xFF bytes are NaN in bf16, fp16 and float32.
+  for (Dev* d : {&dout_, &dlse, &ddq, &ddk, &ddv, &ddelta}) CHECK_CUDA(cudaMemset(d->p, 0xFF, d->n));
+
+  BwdParams p;
+  p.shape = AttentionShape{B, Sq, Sk, Hq, Hkv, D};
+  p.mask = mh;
+  if (c.lengths) { p.mask.q_seqlens = (int32_t*)dql.p; p.mask.kv_seqlens = (int32_t*)dkl.p; }
+  if (c.segments) { p.mask.q_segment_ids = (int32_t*)dqs.p; p.mask.kv_segment_ids = (int32_t*)dks.p; }
+  p.score.scale = scale; p.score.softcap = c.softcap;
+  p.q = dq_.p; p.k = dk_.p; p.v = dv_.p; p.out = dout_.p; p.lse = dlse.p;
+  p.q_strides = p.out_strides = p.dout_strides = p.dq_strides = SeqStrides::Contiguous(Sq, Hq, D);
+  p.k_strides = p.v_strides = p.dk_strides = p.dv_strides = SeqStrides::Contiguous(Sk, Hkv, D);
+  p.dout = ddo.p; p.dq = ddq.p; p.dk = ddk.p; p.dv = ddv.p; p.delta = ddelta.p;
+
+  if (!tc::Supports(p, true)) { std::printf("UNSUPPORTED %s\n", c.name().c_str()); return false; }
+  CHECK_CUDA(tc::LaunchFwd(p, c.bf16, nullptr));
+  CHECK_CUDA(cudaGetLastError());
+  size_t ws_bytes = tc::BwdWorkspace(p, c.bf16, c.det);
+  Dev ws(ws_bytes);
+  CHECK_CUDA(cudaMemset(ws.p, 0xFF, ws.n));
+  CHECK_CUDA(tc::LaunchBwd(p, c.bf16, ws.p, c.det, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+
+  auto fetch16 = [&](const Dev& d, size_t n) {
+    std::vector<uint16_t> bits(n); CHECK_CUDA(cudaMemcpy(bits.data(), d.p, n * 2, cudaMemcpyDeviceToHost));
+    std::vector<double> r(n); for (size_t i = 0; i < n; ++i) r[i] = FromBits(bits[i], c.bf16); return r;
+  };
+  std::vector<double> out = fetch16(dout_, nq), gdq = fetch16(ddq, nq), gdk = fetch16(ddk, nk),
+                      gdv = fetch16(ddv, nk);
+  std::vector<float> lsef((size_t)B * Hq * Sq);
+  CHECK_CUDA(cudaMemcpy(lsef.data(), dlse.p, lsef.size() * 4, cudaMemcpyDeviceToHost));
+  std::vector<double> lse(lsef.begin(), lsef.end());
+
+  // Determinism: a second backward must match bitwise in deterministic mode.
+  bool det_ok = true;
+  if (c.det) {
+    CHECK_CUDA(cudaMemset(ddq.p, 0xFF, ddq.n));
+    CHECK_CUDA(tc::LaunchBwd(p, c.bf16, ws.p, c.det, nullptr));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<uint16_t> a(nq); CHECK_CUDA(cudaMemcpy(a.data(), ddq.p, nq * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < nq; ++i) det_ok &= FromBits(a[i], c.bf16) == gdq[i] || (std::isnan(gdq[i]));
+  }
+
+  Ref exact, plain;
+  Reference(c, mh, q, k, v, dout, scale, true, &exact);
+  Reference(c, mh, q, k, v, dout, scale, false, &plain);
+  bool ok = det_ok;
+  std::string msg;
+  const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+  const std::vector<double>* got[] = {&out, &lse, &gdq, &gdk, &gdv};
+  const std::vector<double>* ex[] = {&exact.out, &exact.lse, &exact.dq, &exact.dk, &exact.dv};
+  const std::vector<double>* pl[] = {&plain.out, &plain.lse, &plain.dq, &plain.dk, &plain.dv};
+  for (int t = 0; t < 5; ++t) {
+    Err ek = Compare(*got[t], *ex[t]), ep = Compare(*pl[t], *ex[t]);
+    double scale_ref = 0; for (double x : *ex[t]) if (std::isfinite(x)) scale_ref = std::max(scale_ref, std::fabs(x));
+    const double atol = 1e-5 * std::max(1.0, scale_ref) + (t == 1 ? 1e-4 : 0);
+    bool pass = !ek.nan && ek.max_abs <= 2 * ep.max_abs + atol;
+    ok &= pass;
+    char buf[200];
+    std::snprintf(buf, sizeof buf, " %s[%.1e/%.1e rel%.1e%s]", names[t], ek.max_abs, ep.max_abs, ek.rel_l2,
+                  ek.nan ? " NaN/inf-mismatch" : (pass ? "" : " FAIL"));
+    msg += buf;
+  }
+  if (verbose || !ok) std::printf("%s %-60s%s%s\n", ok ? "PASS" : "FAIL", c.name().c_str(), msg.c_str(), det_ok ? "" : " NONDET");
+  return ok;
+}
+
+static float TimeMs(const std::function<void()>& fn, int iters) {
+  cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<float> ts;
+  for (int i = 0; i < iters; ++i) {
+    cudaEventRecord(a); fn(); cudaEventRecord(b); cudaEventSynchronize(b);
+    float ms; cudaEventElapsedTime(&ms, a, b); ts.push_back(ms);
+  }
+  CHECK_CUDA(cudaGetLastError());
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
+}
+
+static void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once = false) {
+  const size_t n = (size_t)B * S * H * D;
+  Dev q(n * 2), k(n * 2), v(n * 2), o(n * 2), lse((size_t)B * H * S * 4), dout(n * 2), dq(n * 2), dk(n * 2),
+      dv(n * 2), delta((size_t)B * H * S * 4);
+  std::vector<uint16_t> h(n); std::mt19937 rng(1); std::normal_distribution<float> nd;
+  for (auto& x : h) x = ToBits(nd(rng), bf16);
+  for (Dev* d : {&q, &k, &v, &dout}) CHECK_CUDA(cudaMemcpy(d->p, h.data(), n * 2, cudaMemcpyHostToDevice));
+  BwdParams p;
+  p.shape = AttentionShape{B, S, S, H, H, D};
+  p.mask.causal = causal;
+  p.score.scale = 1.0 / std::sqrt((double)D);
+  p.q = q.p; p.k = k.p; p.v = v.p; p.out = o.p; p.lse = lse.p; p.dout = dout.p; p.dq = dq.p; p.dk = dk.p;
+  p.dv = dv.p; p.delta = delta.p;
+  p.q_strides = p.k_strides = p.v_strides = p.out_strides = p.dout_strides = p.dq_strides = p.dk_strides =
+      p.dv_strides = SeqStrides::Contiguous(S, H, D);
+  Dev ws(tc::BwdWorkspace(p, bf16, false));
+  const double flops = 4.0 * B * H * (double)S * S * D * (causal ? 0.5 : 1.0);
+  if (once) {  // one launch of each, for a profiler
+    CHECK_CUDA(tc::LaunchFwd(p, bf16, nullptr));
+    CHECK_CUDA(tc::LaunchBwd(p, bf16, ws.p, false, nullptr));
+    CHECK_CUDA(tc::LaunchBwd(p, bf16, ws.p, true, nullptr));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    return;
+  }
+  float tf = TimeMs([&] { CHECK_CUDA(tc::LaunchFwd(p, bf16, nullptr)); }, 20);
+  float tb = TimeMs([&] { CHECK_CUDA(tc::LaunchBwd(p, bf16, ws.p, false, nullptr)); }, 10);
+  float td = TimeMs([&] { CHECK_CUDA(tc::LaunchBwd(p, bf16, ws.p, true, nullptr)); }, 5);
+  std::printf("BENCH %s B%d S%d H%d D%d %s: fwd %.3f ms %.0f TF/s | bwd %.3f ms %.0f TF/s | bwd-det %.3f ms %.0f TF/s\n",
+              bf16 ? "bf16" : "fp16", B, S, H, D, causal ? "causal" : "full", tf, flops / tf * 1e-9, tb,
+              2.5 * flops / tb * 1e-9, td, 2.5 * flops / td * 1e-9);
+}
+
+int main(int argc, char** argv) {
+  std::string mode = argc > 1 ? argv[1] : "check";
+  if (mode == "small") {  // for compute-sanitizer
+    Case a{2, 77, 45, 4, 2, 72}; a.causal = true; a.lengths = true;
+    bool ok = RunCase(a, 1);
+    Case b{1, 33, 130, 2, 1, 64}; b.segments = true; b.softcap = 5; ok &= RunCase(b, 2);
+    Case d{1, 65, 65, 2, 2, 128}; d.det = true; ok &= RunCase(d, 3);
+    std::printf(ok ? "SMALL OK\n" : "SMALL FAILED\n");
+    return ok ? 0 : 1;
+  }
+  if ((mode == "bench1" || mode == "prof") && argc == 5) {  // one shape: bench1 D S causal
+    const int D = std::atoi(argv[2]), S = std::atoi(argv[3]);
+    Bench(16384 / S, S, 2048 / D, D, std::atoi(argv[4]) != 0, true, mode == "prof");
+    return 0;
+  }
+  if (mode == "bench" || mode == "bench_fp16") {
+    for (int D : {64, 128})
+      for (int S : {4096, 16384})
+        for (bool causal : {false, true}) Bench(16384 / S, S, 2048 / D, D, causal, mode == "bench");
+    return 0;
+  }
+  if (mode == "bench_d") {  // the other buckets, bf16, S = 4096
+    for (int D : {32, 96, 192, 256}) Bench(4, 4096, 2048 / D, D, false, true);
+    return 0;
+  }
+  std::vector<Case> cases;
+  uint64_t seed = 100;
+  for (bool bf16 : {true, false})
+    for (int D : {40, 64, 72, 128, 256}) {
+      Case c{2, 127, 127, 4, 4, D}; c.bf16 = bf16; cases.push_back(c);
+      c = Case{1, 1, 300, 2, 1, D}; c.bf16 = bf16; cases.push_back(c);
+      c = Case{2, 1000, 513, 4, 2, D}; c.bf16 = bf16; c.causal = true; cases.push_back(c);
+    }
+  for (int D : {32, 96, 192, 8, 16, 256}) { Case c{1, 17, 129, 3, 1, D}; c.causal = true; cases.push_back(c); }
+  {
+    Case c{2, 300, 300, 4, 1, 64}; c.wl = 37; c.wr = 5; cases.push_back(c);
+    c = Case{3, 200, 250, 4, 2, 128}; c.lengths = true; c.causal = true; cases.push_back(c);
+    c = Case{2, 190, 210, 2, 2, 64}; c.segments = true; cases.push_back(c);
+    c = Case{2, 190, 210, 2, 2, 128}; c.segments = true; c.lengths = true; c.causal = true; cases.push_back(c);
+    c = Case{1, 150, 160, 4, 2, 96}; c.softcap = 3.f; cases.push_back(c);
+    c = Case{1, 150, 160, 4, 2, 192}; c.softcap = 3.f; c.causal = true; c.bf16 = false; cases.push_back(c);
+    c = Case{1, 40, 200, 2, 1, 64}; c.wl = 0; c.wr = 0; cases.push_back(c);  // many masked blocks
+    c = Case{2, 100, 30, 2, 2, 64}; c.causal = true; c.wl = 3; c.wr = 0; cases.push_back(c);
+    c = Case{1, 1000, 1000, 2, 1, 128}; c.causal = true; c.det = true; cases.push_back(c);
+    c = Case{2, 127, 300, 4, 2, 72}; c.det = true; c.segments = true; cases.push_back(c);
+    c = Case{1, 129, 65, 2, 2, 256}; c.det = true; c.softcap = 2.f; cases.push_back(c);
+    c = Case{2, 300, 129, 2, 1, 40}; c.det = true; c.lengths = true; c.bf16 = false; cases.push_back(c);
+    c = Case{1, 64, 0, 2, 2, 64}; cases.push_back(c);  // no keys: out 0, lse -inf
+  }
+  int fails = 0;
+  for (const Case& c : cases) fails += !RunCase(c, seed++);
+  std::printf("%s: %d of %zu cases failed\n", fails ? "FAILED" : "ALL PASSED", fails, cases.size());
+  return fails ? 1 : 0;
+}
