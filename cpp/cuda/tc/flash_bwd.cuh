@@ -9,8 +9,9 @@
 //      dV += P^T dO and dK += dS^T Q: no shared-memory round trip. The CTA
 //      loops over the q heads of its GQA group and the query blocks each can
 //      see, so K/V are never repeated and dK/dV are summed in registers.
-//      Fast mode also computes dQ += dS K per query block (dS^T through
-//      shared memory) and adds it with float32 atomics into the workspace.
+//      Fast mode also computes dQ += dS K per query block (dS^T through a
+//      double-buffered shared tile, one step late so a step has a single
+//      barrier) and adds it with float32 atomics into the workspace.
 //   3. fast mode: DqConvertKernel (float32 workspace -> dq, times scale);
 //      deterministic mode: FlashBwdDqKernel, parallel over query blocks,
 //      recomputes S and dP and sums dQ over keys in a fixed order (no
@@ -57,9 +58,12 @@ struct BwdTraits {
   static constexpr int kStride = kHeadDim + kSmemPad;
   static constexpr int kStrideS = kBlockM + kSmemPad;  // dS^T rows (keys) x queries
   static constexpr int kStages = 2;                    // Q/dO double buffer
+  // dS^T double buffer: dQ of step s runs at the start of step s + 1, behind
+  // that step's barrier, so a step needs one barrier instead of two.
+  static constexpr int kDsBuffers = 2;
   static constexpr size_t kSmemBytes =
       sizeof(uint16_t) * (2 * kBlockN * kStride + 2 * kStages * kBlockM * kStride +
-                          kBlockN * kStrideS) +
+                          kDsBuffers * kBlockN * kStrideS) +
       sizeof(float) * 2 * kStages * kBlockM;
   static_assert(kNWarps % kWarpsQ == 0 && kDqCols % 16 == 0 && kDPart % 16 == 0);
   static_assert(kThreads >= 2 * kBlockM, "one thread per lse / D element");
@@ -144,8 +148,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
   T* sV = sK + kBlockN * kStride;
   T* sQ = sV + kBlockN * kStride;                    // [kStages][kBlockM][kStride]
   T* sdO = sQ + Traits::kStages * kBlockM * kStride; // [kStages][kBlockM][kStride]
-  T* sdS = sdO + Traits::kStages * kBlockM * kStride;  // [kBlockN][kStrideS]
-  float* sLse = reinterpret_cast<float*>(sdS + kBlockN * kStrideS);  // [kStages][kBlockM]
+  T* sdS = sdO + Traits::kStages * kBlockM * kStride;  // [kDsBuffers][kBlockN][kStrideS]
+  float* sLse = reinterpret_cast<float*>(sdS + Traits::kDsBuffers * kBlockN * kStrideS);  // [kStages][kBlockM]
   float* sDelta = sLse + Traits::kStages * kBlockM;                  // [kStages][kBlockM]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -215,6 +219,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   CpAsyncCommit();
 
   const float scale_log2 = args.scale_log2;
+  const bool softcap = args.softcap > 0.f;
   for (int part = 0; part < Traits::kDSplit; ++part) {
     const int part_col0 = part * kDPart;
     float dk[kPartTiles][4], dv[kPartTiles][4];
@@ -223,6 +228,53 @@ __global__ void __launch_bounds__(Traits::kThreads)
 #pragma unroll
       for (int r = 0; r < 4; ++r) { dk[dt][r] = 0.f; dv[dt][r] = 0.f; }
 
+    // dQ += dS K for the step (q head h, query block at m0) whose dS^T sits
+    // in dS buffer buf, then float32 atomics into the workspace. Runs one
+    // step late (behind the next step's barrier, which publishes sdS), so
+    // the step needs no second barrier and these MMAs overlap the next
+    // step's S^T / dP^T GEMM instead of waiting for the slowest warp.
+    auto dq_step = [&](int buf, int64_t h, int64_t m0) {
+      float dq[kDqTiles][4];
+#pragma unroll
+      for (int dt = 0; dt < kDqTiles; ++dt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) dq[dt][r] = 0.f;
+      const uint32_t buf_off = buf * (kBlockN * kStrideS * 2);
+#pragma unroll
+      for (int ks = 0; ks < kBlockN / kMmaK; ++ks) {
+        uint32_t a[4];
+        Ldmatrix4Trans(a, ds_frag + buf_off + 2 * ks * 16 * kStrideS);
+#pragma unroll
+        for (int dt2 = 0; dt2 < kDqTiles / 2; ++dt2) {
+          uint32_t bk[4];
+          Ldmatrix4Trans(bk, kt_frag + 2 * (ks * 16 * kStride + part_col0 + dt2 * 16));
+          Mma<T>(dq[2 * dt2], a, bk[0], bk[1]);
+          Mma<T>(dq[2 * dt2 + 1], a, bk[2], bk[3]);
+        }
+      }
+      float* acc = args.dq_accum + (b * num_heads_q + h) * seqlen_q * kHeadDim;
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int64_t i = m0 + dq_row0 + g + hr * 8;
+        if (i < seqlen_q) {
+#pragma unroll
+          for (int dt = 0; dt < kDqTiles; ++dt) {
+            const int col = part_col0 + dq_col0 + dt * 8 + 2 * t;
+            if (col < head_dim) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+              // One 8-byte vector reduction instead of two scalar ones.
+              atomicAdd(reinterpret_cast<float2*>(acc + i * kHeadDim + col),
+                        make_float2(dq[dt][2 * hr], dq[dt][2 * hr + 1]));
+#else
+              atomicAdd(acc + i * kHeadDim + col, dq[dt][2 * hr]);
+              atomicAdd(acc + i * kHeadDim + col + 1, dq[dt][2 * hr + 1]);
+#endif
+            }
+          }
+        }
+      }
+    };
+
     if (steps > 0) {
       __syncthreads();  // the previous pass may still read stage 0
       issue(0, 0, 0);
@@ -230,11 +282,13 @@ __global__ void __launch_bounds__(Traits::kThreads)
     }
     // Steps walk (gi, mi) in order; counters instead of divisions.
     int64_t gi = 0, mi = 0;
+    int64_t prev_h = 0, prev_m0 = 0;  // the step whose dQ is still pending
     for (int64_t s = 0; s < steps; ++s) {
       const int stage = static_cast<int>(s & 1);
-      // One barrier at the top of a step: publishes this stage, and every
-      // warp has finished the previous step, so its stage (prefetched into
-      // below) and sdS are free.
+      // One barrier at the top of a step: publishes this stage and the
+      // previous step's dS^T, and every warp has finished the previous
+      // step, so its Q/dO stage (prefetched into below) and the dS buffer
+      // of two steps ago (written below) are free.
       CpAsyncWait<0>();
       __syncthreads();
       const int64_t h = h_kv * group + gi;
@@ -243,6 +297,9 @@ __global__ void __launch_bounds__(Traits::kThreads)
       if (s + 1 < steps) {
         issue(gi, mi, stage ^ 1);
         CpAsyncCommit();
+      }
+      if constexpr (kAccumDq) {
+        if (s > 0) dq_step(stage ^ 1, prev_h, prev_m0);
       }
       const uint32_t stage_off = stage * (kBlockM * kStride * 2);
       const float* lse2_s = sLse + stage * kBlockM;
@@ -272,37 +329,61 @@ __global__ void __launch_bounds__(Traits::kThreads)
         }
       }
 
-      // ---- P^T and dS^T ---------------------------------------------------
-      // Softcap: x = cap * tanh(s * scale / cap), in one uniform branch; its
-      // derivative 1 - tanh^2 = 1 - (x / cap)^2 is then branch free (1 when
-      // inv_softcap = 0).
-      if (args.softcap > 0.f) {
+      // ---- P^T and dS^T = P^T (dP^T - D) dx -------------------------------
+      // The common case (no softcap, every pair visible) costs 4 instructions
+      // per element; softcap and the mask are uniform branches around it.
+      // Column qi = nt * 8 + 2t + c of this lane: lse2 and D as float2.
+      if (softcap) {
+        // x = cap * tanh(s * scale / cap); d x / d (scaled score) =
+        // 1 - tanh^2 = 1 - (x / cap)^2, folded into dP^T - D here.
 #pragma unroll
-        for (int nt = 0; nt < kQTiles; ++nt)
+        for (int nt = 0; nt < kQTiles; ++nt) {
+          const float2 dl = *reinterpret_cast<const float2*>(delta_s + nt * 8 + 2 * t);
 #pragma unroll
-          for (int r = 0; r < 4; ++r) st[nt][r] = args.softcap * FastTanh(st[nt][r] * args.scale_over_cap);
-      }
-      const bool all_visible = mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN);
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int64_t j = n0 + warp_row0 + g + hr * 8;
-        const ColWindow w = all_visible ? ColWindow{0, kBlockM} : QueryWindow(mask, j, m0, kBlockM);
-#pragma unroll
-        for (int nt = 0; nt < kQTiles; ++nt)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int qi = nt * 8 + 2 * t + c;
-            const float x = st[nt][2 * hr + c];
+          for (int r = 0; r < 4; ++r) {
+            const float x = args.softcap * FastTanh(st[nt][r] * args.scale_over_cap);
             const float th = x * args.inv_softcap;
-            const float dx = 1.f - th * th;  // d x / d (scaled score)
-            float pv = FastExp2(fmaf(x, scale_log2, -lse2_s[qi]));
-            const bool visible =
-                w.Contains(qi) && (all_visible || mask.q_seg == nullptr || mask.Visible(m0 + qi, j));
-            if (!visible) pv = 0.f;
-            st[nt][2 * hr + c] = pv;
-            dpt[nt][2 * hr + c] = pv * (dpt[nt][2 * hr + c] - delta_s[qi]) * dx;
+            st[nt][r] = x;
+            dpt[nt][r] = (dpt[nt][r] - (r % 2 ? dl.y : dl.x)) * (1.f - th * th);
           }
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < kQTiles; ++nt) {
+          const float2 dl = *reinterpret_cast<const float2*>(delta_s + nt * 8 + 2 * t);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) dpt[nt][r] -= r % 2 ? dl.y : dl.x;
+        }
       }
+#pragma unroll
+      for (int nt = 0; nt < kQTiles; ++nt) {
+        const float2 l2 = *reinterpret_cast<const float2*>(lse2_s + nt * 8 + 2 * t);
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          st[nt][r] = FastExp2(fmaf(st[nt][r], scale_log2, -(r % 2 ? l2.y : l2.x)));
+      }
+      // Masked pairs: P = 0 by a select, so a masked P that overflowed to
+      // +inf (its key was not in the row's lse) still gives P = dS = 0.
+      if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN)) {
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int64_t j = n0 + warp_row0 + g + hr * 8;
+          const ColWindow w = QueryWindow(mask, j, m0, kBlockM);
+#pragma unroll
+          for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const int qi = nt * 8 + 2 * t + c;
+              const bool visible =
+                  w.Contains(qi) && (mask.q_seg == nullptr || mask.Visible(m0 + qi, j));
+              if (!visible) st[nt][2 * hr + c] = 0.f;
+            }
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) dpt[nt][r] *= st[nt][r];
 
       // ---- dV += P^T dO, dK += dS^T Q (this pass's head-dim slice) -------
 #pragma unroll
@@ -316,6 +397,14 @@ __global__ void __launch_bounds__(Traits::kThreads)
         ads[1] = Pack2<T>(dpt[2 * ks][2], dpt[2 * ks][3]);
         ads[2] = Pack2<T>(dpt[2 * ks + 1][0], dpt[2 * ks + 1][1]);
         ads[3] = Pack2<T>(dpt[2 * ks + 1][2], dpt[2 * ks + 1][3]);
+        if constexpr (kAccumDq) {
+          // dS^T for the next step's dQ: a0/a2 are row g, a1/a3 row g + 8.
+          T* ds_row = sdS + stage * kBlockN * kStrideS + (warp_row0 + g) * kStrideS + ks * 16 + 2 * t;
+          *reinterpret_cast<uint32_t*>(ds_row) = ads[0];
+          *reinterpret_cast<uint32_t*>(ds_row + 8 * kStrideS) = ads[1];
+          *reinterpret_cast<uint32_t*>(ds_row + 8) = ads[2];
+          *reinterpret_cast<uint32_t*>(ds_row + 8 * kStrideS + 8) = ads[3];
+        }
 #pragma unroll
         for (int dt2 = 0; dt2 < kDPart / 16; ++dt2) {
           uint32_t bo[4], bq[4];
@@ -329,57 +418,15 @@ __global__ void __launch_bounds__(Traits::kThreads)
           Mma<T>(dk[2 * dt2 + 1], ads, bq[2], bq[3]);
         }
       }
-
-      if constexpr (kAccumDq) {
-        // ---- dQ += dS K, through shared memory, float32 atomics ----------
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr)
-#pragma unroll
-          for (int nt = 0; nt < kQTiles; ++nt)
-            *reinterpret_cast<uint32_t*>(sdS + (warp_row0 + g + hr * 8) * kStrideS + nt * 8 +
-                                         2 * t) = Pack2<T>(dpt[nt][2 * hr], dpt[nt][2 * hr + 1]);
-        __syncthreads();
-        float dq[kDqTiles][4];
-#pragma unroll
-        for (int dt = 0; dt < kDqTiles; ++dt)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) dq[dt][r] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < kBlockN / kMmaK; ++ks) {
-          uint32_t a[4];
-          Ldmatrix4Trans(a, ds_frag + 2 * ks * 16 * kStrideS);
-#pragma unroll
-          for (int dt2 = 0; dt2 < kDqTiles / 2; ++dt2) {
-            uint32_t bk[4];
-            Ldmatrix4Trans(bk, kt_frag + 2 * (ks * 16 * kStride + part_col0 + dt2 * 16));
-            Mma<T>(dq[2 * dt2], a, bk[0], bk[1]);
-            Mma<T>(dq[2 * dt2 + 1], a, bk[2], bk[3]);
-          }
-        }
-        float* acc = args.dq_accum + (b * num_heads_q + h) * seqlen_q * kHeadDim;
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int64_t i = m0 + dq_row0 + g + hr * 8;
-          if (i < seqlen_q) {
-#pragma unroll
-            for (int dt = 0; dt < kDqTiles; ++dt) {
-              const int col = part_col0 + dq_col0 + dt * 8 + 2 * t;
-              if (col < head_dim) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-                // One 8-byte vector reduction instead of two scalar ones.
-                atomicAdd(reinterpret_cast<float2*>(acc + i * kHeadDim + col),
-                          make_float2(dq[dt][2 * hr], dq[dt][2 * hr + 1]));
-#else
-                atomicAdd(acc + i * kHeadDim + col, dq[dt][2 * hr]);
-                atomicAdd(acc + i * kHeadDim + col + 1, dq[dt][2 * hr + 1]);
-#endif
-              }
-            }
-          }
-        }
+      prev_h = h;
+      prev_m0 = m0;
+    }
+    if constexpr (kAccumDq) {
+      if (steps > 0) {
+        __syncthreads();  // publishes the last step's dS^T
+        dq_step(static_cast<int>((steps - 1) & 1), prev_h, prev_m0);
       }
     }
-
     // ---- write this slice of dK (times d score / d q.k) and dV -------------
     T* dk_out = static_cast<T*>(p.dk) + Offset(p.dk_strides, b, 0, h_kv);
     T* dv_out = static_cast<T*>(p.dv) + Offset(p.dv_strides, b, 0, h_kv);
@@ -514,34 +561,48 @@ __global__ void __launch_bounds__(Traits::kThreads)
       }
     }
 
-    // ---- P and dS (softcap as in FlashBwdDkDvKernel) ----------------------
+    // ---- P and dS (softcap and mask as in FlashBwdDkDvKernel) -------------
     if (args.softcap > 0.f) {
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) s[nt][r] = args.softcap * FastTanh(s[nt][r] * args.scale_over_cap);
-    }
-    const int64_t n0 = n * kBlockN;
-    const bool all_visible = mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN);
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const int64_t i = m0 + warp_row0 + g + hr * 8;
-      const ColWindow w = all_visible ? ColWindow{0, kBlockN} : KeyWindow(mask, i, n0, kBlockN);
+        for (int r = 0; r < 4; ++r) {
+          const float x = args.softcap * FastTanh(s[nt][r] * args.scale_over_cap);
+          const float th = x * args.inv_softcap;
+          s[nt][r] = x;
+          dp[nt][r] = (dp[nt][r] - delta[r / 2]) * (1.f - th * th);
+        }
+    } else {
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int jr = nt * 8 + 2 * t + c;
-          const float x = s[nt][2 * hr + c];
-          const float th = x * args.inv_softcap;
-          const float dx = 1.f - th * th;
-          float pv = FastExp2(fmaf(x, scale_log2, -lse2[hr]));
-          const bool visible =
-              w.Contains(jr) && (all_visible || mask.q_seg == nullptr || mask.Visible(i, n0 + jr));
-          if (!visible) pv = 0.f;
-          s[nt][2 * hr + c] = pv * (dp[nt][2 * hr + c] - delta[hr]) * dx;  // dS
-        }
+        for (int r = 0; r < 4; ++r) dp[nt][r] -= delta[r / 2];
     }
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) s[nt][r] = FastExp2(fmaf(s[nt][r], scale_log2, -lse2[r / 2]));
+    const int64_t n0 = n * kBlockN;
+    if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN)) {
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int64_t i = m0 + warp_row0 + g + hr * 8;
+        const ColWindow w = KeyWindow(mask, i, n0, kBlockN);
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int jr = nt * 8 + 2 * t + c;
+            const bool visible =
+                w.Contains(jr) && (mask.q_seg == nullptr || mask.Visible(i, n0 + jr));
+            if (!visible) s[nt][2 * hr + c] = 0.f;
+          }
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) s[nt][r] *= dp[nt][r];  // dS
 
     // ---- dQ += dS K ---------------------------------------------------------
 #pragma unroll

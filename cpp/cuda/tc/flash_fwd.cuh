@@ -42,6 +42,12 @@ struct FwdTraits {
   static constexpr int kNWarps = FwdTileShape<kHeadDim>::kNWarps;
 #endif
   static constexpr int kThreads = kNWarps * 32;
+  // CTAs per SM the register allocation must allow (__launch_bounds__).
+#ifdef JAX_FLASH_TC_FWD_MINB
+  static constexpr int kMinBlocks = kHeadDim == JAX_FLASH_TC_TUNE_D ? JAX_FLASH_TC_FWD_MINB : 1;
+#else
+  static constexpr int kMinBlocks = 1;
+#endif
   static constexpr int kWarpRows = kBlockM / kNWarps;
   static constexpr int kMTiles = kWarpRows / kMmaM;
   static constexpr int kStride = kHeadDim + kSmemPad;  // smem row, elements
@@ -49,6 +55,9 @@ struct FwdTraits {
   static constexpr int kSmemElems = kBlockM * kStride + 2 * kStages * kBlockN * kStride;
   static_assert(kWarpRows % kMmaM == 0 && kHeadDim % 16 == 0 && kBlockN % 16 == 0);
 };
+
+// Lazy rescale threshold of the online softmax (log2 units): P <= 2^8.
+inline constexpr float kRescaleLog2 = 8.f;
 
 // Per-launch constants, computed once on the host.
 struct FwdArgs {
@@ -59,7 +68,7 @@ struct FwdArgs {
 };
 
 template <typename T, typename Traits>
-__global__ void __launch_bounds__(Traits::kThreads)
+__global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     FlashFwdKernel(const __grid_constant__ FwdArgs args) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim, kStride = Traits::kStride;
@@ -128,6 +137,9 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const uint32_t v_lane =
       SmemAddr(sV) + 2 * ((((lane / 8) % 2) * 8 + lane % 8) * kStride + (lane / 16) * 8);
   const float scale_log2 = args.scale_log2;
+  // Growth of a row max (score units) that forces a rescale: kRescaleLog2
+  // in log2 units (scale_log2 > 0).
+  const float rescale_margin = kRescaleLog2 / scale_log2;
 
   for (int64_t n = n_begin; n < n_end; ++n) {
     const int stage = static_cast<int>((n - n_begin) & 1);
@@ -207,23 +219,60 @@ __global__ void __launch_bounds__(Traits::kThreads)
         }
     }
 
-    // ---- online softmax ----------------------------------------------------
+    // ---- online softmax, lazy rescale ---------------------------------------
+    // row_m is the reference P is taken against, not always the running max:
+    // it moves (and O, l are rescaled) only when some row of this warp grew
+    // past it by more than kRescaleLog2 in log2 units. O and l share the
+    // reference and lse uses it too, so the result is exact either way; P is
+    // then <= 2^kRescaleLog2, harmless in 16 bits and float32. Random data
+    // rarely grows that much after the first block, so the kMT x kDTiles x 4
+    // multiplies of O per block (as many as the exp2s at BN 32) mostly go.
+    // The row max (over this lane's part of the row: the vote covers the
+    // quad) is recomputed in the rare rescale branch rather than kept live
+    // across the vote, which would cost registers in the common path.
+    auto lane_max = [&](int mt, int hr) {
+      float m = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+        m = fmaxf(m, fmaxf(s[mt][nt][2 * hr], s[mt][nt][2 * hr + 1]));
+      return m;
+    };
+    bool grow = false;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr)  // -inf + margin = -inf: a row's first visible key moves it
+        grow |= lane_max(mt, hr) > row_m[mt][hr] + rescale_margin;
+    if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          float m = lane_max(mt, hr);
+          // The 4 lanes of a quad hold one row.
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+          const float m_new = fmaxf(row_m[mt][hr], m);
+          // A row with nothing visible yet keeps m = -inf; subtracting 0
+          // then gives alpha = exp2(-inf) = 0 instead of NaN.
+          const float m_scaled = m_new == -INFINITY ? 0.f : m_new * scale_log2;
+          const float alpha = FastExp2(row_m[mt][hr] * scale_log2 - m_scaled);
+          row_m[mt][hr] = m_new;
+          row_l[mt][hr] *= alpha;
+#pragma unroll
+          for (int dt = 0; dt < kDTiles; ++dt) {
+            o[mt][dt][2 * hr] *= alpha;
+            o[mt][dt][2 * hr + 1] *= alpha;
+          }
+        }
+      }
+    }
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        float mx = row_m[mt][hr];
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hr], s[mt][nt][2 * hr + 1]));
-        // The 4 lanes of a quad hold one row.
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // A row with nothing visible yet keeps m = -inf; subtracting 0 then
-        // keeps every exp2 at exp2(-inf) = 0 instead of NaN.
-        const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
-        const float alpha = FastExp2(row_m[mt][hr] * scale_log2 - m_scaled);
-        row_m[mt][hr] = mx;
+        // Masked scores are -inf, so their P is exp2(-inf) = 0.
+        const float m_scaled = row_m[mt][hr] == -INFINITY ? 0.f : row_m[mt][hr] * scale_log2;
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
@@ -234,12 +283,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
             sum += pv;
           }
         }
-        row_l[mt][hr] = row_l[mt][hr] * alpha + sum;  // per-lane partial; reduced at the end
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          o[mt][dt][2 * hr] *= alpha;
-          o[mt][dt][2 * hr + 1] *= alpha;
-        }
+        row_l[mt][hr] += sum;  // per-lane partial; reduced at the end
       }
     }
 
