@@ -20,9 +20,9 @@ RATE = 0.3
 
 
 @pytest.fixture(autouse=True)
-def cpu_only(backend):
-  if backend == "gpu":
-    pytest.skip("dropout is not implemented by the CUDA kernels yet")
+def on_each_backend(backend):
+  """Every test runs on the CPU and, if there is one, the GPU."""
+  return backend
 
 
 def one_hot_problem(batch=2, seqlen_q=50, seqlen_k=64, heads=3, seed=0):
@@ -118,3 +118,24 @@ def test_gradients_match_dense_reference_with_the_same_mask(dtype):
   plain = (plain_out,) + plain_vjp(dout.astype(dtype))
   for name, g, rf, p in zip(["out", "dq", "dk", "dv", "dbias"], got, ref, plain):
     assert_flash_close(name, g, rf, p, dtype)
+
+
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_cpu_and_gpu_draw_the_same_mask(backend, broadcast):
+  """Both backends call HeadDropout::Keep: the same key gives the same mask, bit for bit."""
+  if backend != "gpu":
+    pytest.skip("needs a GPU")
+  q, k, v = one_hot_problem(seqlen_q=70)
+  keys = jax.random.split(jax.random.key(8), 2)  # one key per batch element (vmap)
+
+  def keep_on(platform):
+    device = jax.devices(platform)[0]
+    args = [jax.device_put(x, device) for x in (q, k, v, keys)]
+    f = jax.jit(jax.vmap(lambda q, k, v, rng: jax_flash.flash_attention(
+        q[None], k[None], v[None], is_causal=True, dropout_rate=RATE, dropout_rng=rng,
+        broadcast_dropout=broadcast)[0]))
+    out = f(*args)
+    assert out.devices() == {device}
+    return np.asarray(recovered_mask(out))
+
+  np.testing.assert_array_equal(keep_on("cpu"), keep_on("gpu"))

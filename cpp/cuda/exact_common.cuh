@@ -13,6 +13,7 @@
 //   TileMap             which elements of an R x C tile one thread owns
 //   MultiplyAccumulate  register-tiled product of two shared-memory tiles
 //   LoadTile            global (B, S, H, D) rows -> zero-padded shared tile
+//   Score, HeadTerms    the score transform; bias, mask and dropout of a head
 #pragma once
 
 #include <cuda_bf16.h>
@@ -22,6 +23,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "jax_flash/dropout.h"
+#include "jax_flash/mask.h"
 #include "jax_flash/params.h"
 
 namespace jax_flash::cuda::exact {
@@ -232,21 +235,74 @@ __device__ __forceinline__ Acc GroupSum(Acc x) {
   return x;
 }
 
-// The score transform of ScoreParams: x = scale * dot, then the optional
-// softcap x = cap * tanh(x / cap). `dx_ddot_over_scale` receives
-// d x / d(scale * dot) = 1 - tanh^2 (1 without a cap), which the backward
-// multiplies into dS.
+// The score transform of ScoreParams: x = scale * dot + bias, then the
+// optional softcap x = cap * tanh(x / cap). `dx_dlogit` receives
+// d x / d(scale * dot + bias): sech^2(x / cap) with a cap, 1 without; the
+// backward multiplies it into dS. sech^2 is computed as 4 e / (1 + e)^2 with
+// e = exp(-2 |t|) in (0, 1]: no cancellation (1 - tanh^2 loses every bit
+// where tanh is near +-1) and no overflow (the sign of t does not matter,
+// sech^2 is even).
 template <typename Acc>
-__device__ __forceinline__ Acc Score(Acc dot, Acc scale, Acc softcap, Acc* dx_ddot_over_scale) {
-  const Acc x = scale * dot;
+__device__ __forceinline__ Acc Score(Acc dot, Acc bias, Acc scale, Acc softcap, Acc* dx_dlogit) {
+  const Acc x = scale * dot + bias;
   if (softcap > Acc(0)) {
-    const Acc t = Tanh(x / softcap);
-    *dx_ddot_over_scale = Acc(1) - t * t;
-    return softcap * t;
+    const Acc t = x / softcap;
+    const Acc e = Exp(Acc(-2) * (t < Acc(0) ? -t : t));
+    const Acc one_plus_e = Acc(1) + e;
+    *dx_dlogit = Acc(4) * e / (one_plus_e * one_plus_e);
+    return softcap * Tanh(t);
   }
-  *dx_ddot_over_scale = Acc(1);
+  *dx_dlogit = Acc(1);
   return x;
 }
+
+// Everything elementwise about one (batch element b, query head h): the mask
+// (with this head's view of the dense mask), this head's view of the bias and
+// its dropout stream. The device twin of the CPU's HeadView (cpu/scores.h),
+// built from the same shared definitions (BatchMask, HeadDropout) so that both
+// backends see the same logits and draw the same dropout mask.
+template <typename Acc>
+struct HeadTerms {
+  BatchMask mask;
+  const Acc* bias;  // this head's (Sq, Sk) view, or null
+  int64_t bias_row_stride;
+  int64_t bias_col_stride;
+  HeadDropout dropout;
+  Acc keep_scale;  // 1 / (1 - rate)
+
+  __device__ static HeadTerms For(const FwdParams& p, int64_t b, int64_t h) {
+    const AttentionShape& s = p.shape;
+    const DenseStrides& bs = p.score.bias_strides;
+    HeadTerms t;
+    t.mask = BatchMask::For(p.mask, b, h, s.seqlen_q, s.seqlen_k);
+    t.bias = p.score.bias != nullptr
+                 ? static_cast<const Acc*>(p.score.bias) + b * bs.batch + h * bs.head
+                 : nullptr;
+    t.bias_row_stride = bs.row;
+    t.bias_col_stride = bs.col;
+    t.dropout = HeadDropout::For(p.dropout, s.batch, b, h);
+    t.keep_scale = static_cast<Acc>(p.dropout.keep_scale());
+    return t;
+  }
+
+  // Read only for visible (hence in-range) elements.
+  __device__ __forceinline__ Acc Bias(int64_t i, int64_t j) const {
+    return bias != nullptr ? bias[i * bias_row_stride + j * bias_col_stride] : Acc(0);
+  }
+
+  // False only if no (i, j) of the tile is visible; such tiles are skipped.
+  // Only segments and the dense mask need the elementwise test (the band is
+  // already cut by KeyRange/QueryRange). A block-wide vote: every thread of
+  // the block must call it (it is a barrier) and all get the same answer.
+  __device__ __forceinline__ bool TileMayBeVisible(int64_t i0, int m_valid, int64_t j0,
+                                                   int n_valid) const {
+    if (!mask.HasElementwiseTerms()) return true;
+    int found = 0;
+    for (int idx = threadIdx.x; idx < m_valid * n_valid && !found; idx += blockDim.x)
+      found = mask.Visible(i0 + idx / n_valid, j0 + idx % n_valid);
+    return __syncthreads_or(found) != 0;
+  }
+};
 
 // Rows of a block of size kBlock that exist when `remaining` rows are left.
 template <int kBlock>

@@ -3,10 +3,12 @@
 //
 // One block computes kBlockM query rows of one (batch, query head):
 //   for each key block j in KeyRange(rows):       (fully masked blocks skipped)
-//     S   = scale * Q K_j^T, softcap, mask -> -inf          (shared memory)
+//     S   = scale * Q K_j^T + bias, softcap, mask -> -inf   (shared memory)
 //     m'  = max(m, rowmax S);  P = exp(S - m');  alpha = exp(m - m')
-//     l   = alpha * l + rowsum P;  O = alpha * O + P V_j    (O in registers)
+//     l   = alpha * l + rowsum P;  O = alpha * O + P~ V_j   (O in registers)
 //   out = O / l,  lse = m + log(l)
+// where P~ = P without dropout, Z * P / (1 - rate) with it (Z the keep mask
+// of HeadDropout): l and lse sum P before dropout, as on the CPU.
 // No Sq x Sk buffer exists. A row that sees no key ends with l = 0 and gets
 // out = 0, lse = -inf.
 // Included once per storage type by exact_fwd_<dtype>.cu, each of which
@@ -69,7 +71,8 @@ __global__ void __launch_bounds__(kThreads) FlashFwdExactKernel(const FwdParams 
   const int64_t i0 = m_block * kBlockM;
   const int m_valid = ValidRows<kBlockM>(s.seqlen_q - i0);
 
-  const BatchMask mask = BatchMask::For(p.mask, b, s.seqlen_q, s.seqlen_k);
+  const HeadTerms<Acc> head = HeadTerms<Acc>::For(p, b, h);
+  const BatchMask& mask = head.mask;
   int64_t key_begin, key_end;
   mask.KeyRange(i0, i0 + m_valid, &key_begin, &key_end);
 
@@ -96,6 +99,9 @@ __global__ void __launch_bounds__(kThreads) FlashFwdExactKernel(const FwdParams 
 
   for (int64_t j0 = key_begin; j0 < key_end; j0 += kBlockN) {
     const int n_valid = ValidRows<kBlockN>(key_end - j0);
+    // Segments or a dense mask may hide the whole tile: then it changes
+    // neither m, l nor O.
+    if (!head.TileMayBeVisible(i0, m_valid, j0, n_valid)) continue;
     __syncthreads();  // the previous block's readers of sK, sV, sP are done
     LoadTile<kBlockN, kMaxD>(sK, k + j0 * p.k_strides.row, p.k_strides.row, n_valid, head_dim);
     LoadTile<kBlockN, kMaxD>(sV, v + j0 * p.v_strides.row, p.v_strides.row, n_valid, head_dim);
@@ -113,11 +119,15 @@ __global__ void __launch_bounds__(kThreads) FlashFwdExactKernel(const FwdParams 
 #pragma unroll
           for (int jj = 0; jj < SMap::kColsPerThread; ++jj) {
             const int r = smap.row(i), c = smap.col(jj);
-            Acc unused_derivative;
-            Acc x = Score(dot[i][jj], scale, softcap, &unused_derivative);
             const bool visible =
                 r < m_valid && c < n_valid && (all_visible || mask.Visible(i0 + r, j0 + c));
-            sP[r * kLdP + c] = visible ? x : -Infinity<Acc>();
+            Acc x = -Infinity<Acc>();
+            if (visible) {
+              Acc unused_derivative;
+              x = Score(dot[i][jj], head.Bias(i0 + r, j0 + c), scale, softcap,
+                        &unused_derivative);
+            }
+            sP[r * kLdP + c] = x;
           }
         }
       }
@@ -134,11 +144,24 @@ __global__ void __launch_bounds__(kThreads) FlashFwdExactKernel(const FwdParams 
       // While a row has seen no visible key, m_new = -inf; exponentiate
       // against 0 instead so that exp(-inf - (-inf)) cannot produce NaN.
       const Acc m_ref = m_new == -Infinity<Acc>() ? Acc(0) : m_new;
+      // P in groups of four aligned keys, so that one Philox call
+      // (HeadDropout::Draws) serves the dropout of a whole group. l sums P
+      // before dropout; sP receives what multiplies V.
       Acc row_sum = Acc(0);
-      for (int c = row_lane; c < n_valid; c += L::kThreadsPerRow) {
-        const Acc prob = Exp(p_row[c] - m_ref);
-        p_row[c] = prob;
-        row_sum += prob;
+      const HeadDropout& dropout = head.dropout;
+      const bool drop = dropout.enabled && row < m_valid;
+      for (int64_t g = (j0 & ~int64_t(3)) + 4 * row_lane; g < j0 + n_valid;
+           g += 4 * L::kThreadsPerRow) {
+        uint32_t draws[4] = {0, 0, 0, 0};
+        if (drop) dropout.Draws(i0 + row, g, draws);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int64_t c = g + u - j0;
+          if (c < 0 || c >= n_valid) continue;
+          const Acc prob = Exp(p_row[c] - m_ref);
+          row_sum += prob;
+          p_row[c] = !drop ? prob : (draws[u] >= dropout.threshold ? prob * head.keep_scale : Acc(0));
+        }
       }
       row_sum = GroupSum<L::kThreadsPerRow>(row_sum);
       const Acc alpha = Exp(m - m_ref);  // 0 while m = -inf

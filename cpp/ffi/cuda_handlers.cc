@@ -3,7 +3,8 @@
 //
 // Command-buffer compatible: no synchronisation, no cudaMalloc (scratch comes
 // from XLA's ScratchAllocator), no host reads of device data (sequence
-// lengths and segment ids stay on the device and are read by the kernels).
+// lengths, segment ids, the dense mask, the bias and the dropout keys stay on
+// the device and are read by the kernels).
 #include <cuda_runtime_api.h>
 
 #include <optional>
@@ -37,15 +38,6 @@ ffi::Error LaunchError(const char* what, cudaError_t err) {
                               cudaGetErrorString(err));
 }
 
-// Dense bias/mask and dropout run on the CPU kernels only, for now.
-ffi::Error RejectUnsupported(const FwdParams& p) {
-  if (p.score.bias != nullptr || p.mask.dense != nullptr || p.dropout.enabled())
-    return ffi::Error(ffi::ErrorCode::kUnimplemented,
-                      "jax_flash: dense bias, dense mask and dropout are not implemented by "
-                      "the CUDA kernels yet (they run on the CPU)");
-  return ffi::Error::Success();
-}
-
 ffi::Error FwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                    ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
                    ffi::AnyBuffer q_segment_ids, ffi::AnyBuffer kv_segment_ids,
@@ -63,7 +55,6 @@ ffi::Error FwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
                                      lse->element_type(), &p);
       e.failure())
     return e;
-  if (auto e = RejectUnsupported(p); e.failure()) return e;
   p.out = out->untyped_data();
   p.lse = lse->untyped_data();
   if (cudaError_t err = cuda::LaunchFwd(p, ToCudaDType(q.element_type()), stream);
@@ -96,13 +87,13 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyB
                                            dbias->dimensions(), dbias->element_type(), &p);
       e.failure())
     return e;
-  if (auto e = RejectUnsupported(p); e.failure()) return e;
   if (dq->element_type() != q.element_type() || dk->element_type() != q.element_type() ||
       dv->element_type() != q.element_type())
     return ffi_decode::Invalid("dq, dk and dv must have the dtype of q");
   p.dq = dq->untyped_data();
   p.dk = dk->untyped_data();
   p.dv = dv->untyped_data();
+  p.dbias = p.score.bias != nullptr ? dbias->untyped_data() : nullptr;
 
   const cuda::DType dtype = ToCudaDType(q.element_type());
   const size_t workspace_bytes = cuda::BwdWorkspaceBytes(p, dtype, deterministic);
