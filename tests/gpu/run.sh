@@ -1,45 +1,74 @@
 #!/usr/bin/env bash
-# Builds and runs the GPU checks on a machine with an NVIDIA GPU.
+# The whole GPU suite and the benchmark, on a machine with an NVIDIA GPU:
 #
 #   tests/gpu/run.sh [LOG_DIR]
 #
-# 1. exact_kernel_check: the CUDA launch API against a float64 host reference
-#    (all dtypes, head dims, masks, GQA, softcap, NaN-poisoned outputs, and a
-#    tensor of more than 2^31 elements).
-# 2. compute-sanitizer memcheck, racecheck, synccheck and initcheck on small
-#    cases.
-# Environment: JAX_FLASH_CUDA_ARCHS (first entry used, default 90a), NVCC.
-set -euo pipefail
+# Stages (all by default; choose with STAGES="install pytest ..."):
+#   install  pip install the package for the visible GPU's architecture
+#   pytest   the pytest suite; every backend-parametrised test runs on the GPU
+#            too (the CPU half is what CI runs; PYTEST_K="not cpu" skips it)
+#   kernels  standalone kernel drivers against float64 host references:
+#            exact kernels (base and bias/mask/dropout), tensor-core kernels,
+#            then compute-sanitizer memcheck and racecheck on small cases
+#   bench    python -m jax_flash.bench (fa3 preset) and --memory
+#   gpt      the GPT example, jax_flash vs Flax attention, a few steps
+# Environment: JAX_FLASH_CUDA_ARCHS (default 90a), PYTHON (default python3).
+set -uo pipefail
 cd "$(dirname "$0")/../.."
 LOG_DIR=${1:-/tmp/jax_flash_gpu_logs}
-BUILD=${BUILD_DIR:-/tmp/jax_flash_gpu_build}
-NVCC=${NVCC:-nvcc}
-ARCH=${JAX_FLASH_CUDA_ARCHS:-90a}
-ARCH=${ARCH%%;*}
-mkdir -p "$LOG_DIR" "$BUILD"
-
-FLAGS=(-std=c++17 -O3 -lineinfo -arch=sm_${ARCH} -Icpp/include -Icpp)
-SOURCES=(cpp/cuda/dispatch.cu cpp/cuda/exact_fwd_*.cu cpp/cuda/exact_bwd_*.cu
-         tests/gpu/exact_kernel_check.cu)
-
-echo "== build (sm_${ARCH})"
-start=$(date +%s)
-printf '%s\n' "${SOURCES[@]}" | xargs -P "$(nproc)" -I{} sh -c \
-  "$NVCC ${FLAGS[*]} -Xptxas -warn-spills -c {} -o $BUILD/\$(basename {}).o" \
-  2>&1 | tee "$LOG_DIR/build.log"
-"$NVCC" "${FLAGS[@]}" -o "$BUILD/exact_kernel_check" "$BUILD"/*.o
-echo "built in $(( $(date +%s) - start )) s"
-
-echo "== exact_kernel_check --large"
-"$BUILD/exact_kernel_check" --large 2>&1 | tee "$LOG_DIR/exact_kernel_check.log"
-
+STAGES=${STAGES:-install pytest kernels bench gpt}
+PYTHON=${PYTHON:-python3}
+export JAX_FLASH_CUDA_ARCHS=${JAX_FLASH_CUDA_ARCHS:-90a} PYTHONUNBUFFERED=1
+mkdir -p "$LOG_DIR"
 status=0
-for tool in memcheck racecheck synccheck initcheck; do
-  echo "== compute-sanitizer --tool $tool"
-  if ! compute-sanitizer --tool "$tool" --error-exitcode 9 "$BUILD/exact_kernel_check" --small \
-      > "$LOG_DIR/sanitizer_$tool.log" 2>&1; then
-    status=1
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+step() { echo "== $1"; }
+
+if has install; then
+  step "install (sm_${JAX_FLASH_CUDA_ARCHS})"
+  if ! $PYTHON -m pip install --no-build-isolation --no-deps . > "$LOG_DIR/install.log" 2>&1; then
+    tail -n 40 "$LOG_DIR/install.log"; exit 1
   fi
-  tail -n 4 "$LOG_DIR/sanitizer_$tool.log"
-done
+  grep -E "^ *(-- )?jax_flash:" "$LOG_DIR/install.log"
+fi
+
+if has pytest; then
+  step "pytest ${PYTEST_K:+-k \"$PYTEST_K\"}"
+  (cd tests && $PYTHON -m pytest -q -p no:cacheprovider --tb=short -rfE \
+      ${PYTEST_K:+-k "$PYTEST_K"} . > "$LOG_DIR/pytest.log" 2>&1) || status=1
+  grep -E "^(FAILED|ERROR)| passed| failed" "$LOG_DIR/pytest.log" | tail -n 30
+fi
+
+if has kernels; then
+  step "kernel drivers and sanitizers"
+  BUILD_DIR=${BUILD_DIR:-/tmp/jax_flash_gpu_build} bash tests/gpu/exact_features_run.sh \
+      "$LOG_DIR" > "$LOG_DIR/exact.log" 2>&1 || status=1
+  grep -E "cases failed|SUMMARY" "$LOG_DIR/exact.log"
+  tc_build=/tmp/jax_flash_tc_build
+  if bash tests/gpu/tc_build.sh "$tc_build" > "$LOG_DIR/tc_build.log" 2>&1; then
+    "$tc_build/tc_kernel_check" check > "$LOG_DIR/tc_check.log" 2>&1 || status=1
+    tail -n 2 "$LOG_DIR/tc_check.log"
+    compute-sanitizer --tool racecheck --error-exitcode 9 "$tc_build/tc_kernel_check" small \
+        > "$LOG_DIR/tc_racecheck.log" 2>&1 || status=1
+    grep SUMMARY "$LOG_DIR/tc_racecheck.log"
+  else
+    status=1; tail -n 20 "$LOG_DIR/tc_build.log"
+  fi
+fi
+
+if has bench; then
+  step "bench"
+  (cd /tmp && $PYTHON -m jax_flash.bench --json "$LOG_DIR/bench.json") > "$LOG_DIR/bench.log" 2>&1 \
+      || status=1
+  cut -c1-170 "$LOG_DIR/bench.log"
+  (cd /tmp && $PYTHON -m jax_flash.bench --memory) > "$LOG_DIR/memory.log" 2>&1 || status=1
+  tail -n 8 "$LOG_DIR/memory.log"
+fi
+
+if has gpt; then
+  step "gpt example"
+  (cd /tmp && $PYTHON -m jax_flash.examples.gpt --preset gpt3-small --steps 10 --compare) \
+      > "$LOG_DIR/gpt.log" 2>&1 || status=1
+  tail -n 12 "$LOG_DIR/gpt.log"
+fi
 exit $status
