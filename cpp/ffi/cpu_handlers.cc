@@ -105,28 +105,15 @@ ffi::Error BwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   const ffi_decode::MaskOperands ops{q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids,
                                      bias,      mask,       dropout_key};
   BwdParams p;
-  if (auto e = ffi_decode::DecodeFwd(attrs, q, k, v, ops, out.dimensions(), out.element_type(),
-                                     lse.dimensions(), lse.element_type(), &p);
+  if (auto e = ffi_decode::DecodeBwd(attrs, q, k, v, out, lse, dout, ops, dq, dk, dv, dbias, &p);
       e.failure())
     return e;
-  if (auto e = ffi_decode::DecodeBwdExtras(q, k, out, lse, dout, dq->dimensions(),
-                                           dk->dimensions(), dv->dimensions(), bias,
-                                           dbias->dimensions(), dbias->element_type(), &p);
-      e.failure())
-    return e;
-  if (dq->element_type() != q.element_type() || dk->element_type() != q.element_type() ||
-      dv->element_type() != q.element_type())
-    return ffi_decode::Invalid("dq, dk and dv must have the dtype of q");
   const AttentionShape& s = p.shape;
   const bool f64 = q.element_type() == ffi::DataType::F64;
   const size_t delta_elems = static_cast<size_t>(s.batch * s.num_heads_q * s.seqlen_q);
   std::vector<double> delta_f64(f64 ? delta_elems : 0);
   std::vector<float> delta_f32(f64 ? 0 : delta_elems);
   p.delta = f64 ? static_cast<void*>(delta_f64.data()) : static_cast<void*>(delta_f32.data());
-  p.dq = dq->untyped_data();
-  p.dk = dk->untyped_data();
-  p.dv = dv->untyped_data();
-  p.dbias = p.score.bias != nullptr ? dbias->untyped_data() : nullptr;
   cpu::FlashBwd(p, ToCpuDType(q.element_type()), PoolParallelFor(pool));
   return ffi::Error::Success();
 }

@@ -78,22 +78,9 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyB
   const ffi_decode::MaskOperands ops{q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids,
                                      bias,      mask,       dropout_key};
   BwdParams p;
-  if (auto e = ffi_decode::DecodeFwd(attrs, q, k, v, ops, out.dimensions(), out.element_type(),
-                                     lse.dimensions(), lse.element_type(), &p);
+  if (auto e = ffi_decode::DecodeBwd(attrs, q, k, v, out, lse, dout, ops, dq, dk, dv, dbias, &p);
       e.failure())
     return e;
-  if (auto e = ffi_decode::DecodeBwdExtras(q, k, out, lse, dout, dq->dimensions(),
-                                           dk->dimensions(), dv->dimensions(), bias,
-                                           dbias->dimensions(), dbias->element_type(), &p);
-      e.failure())
-    return e;
-  if (dq->element_type() != q.element_type() || dk->element_type() != q.element_type() ||
-      dv->element_type() != q.element_type())
-    return ffi_decode::Invalid("dq, dk and dv must have the dtype of q");
-  p.dq = dq->untyped_data();
-  p.dk = dk->untyped_data();
-  p.dv = dv->untyped_data();
-  p.dbias = p.score.bias != nullptr ? dbias->untyped_data() : nullptr;
 
   const cuda::DType dtype = ToCudaDType(q.element_type());
   const size_t workspace_bytes = cuda::BwdWorkspaceBytes(p, dtype, deterministic);

@@ -326,4 +326,32 @@ inline ffi::Error DecodeBwdExtras(const ffi::AnyBuffer& q, const ffi::AnyBuffer&
   return ffi::Error::Success();
 }
 
+// Everything the backward needs, validated, with the result pointers set
+// (dbias only when there is a bias); the caller provides p->delta.
+inline ffi::Error DecodeBwd(const ScoreAndMaskAttrs& attrs, const ffi::AnyBuffer& q,
+                            const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                            const ffi::AnyBuffer& out, const ffi::AnyBuffer& lse,
+                            const ffi::AnyBuffer& dout, const MaskOperands& ops,
+                            ffi::Result<ffi::AnyBuffer>& dq, ffi::Result<ffi::AnyBuffer>& dk,
+                            ffi::Result<ffi::AnyBuffer>& dv, ffi::Result<ffi::AnyBuffer>& dbias,
+                            BwdParams* p) {
+  if (auto e = DecodeFwd(attrs, q, k, v, ops, out.dimensions(), out.element_type(),
+                         lse.dimensions(), lse.element_type(), p);
+      e.failure())
+    return e;
+  if (auto e = DecodeBwdExtras(q, k, out, lse, dout, dq->dimensions(), dk->dimensions(),
+                               dv->dimensions(), ops.bias, dbias->dimensions(),
+                               dbias->element_type(), p);
+      e.failure())
+    return e;
+  if (dq->element_type() != q.element_type() || dk->element_type() != q.element_type() ||
+      dv->element_type() != q.element_type())
+    return Invalid("dq, dk and dv must have the dtype of q");
+  p->dq = dq->untyped_data();
+  p->dk = dk->untyped_data();
+  p->dv = dv->untyped_data();
+  p->dbias = p->score.bias != nullptr ? dbias->untyped_data() : nullptr;
+  return ffi::Error::Success();
+}
+
 }  // namespace jax_flash::ffi_decode
