@@ -121,7 +121,7 @@ def test_gradients_match_dense_reference_with_the_same_mask(dtype):
 
 
 @pytest.mark.parametrize("broadcast", [False, True])
-def test_cpu_and_gpu_draw_the_same_mask(backend, broadcast):
+def test_same_mask_on_both_platforms(backend, broadcast):
   """Both backends call HeadDropout::Keep: the same key gives the same mask, bit for bit."""
   if backend != "gpu":
     pytest.skip("needs a GPU")
