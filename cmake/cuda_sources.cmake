@@ -36,3 +36,11 @@ set_target_properties(jax_flash_cuda PROPERTIES
 # exp/log/tanh, division and infinities). -lineinfo costs nothing at run time
 # and makes compute-sanitizer and profiler reports point at source lines.
 target_compile_options(jax_flash_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-O3 -lineinfo>)
+# handlers.h declares the CUDA handlers (and what module.cc asks of them)
+# under this definition; the library that defines them sees it too.
+target_compile_definitions(jax_flash_cuda PRIVATE JAX_FLASH_WITH_CUDA=1)
+# The Hopper (wgmma) kernels exist only in sm_90a code; the dispatch uses
+# them when the build has it.
+if("90a" IN_LIST CMAKE_CUDA_ARCHITECTURES)
+  target_compile_definitions(jax_flash_cuda PRIVATE JAX_FLASH_HAS_SM90A=1)
+endif()

@@ -37,6 +37,24 @@ NB_MODULE(_jax_flash, m) {
     return by_platform;
   }, "Handler capsules by XLA platform name.");
 
+#ifdef JAX_FLASH_WITH_CUDA
+  m.def("cuda_bwd_workspace_bytes",
+        [](int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t num_heads_q,
+           int64_t num_heads_kv, int64_t head_dim, const std::string& dtype, bool deterministic) {
+          const jax_flash::AttentionShape shape{batch,       seqlen_q,     seqlen_k,
+                                                num_heads_q, num_heads_kv, head_dim};
+          return jax_flash::CudaBwdWorkspaceBytes(shape, dtype, deterministic);
+        },
+        "Bytes of the CUDA backward's workspace result for this problem.");
+  m.def("cuda_captured_calls", []() {
+    const jax_flash::CapturedCalls calls = jax_flash::CudaCapturedCalls();
+    nb::dict counts;
+    counts["fwd"] = calls.fwd;
+    counts["bwd"] = calls.bwd;
+    return counts;
+  }, "Handler calls made while XLA recorded their stream into a CUDA graph.");
+#endif
+
   m.def("build_info", []() {
     nb::dict info;
     info["version"] = JAX_FLASH_VERSION;

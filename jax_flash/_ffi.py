@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import numpy as np
 
 from jax_flash import _jax_flash
 
@@ -39,3 +40,17 @@ def build_info() -> dict:
   info["jax_version"] = jax.__version__
   info["jaxlib_version"] = jaxlib.__version__
   return info
+
+
+def cuda_bwd_workspace_bytes(q_shape, k_shape, dtype, deterministic: bool) -> int:
+  """Bytes of the CUDA backward's workspace result (see primitives.py)."""
+  if not hasattr(_jax_flash, "cuda_bwd_workspace_bytes"):
+    raise RuntimeError(
+        "jax_flash was built without CUDA kernels (jax_flash.build_info()['cuda'] is False), "
+        "so it cannot run on a GPU; reinstall it where nvcc is found, or set "
+        "JAX_FLASH_CUDA_ARCHS (see README.md)")
+  batch, seqlen_q, num_heads_q, head_dim = q_shape
+  _, seqlen_k, num_heads_kv, _ = k_shape
+  return int(_jax_flash.cuda_bwd_workspace_bytes(batch, seqlen_q, seqlen_k, num_heads_q,
+                                                 num_heads_kv, head_dim,
+                                                 np.dtype(dtype).name, bool(deterministic)))

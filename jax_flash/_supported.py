@@ -28,6 +28,12 @@ CUDA_HEAD_DIM_BUCKETS = (32, 64, 96, 128, 192, 256)
 # kernel.
 CUDA_TENSOR_CORE_DTYPES = ("bfloat16", "float16")
 
+# Head-dim buckets with a Hopper (sm_90a, wgmma) forward; on Hopper the other
+# buckets, and every backward, run the sm_80 tensor-core kernels. D=64 stays
+# on those: its wgmma forward measured 269-281 TFLOP/s against 315-323 for
+# mma.sync on an H100 (cpp/cuda/tc/NOTES.md).
+CUDA_SM90_FWD_BUCKETS = (128,)
+
 
 def head_dim_bucket(head_dim: int) -> int:
   """The CUDA bucket a head dim is padded up to."""
@@ -60,8 +66,13 @@ _TC_DIRECTIONS = {
             "template cudaError_t RunFwd<{t}, {d}>(const FwdParams&, cudaStream_t);"),
     "bwd": ("tc/flash_bwd.cuh",
             "template cudaError_t RunBwd<{t}, {d}>(const BwdParams&, void*, bool, cudaStream_t);\n"
-            "template size_t BwdWorkspaceBytes<{t}, {d}>(const BwdParams&, bool);"),
+            "template size_t BwdWorkspaceBytes<{t}, {d}>(const AttentionShape&, bool);"),
+    "fwd_sm90": ("tc/flash_fwd_sm90.cuh",
+                 "template cudaError_t RunFwdSm90<{t}, {d}>(const FwdParams&, cudaStream_t);"),
 }
+# Which buckets each direction is compiled for.
+_TC_BUCKETS = {"fwd": CUDA_HEAD_DIM_BUCKETS, "bwd": CUDA_HEAD_DIM_BUCKETS,
+               "fwd_sm90": CUDA_SM90_FWD_BUCKETS}
 
 
 def tc_sources() -> dict[str, str]:
@@ -70,16 +81,18 @@ def tc_sources() -> dict[str, str]:
   for direction, (header, template) in _TC_DIRECTIONS.items():
     for dtype in CUDA_TENSOR_CORE_DTYPES:
       short, cuda_type = _TC_CUDA_TYPES[dtype]
-      for bucket in CUDA_HEAD_DIM_BUCKETS:
+      for bucket in _TC_BUCKETS[direction]:
         body = template.format(t=cuda_type, d=bucket)
         files[f"flash_{direction}_{short}_hd{bucket}.cu"] = (
             f"// Generated from jax_flash/_supported.py; do not edit.\n"
             f"#include \"{header}\"\n\n"
             f"namespace jax_flash::cuda::tc {{\n{body}\n}}  // namespace jax_flash::cuda::tc\n")
   entries = " ".join(f"X({b})" for b in CUDA_HEAD_DIM_BUCKETS)
+  sm90_entries = " ".join(f"X({b})" for b in CUDA_SM90_FWD_BUCKETS)
   files["tc_buckets.inc"] = (
       "// Generated from jax_flash/_supported.py; do not edit.\n"
-      f"#define JAX_FLASH_TC_FOR_EACH_BUCKET(X) {entries}\n")
+      f"#define JAX_FLASH_TC_FOR_EACH_BUCKET(X) {entries}\n"
+      f"#define JAX_FLASH_TC_FOR_EACH_SM90_FWD_BUCKET(X) {sm90_entries}\n")
   return files
 
 

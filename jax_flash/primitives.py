@@ -36,7 +36,8 @@ flash_bwd_p = Primitive("flash_bwd")
 flash_bwd_p.multiple_results = True
 
 # Where each platform's handler lives. Lowering rules exist for both; a
-# platform whose handler was not compiled in fails at compile time with
+# platform whose handler was not compiled in fails at lowering with an error
+# that says so (see _ffi.cuda_bwd_workspace_bytes) or at compile time with
 # XLA's "no registered implementation" error, which build_info() explains.
 _LOWERING_PLATFORMS = ("cpu", "cuda")
 
@@ -112,9 +113,32 @@ def _lowering(target):
   return rule
 
 
+def _cuda_bwd_lowering():
+  """The CUDA backward has one more result than the primitive: its workspace.
+
+  delta = rowsum(dout * out) and the tensor-core kernels' float32 dQ
+  accumulator live there. As a result of the call (rather than scratch from
+  XLA's ScratchAllocator, which is returned when the handler returns), XLA
+  owns it for as long as the call may run, which is what lets the handler be
+  recorded into a CUDA graph. Its size comes from the C++ side, which alone
+  knows the kernels' needs.
+  """
+  lower = _lowering(_ffi.BWD_TARGET)
+
+  def rule(ctx, *args, **params):
+    q, k = ctx.avals_in[:2]
+    nbytes = _ffi.cuda_bwd_workspace_bytes(q.shape, k.shape, q.dtype, params["deterministic"])
+    workspace = jax.core.ShapedArray((nbytes,), np.uint8)
+    ctx = ctx.replace(avals_out=[*ctx.avals_out, workspace])
+    return lower(ctx, *args, **params)[:-1]
+
+  return rule
+
+
 for _platform in _LOWERING_PLATFORMS:
   mlir.register_lowering(flash_fwd_p, _lowering(_ffi.FWD_TARGET), platform=_platform)
-  mlir.register_lowering(flash_bwd_p, _lowering(_ffi.BWD_TARGET), platform=_platform)
+mlir.register_lowering(flash_bwd_p, _lowering(_ffi.BWD_TARGET), platform="cpu")
+mlir.register_lowering(flash_bwd_p, _cuda_bwd_lowering(), platform="cuda")
 
 
 # -- batching ------------------------------------------------------------------

@@ -24,8 +24,7 @@ size_t RoundUp(size_t n, size_t multiple) { return (n + multiple - 1) / multiple
 constexpr size_t kPartAlignment = 256;
 
 // Bytes of the delta = rowsum(dout * out) buffer, (B, Hq, Sq) accumulation type.
-size_t DeltaBytes(const BwdParams& p, DType dtype) {
-  const AttentionShape& s = p.shape;
+size_t DeltaBytes(const AttentionShape& s, DType dtype) {
   return RoundUp(static_cast<size_t>(s.batch * s.num_heads_q * s.seqlen_q) * AccBytes(dtype),
                  kPartAlignment);
 }
@@ -69,10 +68,13 @@ cudaError_t LaunchFwd(const FwdParams& params, DType dtype, cudaStream_t stream)
   });
 }
 
-size_t BwdWorkspaceBytes(const BwdParams& params, DType dtype, bool deterministic) {
-  size_t bytes = DeltaBytes(params, dtype);
-  if (UseTensorCores(params, dtype)) {
-    bytes += RoundUp(tc::BwdWorkspace(params, dtype == DType::kBFloat16, deterministic),
+size_t BwdWorkspaceBytes(const AttentionShape& shape, DType dtype, bool deterministic) {
+  size_t bytes = DeltaBytes(shape, dtype);
+  // Enough for the tensor-core kernels whenever the shape alone allows them;
+  // the buffers decide at launch (UseTensorCores), and the exact kernels
+  // need only delta.
+  if (IsTensorCoreDType(dtype) && tc::Supports(shape, true)) {
+    bytes += RoundUp(tc::BwdWorkspace(shape, dtype == DType::kBFloat16, deterministic),
                      kPartAlignment);
   }
   return bytes > 0 ? bytes : kPartAlignment;
@@ -84,7 +86,7 @@ cudaError_t LaunchBwd(const BwdParams& params, DType dtype, void* workspace, boo
   // The workspace starts with delta; the rest (if any) belongs to the kernel.
   p.delta = workspace;
   if (UseTensorCores(p, dtype)) {
-    void* rest = static_cast<char*>(workspace) + DeltaBytes(p, dtype);
+    void* rest = static_cast<char*>(workspace) + DeltaBytes(p.shape, dtype);
     return tc::LaunchBwd(p, dtype == DType::kBFloat16, rest, deterministic, stream);
   }
   (void)deterministic;  // the exact backward is deterministic by construction

@@ -2,8 +2,9 @@
 // stream out. Free of XLA types, so kernels and tests can use it directly.
 //
 // Everything here is stream-ordered and command-buffer compatible: no
-// cudaMalloc, no synchronisation, no host reads of device data. Scratch
-// memory comes from the caller (XLA's ScratchAllocator in the handler).
+// cudaMalloc, no synchronisation, no host reads of device data. Workspace
+// memory comes from the caller (in the handler, an extra result of the FFI
+// call, sized by BwdWorkspaceBytes when the call is lowered).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -18,18 +19,19 @@ namespace jax_flash::cuda {
 // delta) is float64 for kFloat64, float32 otherwise.
 enum class DType { kFloat32, kFloat64, kBFloat16, kFloat16 };
 
-// Alignment of the workspace pointer. XLA's FFI scratch allocator accepts at
-// most 16 (XLA_FFI_DeviceMemory_Allocate rejects larger alignments), so
-// kernels must not assume more of the base pointer.
+// Alignment the kernels assume of the workspace pointer (16-byte vector
+// accesses); XLA's buffers are aligned to more.
 inline constexpr size_t kWorkspaceAlignment = 16;
 
 // Writes params.out and params.lse.
 cudaError_t LaunchFwd(const FwdParams& params, DType dtype, cudaStream_t stream);
 
-// Bytes of device scratch LaunchBwd needs (delta = rowsum(dout * out), plus
-// whatever the chosen kernel needs); never 0, so callers always pass a real
-// pointer.
-size_t BwdWorkspaceBytes(const BwdParams& params, DType dtype, bool deterministic);
+// Bytes of device workspace LaunchBwd needs for any problem of this shape
+// (delta = rowsum(dout * out), plus what the tensor-core kernels need when
+// the shape allows them); never 0, so callers always pass a real pointer.
+// A function of the shape alone, so that the workspace can be sized before
+// any buffer exists (at lowering, from Python).
+size_t BwdWorkspaceBytes(const AttentionShape& shape, DType dtype, bool deterministic);
 
 // Writes params.dq, dk, dv. `workspace` holds BwdWorkspaceBytes(...) bytes
 // aligned to kWorkspaceAlignment; params.delta is ignored (set from it).

@@ -1,14 +1,17 @@
 // CUDA FFI handlers: decode (shared with the CPU handlers, cpp/ffi/decode.h),
 // then launch on XLA's stream.
 //
-// Command-buffer compatible: no synchronisation, no cudaMalloc (scratch comes
-// from XLA's ScratchAllocator), no host reads of device data (sequence
-// lengths, segment ids, the dense mask, the bias and the dropout keys stay on
-// the device and are read by the kernels).
+// Command-buffer compatible: no synchronisation, no cudaMalloc (the
+// backward's workspace is an extra result of the call, which XLA allocates and
+// keeps for the life of a recorded graph), no host reads of device data
+// (sequence lengths, segment ids, the dense mask, the bias and the dropout
+// keys stay on the device and are read by the kernels).
 #include <cuda_runtime_api.h>
 
-#include <optional>
+#include <atomic>
+#include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "cuda/launch.h"
 #include "ffi/decode.h"
@@ -30,6 +33,18 @@ cuda::DType ToCudaDType(ffi::DataType t) {
     case ffi::DataType::F16: return cuda::DType::kFloat16;
     default: return cuda::DType::kFloat32;
   }
+}
+
+// Launches made while XLA was recording the stream into a CUDA graph (its
+// command buffers trace compatible custom calls); the tests read them through
+// cuda_captured_calls() to see that both handlers do get recorded.
+std::atomic<int64_t> captured_fwd{0}, captured_bwd{0};
+
+void CountIfCapturing(cudaStream_t stream, std::atomic<int64_t>& counter) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) == cudaSuccess &&
+      status == cudaStreamCaptureStatusActive)
+    ++counter;
 }
 
 ffi::Error LaunchError(const char* what, cudaError_t err) {
@@ -57,20 +72,21 @@ ffi::Error FwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
     return e;
   p.out = out->untyped_data();
   p.lse = lse->untyped_data();
+  CountIfCapturing(stream, captured_fwd);
   if (cudaError_t err = cuda::LaunchFwd(p, ToCudaDType(q.element_type()), stream);
       err != cudaSuccess)
     return LaunchError("forward", err);
   return ffi::Error::Success();
 }
 
-ffi::Error BwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer q,
+ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q,
                    ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse,
                    ffi::AnyBuffer dout, ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
                    ffi::AnyBuffer q_segment_ids, ffi::AnyBuffer kv_segment_ids,
                    ffi::AnyBuffer bias, ffi::AnyBuffer mask, ffi::AnyBuffer dropout_key,
                    ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                    ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dbias,
-                   double scale, double softcap, bool is_causal, int64_t window_left,
+                   ffi::Result<ffi::AnyBuffer> workspace, double scale, double softcap, bool is_causal, int64_t window_left,
                    int64_t window_right, double dropout_rate, bool broadcast_dropout,
                    bool deterministic) {
   const ScoreAndMaskAttrs attrs{scale,        softcap,      is_causal,        window_left,
@@ -83,19 +99,37 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyB
     return e;
 
   const cuda::DType dtype = ToCudaDType(q.element_type());
-  const size_t workspace_bytes = cuda::BwdWorkspaceBytes(p, dtype, deterministic);
-  std::optional<void*> workspace = scratch.Allocate(workspace_bytes, cuda::kWorkspaceAlignment);
-  if (!workspace.has_value())
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      "jax_flash: could not allocate " + std::to_string(workspace_bytes) +
-                          " bytes of backward scratch");
-  if (cudaError_t err = cuda::LaunchBwd(p, dtype, *workspace, deterministic, stream);
+  const size_t needed = cuda::BwdWorkspaceBytes(p.shape, dtype, deterministic);
+  if (workspace->element_type() != ffi::DataType::U8 || workspace->dimensions().size() != 1 ||
+      workspace->size_bytes() < needed)
+    return ffi::Error::InvalidArgument(
+        "jax_flash: the backward workspace must be uint8 with at least " + std::to_string(needed) +
+        " bytes (jax_flash.primitives sizes it with cuda_bwd_workspace_bytes)");
+  void* base = workspace->untyped_data();
+  if (reinterpret_cast<uintptr_t>(base) % cuda::kWorkspaceAlignment != 0)
+    return ffi::Error::InvalidArgument("jax_flash: the backward workspace is misaligned");
+  CountIfCapturing(stream, captured_bwd);
+  if (cudaError_t err = cuda::LaunchBwd(p, dtype, base, deterministic, stream);
       err != cudaSuccess)
     return LaunchError("backward", err);
   return ffi::Error::Success();
 }
 
 }  // namespace
+
+CapturedCalls CudaCapturedCalls() { return {captured_fwd.load(), captured_bwd.load()}; }
+
+size_t CudaBwdWorkspaceBytes(const AttentionShape& shape, std::string_view dtype,
+                             bool deterministic) {
+  cuda::DType t;
+  if (dtype == "float32") t = cuda::DType::kFloat32;
+  else if (dtype == "float64") t = cuda::DType::kFloat64;
+  else if (dtype == "bfloat16") t = cuda::DType::kBFloat16;
+  else if (dtype == "float16") t = cuda::DType::kFloat16;
+  else return 0;
+  return cuda::BwdWorkspaceBytes(shape, t, deterministic);
+}
+
 }  // namespace jax_flash
 
 // Operand order is the contract in cpp/ffi/decode.h, identical to the CPU
@@ -121,7 +155,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         jax_flash::ffi_decode::AddMaskOperands(
             ffi::Ffi::Bind()
                 .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                .Ctx<ffi::ScratchAllocator>()  // delta = rowsum(dout * out), kernel scratch
                 .Arg<ffi::AnyBuffer>()   // q
                 .Arg<ffi::AnyBuffer>()   // k
                 .Arg<ffi::AnyBuffer>()   // v
@@ -131,10 +164,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
             .Ret<ffi::AnyBuffer>()   // dq
             .Ret<ffi::AnyBuffer>()   // dk
             .Ret<ffi::AnyBuffer>()   // dv
-            .Ret<ffi::AnyBuffer>())  // dbias: bias's shape, or (0,)
-        .Attr<bool>("deterministic"));  // bitwise-reproducible gradients
-// The backward is not declared command-buffer compatible: its delta buffer
-// comes from the ScratchAllocator, whose memory is returned to XLA's
-// allocator when the handler returns, and a recorded graph would keep using
-// that address on every replay. (Passing delta as an extra result would lift
-// this.)
+            .Ret<ffi::AnyBuffer>()   // dbias: bias's shape, or (0,)
+            .Ret<ffi::AnyBuffer>())  // workspace: uint8 (CudaBwdWorkspaceBytes,)
+        .Attr<bool>("deterministic"),   // bitwise-reproducible gradients
+    {ffi::Traits::kCmdBufferCompatible});

@@ -360,7 +360,7 @@ bool RunCase(const Case& c, uint64_t seed) {
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
   CHECK_CUDA(jax_flash::cuda::LaunchFwd(p, c.dtype, stream));
-  DeviceArray<unsigned char> ws(jax_flash::cuda::BwdWorkspaceBytes(p, c.dtype, true));
+  DeviceArray<unsigned char> ws(jax_flash::cuda::BwdWorkspaceBytes(p.shape, c.dtype, true));
   ws.Poison();
   CHECK_CUDA(jax_flash::cuda::LaunchBwd(p, c.dtype, ws.ptr, /*deterministic=*/true, stream));
   CHECK_CUDA(cudaStreamSynchronize(stream));

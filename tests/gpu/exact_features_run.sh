@@ -19,6 +19,7 @@ mkdir -p "$LOG_DIR" "$BUILD/gen/jax_flash" "$BUILD/obj"
 python3 jax_flash/_supported.py --header "$BUILD/gen/jax_flash/supported.h" \
   --tc-sources "$BUILD/gen/tc" > "$BUILD/tc_sources.txt"
 FLAGS="-std=c++17 -O3 -lineinfo -arch=sm_${ARCH} -Icpp/include -Icpp -Icpp/cuda -I$BUILD/gen -I$BUILD/gen/tc"
+[ "$ARCH" = 90a ] && FLAGS="$FLAGS -DJAX_FLASH_HAS_SM90A=1"
 {
   cat "$BUILD/tc_sources.txt"
   ls cpp/cuda/tc/tc_dispatch.cu cpp/cuda/dispatch.cu cpp/cuda/exact_fwd_*.cu cpp/cuda/exact_bwd_*.cu \

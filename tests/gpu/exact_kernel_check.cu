@@ -321,7 +321,7 @@ bool RunCase(const Case& c, uint64_t seed) {
   CHECK_CUDA(jax_flash::cuda::LaunchFwd(p, c.dtype, stream));
   CHECK_CUDA(cudaEventRecord(mid, stream));
   if (c.check_bwd) {
-    const size_t ws_bytes = jax_flash::cuda::BwdWorkspaceBytes(p, c.dtype, true);
+    const size_t ws_bytes = jax_flash::cuda::BwdWorkspaceBytes(p.shape, c.dtype, true);
     DeviceArray<unsigned char> ws(ws_bytes);
     ws.Poison();
     CHECK_CUDA(jax_flash::cuda::LaunchBwd(p, c.dtype, ws.ptr, /*deterministic=*/true, stream));
@@ -490,7 +490,7 @@ bool RunLarge() {
   p.dout = dout.ptr; p.dq = dq.ptr; p.dk = dk.ptr; p.dv = dv.ptr;
   p.dout_strides = p.dq_strides = p.q_strides;
   p.dk_strides = p.dv_strides = p.k_strides;
-  DeviceArray<unsigned char> ws(jax_flash::cuda::BwdWorkspaceBytes(p, c.dtype, true));
+  DeviceArray<unsigned char> ws(jax_flash::cuda::BwdWorkspaceBytes(p.shape, c.dtype, true));
   cudaEvent_t start, mid, stop;
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&mid));

@@ -54,6 +54,15 @@ if has kernels; then
   else
     status=1; tail -n 20 "$LOG_DIR/tc_build.log"
   fi
+  # The same cases with the backward's dQ accumulator capped at 64 KiB, so
+  # that they run in chunks (batch runs, head runs) as long sequences do.
+  if bash tests/gpu/tc_build.sh "$tc_build-chunked" -DJAX_FLASH_TC_MAX_DQ_ACCUM_BYTES=65536 \
+      > "$LOG_DIR/tc_build_chunked.log" 2>&1; then
+    "$tc_build-chunked/tc_kernel_check" check > "$LOG_DIR/tc_check_chunked.log" 2>&1 || status=1
+    tail -n 1 "$LOG_DIR/tc_check_chunked.log"
+  else
+    status=1; tail -n 20 "$LOG_DIR/tc_build_chunked.log"
+  fi
 fi
 
 if has bench; then

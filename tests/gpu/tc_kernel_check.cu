@@ -238,7 +238,7 @@ static bool RunCase(const Case& c, uint64_t seed, bool verbose = true) {
   if (!tc::Supports(p, true)) { std::printf("UNSUPPORTED %s\n", c.name().c_str()); return false; }
   CHECK_CUDA(tc::LaunchFwd(p, c.bf16, nullptr));
   CHECK_CUDA(cudaGetLastError());
-  size_t ws_bytes = tc::BwdWorkspace(p, c.bf16, c.det);
+  size_t ws_bytes = tc::BwdWorkspace(p.shape, c.bf16, c.det);
   Dev ws(ws_bytes);
   CHECK_CUDA(cudaMemset(ws.p, 0xFF, ws.n));
   CHECK_CUDA(tc::LaunchBwd(p, c.bf16, ws.p, c.det, nullptr));
@@ -316,7 +316,7 @@ static void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once 
   p.dv = dv.p; p.delta = delta.p;
   p.q_strides = p.k_strides = p.v_strides = p.out_strides = p.dout_strides = p.dq_strides = p.dk_strides =
       p.dv_strides = SeqStrides::Contiguous(S, H, D);
-  Dev ws(tc::BwdWorkspace(p, bf16, false));
+  Dev ws(tc::BwdWorkspace(p.shape, bf16, false));
   const double flops = 4.0 * B * H * (double)S * S * D * (causal ? 0.5 : 1.0);
   if (once) {  // one launch of each, for a profiler
     CHECK_CUDA(tc::LaunchFwd(p, bf16, nullptr));

@@ -18,6 +18,7 @@
 //      atomics, so bitwise reproducible).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 
 #include "tc/tc_api.h"
@@ -659,17 +660,92 @@ __global__ void __launch_bounds__(256) DqConvertKernel(const __grid_constant__ B
 }
 
 // Workspace: [lse2: rows floats, padded to 256 bytes][dq_accum: rows x
-// kHeadDim floats, fast mode only], rows = B * Hq * Sq.
+// kHeadDim floats, fast mode only], rows = B * Hq * Sq of the chunk below.
 inline size_t Lse2Bytes(const AttentionShape& shape) {
   const size_t rows = static_cast<size_t>(shape.batch * shape.num_heads_q * shape.seqlen_q);
   return (rows * sizeof(float) + 255) / 256 * 256;
 }
 
+// The fast (atomic) backward accumulates dQ in float32, 4 bytes per element
+// of q: a quarter of q, k, v, dout, out and the gradients together. A problem
+// whose accumulator would exceed kMaxDqAccumBytes runs as consecutive chunks,
+// runs of whole batch elements or else runs of KV heads (with their query
+// heads) of one batch element, that reuse one accumulator of at most that
+// size. Peak memory then stays near the inputs + outputs + gradients at long
+// sequences, and every chunk is still large enough to fill the GPU.
+// tests/gpu/run.sh also builds the kernel check with a tiny limit so that its
+// small cases run chunked too.
+#ifdef JAX_FLASH_TC_MAX_DQ_ACCUM_BYTES
+inline constexpr size_t kMaxDqAccumBytes = JAX_FLASH_TC_MAX_DQ_ACCUM_BYTES;
+#else
+inline constexpr size_t kMaxDqAccumBytes = size_t{64} << 20;
+#endif
+
+struct BwdChunk {
+  int64_t batches;   // batch elements per chunk (all of them: no chunking)
+  int64_t kv_heads;  // KV heads per chunk; < num_heads_kv only when batches == 1
+};
+
+template <int kHeadDim>
+BwdChunk ChunkFor(const AttentionShape& shape) {
+  if (shape.batch == 0 || shape.num_heads_kv == 0 || shape.seqlen_q == 0)
+    return {shape.batch, shape.num_heads_kv};
+  const size_t per_kv_head = sizeof(float) * kHeadDim * static_cast<size_t>(shape.seqlen_q) *
+                             static_cast<size_t>(GroupSize(shape));
+  const size_t per_batch = per_kv_head * static_cast<size_t>(shape.num_heads_kv);
+  if (per_batch * static_cast<size_t>(shape.batch) <= kMaxDqAccumBytes)
+    return {shape.batch, shape.num_heads_kv};
+  if (per_batch <= kMaxDqAccumBytes)
+    return {static_cast<int64_t>(kMaxDqAccumBytes / per_batch), shape.num_heads_kv};
+  const int64_t heads = static_cast<int64_t>(kMaxDqAccumBytes / per_kv_head);
+  return {1, heads > 0 ? heads : 1};
+}
+
+// The shape of chunk (b0, hk0) of `chunk`, clipped at the problem's edges.
+inline AttentionShape ChunkShape(const AttentionShape& shape, const BwdChunk& chunk, int64_t b0,
+                                 int64_t hk0) {
+  AttentionShape s = shape;
+  s.batch = std::min(chunk.batches, shape.batch - b0);
+  s.num_heads_kv = std::min(chunk.kv_heads, shape.num_heads_kv - hk0);
+  s.num_heads_q = s.num_heads_kv * GroupSize(shape);
+  return s;
+}
+
+// The same problem restricted to batch elements [b0, b0 + sub.batch) and KV
+// heads [hk0, hk0 + sub.num_heads_kv): every pointer moved to the chunk's
+// first element, strides kept. lse and delta are (B, Hq, Sq) rows; a chunk
+// is either whole batch elements or one batch element, so its rows are
+// contiguous there too.
+template <typename T>
+BwdParams ChunkParams(const BwdParams& p, const AttentionShape& sub, int64_t b0, int64_t hk0) {
+  BwdParams c = p;
+  c.shape = sub;
+  const int64_t hq0 = hk0 * GroupSize(p.shape);
+  c.q = static_cast<const T*>(p.q) + Offset(p.q_strides, b0, 0, hq0);
+  c.k = static_cast<const T*>(p.k) + Offset(p.k_strides, b0, 0, hk0);
+  c.v = static_cast<const T*>(p.v) + Offset(p.v_strides, b0, 0, hk0);
+  c.out = static_cast<T*>(p.out) + Offset(p.out_strides, b0, 0, hq0);
+  c.dout = static_cast<const T*>(p.dout) + Offset(p.dout_strides, b0, 0, hq0);
+  c.dq = static_cast<T*>(p.dq) + Offset(p.dq_strides, b0, 0, hq0);
+  c.dk = static_cast<T*>(p.dk) + Offset(p.dk_strides, b0, 0, hk0);
+  c.dv = static_cast<T*>(p.dv) + Offset(p.dv_strides, b0, 0, hk0);
+  const int64_t row0 = (b0 * p.shape.num_heads_q + hq0) * p.shape.seqlen_q;
+  c.lse = static_cast<float*>(p.lse) + row0;
+  c.delta = static_cast<float*>(p.delta) + row0;
+  MaskParams& m = c.mask;
+  if (m.q_seqlens != nullptr) m.q_seqlens += b0;
+  if (m.kv_seqlens != nullptr) m.kv_seqlens += b0;
+  if (m.q_segment_ids != nullptr) m.q_segment_ids += b0 * p.shape.seqlen_q;
+  if (m.kv_segment_ids != nullptr) m.kv_segment_ids += b0 * p.shape.seqlen_k;
+  return c;
+}
+
 template <typename T, int kHeadDim>
-size_t BwdWorkspaceBytes(const BwdParams& params, bool deterministic) {
-  const size_t rows =
-      static_cast<size_t>(params.shape.batch * params.shape.num_heads_q * params.shape.seqlen_q);
-  return Lse2Bytes(params.shape) + (deterministic ? 0 : sizeof(float) * rows * kHeadDim);
+size_t BwdWorkspaceBytes(const AttentionShape& shape, bool deterministic) {
+  if (deterministic) return Lse2Bytes(shape);
+  const AttentionShape chunk = ChunkShape(shape, ChunkFor<kHeadDim>(shape), 0, 0);
+  const size_t rows = static_cast<size_t>(chunk.batch * chunk.num_heads_q * chunk.seqlen_q);
+  return Lse2Bytes(chunk) + sizeof(float) * rows * kHeadDim;
 }
 
 template <typename Kernel>
@@ -678,9 +754,10 @@ static cudaError_t SetSmem(Kernel kernel, size_t bytes) {
                               static_cast<int>(bytes));
 }
 
+// One chunk (or the whole problem): preprocess, dK/dV (+ dQ atomics), dQ.
 template <typename T, int kHeadDim>
-cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
-                   cudaStream_t stream) {
+cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool deterministic,
+                        cudaStream_t stream) {
   using Traits = BwdTraits<kHeadDim>;
   using DqTraits = BwdDqTraits<kHeadDim>;
   const AttentionShape& shape = params.shape;
@@ -711,8 +788,7 @@ cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   if (!deterministic && rows > 0) {
-    err = cudaMemsetAsync(args.dq_accum, 0,
-                          BwdWorkspaceBytes<T, kHeadDim>(params, false) - Lse2Bytes(shape), stream);
+    err = cudaMemsetAsync(args.dq_accum, 0, sizeof(float) * rows * kHeadDim, stream);
     if (err != cudaSuccess) return err;
   }
 
@@ -746,6 +822,25 @@ cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
     DqConvertKernel<T, kHeadDim><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(args);
   }
   return cudaGetLastError();
+}
+
+template <typename T, int kHeadDim>
+cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
+                   cudaStream_t stream) {
+  const AttentionShape& shape = params.shape;
+  if (shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
+  const BwdChunk chunk = ChunkFor<kHeadDim>(shape);
+  if (deterministic || (chunk.batches >= shape.batch && chunk.kv_heads >= shape.num_heads_kv))
+    return RunBwdChunk<T, kHeadDim>(params, workspace, deterministic, stream);
+  for (int64_t b0 = 0; b0 < shape.batch; b0 += chunk.batches) {
+    for (int64_t hk0 = 0; hk0 < shape.num_heads_kv; hk0 += chunk.kv_heads) {
+      const AttentionShape sub = ChunkShape(shape, chunk, b0, hk0);
+      const cudaError_t err =
+          RunBwdChunk<T, kHeadDim>(ChunkParams<T>(params, sub, b0, hk0), workspace, false, stream);
+      if (err != cudaSuccess) return err;
+    }
+  }
+  return cudaSuccess;
 }
 
 }  // namespace jax_flash::cuda::tc

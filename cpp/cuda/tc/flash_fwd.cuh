@@ -67,6 +67,22 @@ struct FwdArgs {
   float scale_over_cap;  // scale / softcap
 };
 
+inline FwdArgs MakeFwdArgs(const FwdParams& params) {
+  FwdArgs args;
+  args.p = params;
+  const float scale = static_cast<float>(params.score.scale);
+  args.softcap = static_cast<float>(params.score.softcap);
+  if (args.softcap > 0.f) {
+    args.scale_log2 = kLog2e;
+    args.scale_over_cap = scale / args.softcap;
+  } else {
+    args.softcap = 0.f;
+    args.scale_log2 = scale * kLog2e;
+    args.scale_over_cap = 0.f;
+  }
+  return args;
+}
+
 template <typename T, typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     FlashFwdKernel(const __grid_constant__ FwdArgs args) {
@@ -346,18 +362,7 @@ template <typename T, int kHeadDim>
 cudaError_t RunFwd(const FwdParams& params, cudaStream_t stream) {
   using Traits = FwdTraits<kHeadDim>;
   if (params.shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
-  FwdArgs args;
-  args.p = params;
-  const float scale = static_cast<float>(params.score.scale);
-  args.softcap = static_cast<float>(params.score.softcap);
-  if (args.softcap > 0.f) {
-    args.scale_log2 = kLog2e;
-    args.scale_over_cap = scale / args.softcap;
-  } else {
-    args.softcap = 0.f;
-    args.scale_log2 = scale * kLog2e;
-    args.scale_over_cap = 0.f;
-  }
+  const FwdArgs args = MakeFwdArgs(params);
   const int64_t m_blocks = CeilDiv(params.shape.seqlen_q, Traits::kBlockM);
   if (m_blocks == 0 || params.shape.num_heads_q == 0 || params.shape.batch == 0) return cudaSuccess;
   if (params.shape.num_heads_q > 65535 || params.shape.batch > 65535 || m_blocks > INT32_MAX)

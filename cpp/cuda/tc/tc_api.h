@@ -6,8 +6,8 @@
 // actual head_dim is zero-padded inside the kernel.
 //
 // Everything here is stream-ordered and command-buffer compatible: no
-// cudaMalloc, no synchronisation, no host reads of device data. Scratch memory
-// comes from the caller (XLA's ScratchAllocator).
+// cudaMalloc, no synchronisation, no host reads of device data. Workspace
+// memory comes from the caller (cuda/launch.h).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -38,12 +38,18 @@ int HeadDimBucket(int64_t head_dim);
 template <typename T, int kHeadDim>
 cudaError_t RunFwd(const FwdParams& params, cudaStream_t stream);
 
-// Scratch bytes RunBwd needs: lse in log2 units per row (B * Hq * Sq
+// The Hopper forward (flash_fwd_sm90.cuh) of the buckets in
+// CUDA_SM90_FWD_BUCKETS; LaunchFwd takes it on sm_90 devices when the build
+// has sm_90a code (JAX_FLASH_HAS_SM90A).
+template <typename T, int kHeadDim>
+cudaError_t RunFwdSm90(const FwdParams& params, cudaStream_t stream);
+
+// Workspace bytes RunBwd needs: lse in log2 units per row (B * Hq * Sq
 // floats), plus a float32 dQ accumulator (B * Hq * Sq * bucket floats) when
 // !deterministic. The caller passes at least this many bytes, 256-byte
 // aligned, to RunBwd.
 template <typename T, int kHeadDim>
-size_t BwdWorkspaceBytes(const BwdParams& params, bool deterministic);
+size_t BwdWorkspaceBytes(const AttentionShape& shape, bool deterministic);
 
 // Writes dq, dk, dv (and params.delta = rowsum(dout * out)).
 // deterministic = true: bitwise reproducible (dQ computed by a separate pass
@@ -56,7 +62,7 @@ cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
 // bf16 = true for bfloat16, false for float16. Return cudaErrorNotSupported
 // when !Supports(params, true).
 cudaError_t LaunchFwd(const FwdParams& params, bool bf16, cudaStream_t stream);
-size_t BwdWorkspace(const BwdParams& params, bool bf16, bool deterministic);
+size_t BwdWorkspace(const AttentionShape& shape, bool bf16, bool deterministic);
 cudaError_t LaunchBwd(const BwdParams& params, bool bf16, void* workspace,
                       bool deterministic, cudaStream_t stream);
 

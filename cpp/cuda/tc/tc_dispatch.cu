@@ -56,9 +56,40 @@ bool Supports(const BwdParams& p, bool is_bf16_or_fp16) {
          VectorStrides(p.dv_strides);
 }
 
+// True when the current device is a Hopper GPU and this build holds sm_90a
+// code for it (the wgmma kernels exist only there). Asked per launch: a
+// device attribute query, no synchronisation, fine under graph capture.
+namespace {
+bool OnHopperWithSm90a() {
+#ifdef JAX_FLASH_HAS_SM90A
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;
+#else
+  return false;
+#endif
+}
+}  // namespace
+
 cudaError_t LaunchFwd(const FwdParams& params, bool bf16, cudaStream_t stream) {
   if (!Supports(params, true)) return cudaErrorNotSupported;
-  switch (HeadDimBucket(params.shape.head_dim)) {
+  const int bucket = HeadDimBucket(params.shape.head_dim);
+  if (OnHopperWithSm90a()) {
+    switch (bucket) {
+#define JAX_FLASH_TC_CASE(D)                                                     \
+  case (D):                                                                      \
+    return bf16 ? RunFwdSm90<__nv_bfloat16, (D)>(params, stream)                 \
+                : RunFwdSm90<__half, (D)>(params, stream);
+      JAX_FLASH_TC_FOR_EACH_SM90_FWD_BUCKET(JAX_FLASH_TC_CASE)
+#undef JAX_FLASH_TC_CASE
+      default:
+        break;  // no Hopper kernel for this bucket: the sm_80 one below
+    }
+  }
+  switch (bucket) {
 #define JAX_FLASH_TC_CASE(D)                                                         \
   case (D):                                                                          \
     return bf16 ? RunFwd<__nv_bfloat16, (D)>(params, stream) : RunFwd<__half, (D)>(params, stream);
@@ -69,12 +100,12 @@ cudaError_t LaunchFwd(const FwdParams& params, bool bf16, cudaStream_t stream) {
   }
 }
 
-size_t BwdWorkspace(const BwdParams& params, bool bf16, bool deterministic) {
-  switch (HeadDimBucket(params.shape.head_dim)) {
-#define JAX_FLASH_TC_CASE(D)                                              \
-  case (D):                                                               \
-    return bf16 ? BwdWorkspaceBytes<__nv_bfloat16, (D)>(params, deterministic) \
-                : BwdWorkspaceBytes<__half, (D)>(params, deterministic);
+size_t BwdWorkspace(const AttentionShape& shape, bool bf16, bool deterministic) {
+  switch (HeadDimBucket(shape.head_dim)) {
+#define JAX_FLASH_TC_CASE(D)                                                  \
+  case (D):                                                                   \
+    return bf16 ? BwdWorkspaceBytes<__nv_bfloat16, (D)>(shape, deterministic) \
+                : BwdWorkspaceBytes<__half, (D)>(shape, deterministic);
     JAX_FLASH_TC_FOR_EACH_BUCKET(JAX_FLASH_TC_CASE)
 #undef JAX_FLASH_TC_CASE
     default:

@@ -1,0 +1,298 @@
+// FlashAttention forward for Hopper (sm_90a): the FlashAttention-2 algorithm
+// of flash_fwd.cuh with its two GEMMs on warpgroup MMAs (wgmma.mma_async).
+//
+// Work partition: one CTA per (query block of 128 rows, q head, batch), two
+// warpgroups of 4 warps, each warpgroup 64 query rows; every warp then owns
+// 16 rows, as in the sm_80 kernel with one m-tile, so the mask, the online
+// softmax (lazy rescale) and the epilogue are that kernel's. K/V blocks of
+// kBlockN keys stream through a two-stage cp.async pipeline into 128-byte-
+// swizzled shared tiles that wgmma reads directly (wgmma.cuh):
+//   S = Q K^T: A = Q and B = K from shared memory (both K-major);
+//   O += P V:  A = P from registers (the S accumulators, converted to 16
+//              bits in place), B = V from shared memory (MN-major).
+// Not (yet) FA3's producer warpgroup with TMA, nor the ping-pong between
+// warpgroups: the two warpgroups overlap each other's softmax and GEMMs only
+// through the warp scheduler.
+#pragma once
+
+#include "tc/flash_fwd.cuh"
+#include "tc/tc_api.h"
+#include "tc/tc_common.cuh"
+#include "tc/wgmma.cuh"
+
+namespace jax_flash::cuda::tc {
+
+template <int kHeadDim_>
+struct FwdSm90Traits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 128;  // 2 warpgroups x 64 rows
+  static constexpr int kBlockN = 128;
+  static constexpr int kThreads = 256;
+  static constexpr int kWarpRows = 16;
+  static constexpr int kStages = 2;
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // one K or V stage
+  // + one swizzle period so that the tiles can start 1024-byte aligned.
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKvBytes + sm90::kAtomBytes;
+  static_assert(kHeadDim % sm90::kSwizzleElems == 0, "head dim must be a multiple of 64");
+};
+
+// cp.async a kRows x kCols tile (row0 onward) into the swizzled layout of
+// wgmma.cuh at shared address `dst`; rows >= src.rows and columns >= src.cols
+// are zero-filled.
+template <typename T, int kRows, int kCols, int kThreads>
+__device__ __forceinline__ void LoadSwizzledTile(uint32_t dst, const GmemRows<T>& src,
+                                                 int64_t row0, int tid) {
+  constexpr int kChunksPerRow = kCols / kVecElems;
+  constexpr int kChunks = kRows * kChunksPerRow;
+  static_assert(kChunks % kThreads == 0, "tile chunks must divide evenly among threads");
+#pragma unroll
+  for (int it = 0; it < kChunks / kThreads; ++it) {
+    const int c = tid + it * kThreads;
+    const int r = c / kChunksPerRow, chunk = c % kChunksPerRow;
+    const int col = chunk * kVecElems;
+    const int64_t row = row0 + r;
+    const bool valid = row < src.rows && col < src.cols;
+    const T* g = valid ? src.base + row * src.stride + col : src.base;
+    CpAsync16(dst + sm90::SwizzledOffset(r, chunk, kRows), g, valid);
+  }
+}
+
+template <typename T, typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    FlashFwdSm90Kernel(const __grid_constant__ FwdArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kNTiles = kBlockN / kMmaN;   // n-tiles of S per warp
+  constexpr int kDTiles = kHeadDim / kMmaN;  // n-tiles of O per warp
+  const FwdParams& p = args.p;
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t smem_base = (SmemAddr(smem_raw) + sm90::kAtomBytes - 1) & ~(sm90::kAtomBytes - 1);
+  const uint32_t sQ = smem_base;
+  const uint32_t sK = sQ + Traits::kQBytes;                       // [kStages] tiles
+  const uint32_t sV = sK + Traits::kStages * Traits::kKvBytes;    // [kStages] tiles
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int warpgroup = warp / 4;
+  const int g = lane / 4, t = lane % 4;
+  // Longest blocks first (causal: the last query blocks see the most keys).
+  const int64_t m_block = gridDim.x - 1 - blockIdx.x;
+  const int64_t h = blockIdx.y, b = blockIdx.z;
+  const int64_t h_kv = h / GroupSize(p.shape);
+  const int64_t m0 = m_block * kBlockM;
+  const int64_t seqlen_q = p.shape.seqlen_q, seqlen_k = p.shape.seqlen_k;
+  const int head_dim = static_cast<int>(p.shape.head_dim);
+  const BatchMask mask = BatchMask::For(p.mask, b, seqlen_q, seqlen_k);
+
+  const GmemRows<T> q{static_cast<const T*>(p.q) + Offset(p.q_strides, b, 0, h), p.q_strides.row,
+                      seqlen_q, head_dim};
+  const GmemRows<T> k{static_cast<const T*>(p.k) + Offset(p.k_strides, b, 0, h_kv),
+                      p.k_strides.row, seqlen_k, head_dim};
+  const GmemRows<T> v{static_cast<const T*>(p.v) + Offset(p.v_strides, b, 0, h_kv),
+                      p.v_strides.row, seqlen_k, head_dim};
+
+  int64_t key_begin, key_end;
+  mask.KeyRange(m0, m0 + kBlockM, &key_begin, &key_end);
+  const int64_t n_begin = key_begin / kBlockN;
+  const int64_t n_end = key_begin < key_end ? CeilDiv(key_end, kBlockN) : n_begin;
+
+  float o[kDTiles][4];
+  float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) o[dt][r] = 0.f;
+
+  if (n_begin < n_end) {
+    LoadSwizzledTile<T, kBlockM, kHeadDim, Traits::kThreads>(sQ, q, m0, tid);
+    LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sK, k, n_begin * kBlockN, tid);
+    LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sV, v, n_begin * kBlockN, tid);
+    CpAsyncCommit();
+  }
+
+  const int warp_row0 = warp * Traits::kWarpRows;
+  // This warpgroup's 64 rows of Q: row 64 * warpgroup of every column block.
+  const uint32_t q_rows = sQ + warpgroup * 64 * sm90::kSwizzleBytes;
+  const float scale_log2 = args.scale_log2;
+  const float rescale_margin = kRescaleLog2 / scale_log2;
+
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const int stage = static_cast<int>((n - n_begin) & 1);
+    // One barrier per block: publishes this block's K/V (fenced for the async
+    // proxy that wgmma reads through) and tells that both warpgroups are done
+    // with the previous block, whose stage the prefetch below overwrites.
+    CpAsyncWait<0>();
+    sm90::FenceProxyAsync();
+    __syncthreads();
+    if (n + 1 < n_end) {
+      const int next = stage ^ 1;
+      LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sK + next * Traits::kKvBytes, k,
+                                                                (n + 1) * kBlockN, tid);
+      LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sV + next * Traits::kKvBytes, v,
+                                                                (n + 1) * kBlockN, tid);
+      CpAsyncCommit();
+    }
+    const uint32_t k_tile = sK + stage * Traits::kKvBytes;
+    const uint32_t v_tile = sV + stage * Traits::kKvBytes;
+
+    // ---- S = Q K^T ----------------------------------------------------------
+    // k-step kk covers columns 16kk..16kk+15: column block kk / 4, 32 bytes
+    // per step inside a block's 128-byte rows.
+    float s[kNTiles][4];
+    sm90::WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / kMmaK; ++kk) {
+      const uint32_t block = kk / 4, step_bytes = (kk % 4) * 32;
+      const uint64_t desc_q = sm90::SmemDescriptor(
+          q_rows + block * kBlockM * sm90::kSwizzleBytes + step_bytes, 0, sm90::kAtomBytes);
+      const uint64_t desc_k = sm90::SmemDescriptor(
+          k_tile + block * kBlockN * sm90::kSwizzleBytes + step_bytes, 0, sm90::kAtomBytes);
+      sm90::WgmmaSS<T, 0>(s, desc_q, desc_k, kk > 0);
+    }
+    sm90::WgmmaCommit();
+    sm90::WgmmaWait<0>();
+    sm90::FenceRegisters(s);
+
+    // ---- score transform and mask (as flash_fwd.cuh, one m-tile) ------------
+    if (args.softcap > 0.f) {
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) s[nt][r] = args.softcap * FastTanh(s[nt][r] * args.scale_over_cap);
+    }
+    const int64_t n0 = n * kBlockN;
+    if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN)) {
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int64_t i = m0 + warp_row0 + g + hr * 8;
+        const ColWindow w = KeyWindow(mask, i, n0, kBlockN);
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int jr = nt * 8 + 2 * t + c;
+            const bool visible =
+                w.Contains(jr) && (mask.q_seg == nullptr || mask.Visible(i, n0 + jr));
+            if (!visible) s[nt][2 * hr + c] = -INFINITY;
+          }
+      }
+    }
+
+    // ---- online softmax, lazy rescale (see flash_fwd.cuh) -------------------
+    auto lane_max = [&](int hr) {
+      float m = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) m = fmaxf(m, fmaxf(s[nt][2 * hr], s[nt][2 * hr + 1]));
+      return m;
+    };
+    bool grow = false;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) grow |= lane_max(hr) > row_m[hr] + rescale_margin;
+    if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        float m = lane_max(hr);
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        const float m_new = fmaxf(row_m[hr], m);
+        const float m_scaled = m_new == -INFINITY ? 0.f : m_new * scale_log2;
+        const float alpha = FastExp2(row_m[hr] * scale_log2 - m_scaled);
+        row_m[hr] = m_new;
+        row_l[hr] *= alpha;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          o[dt][2 * hr] *= alpha;
+          o[dt][2 * hr + 1] *= alpha;
+        }
+      }
+    }
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const float m_scaled = row_m[hr] == -INFINITY ? 0.f : row_m[hr] * scale_log2;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float pv = FastExp2(fmaf(s[nt][2 * hr + c], scale_log2, -m_scaled));
+          s[nt][2 * hr + c] = pv;
+          sum += pv;
+        }
+      row_l[hr] += sum;
+    }
+
+    // ---- O += P V -----------------------------------------------------------
+    // k-step ks covers keys 16ks..16ks+15: two 8-row groups, 2048 bytes into
+    // every column block of V.
+    uint32_t a[kBlockN / kMmaK][4];
+#pragma unroll
+    for (int ks = 0; ks < kBlockN / kMmaK; ++ks) {
+      a[ks][0] = Pack2<T>(s[2 * ks][0], s[2 * ks][1]);
+      a[ks][1] = Pack2<T>(s[2 * ks][2], s[2 * ks][3]);
+      a[ks][2] = Pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+      a[ks][3] = Pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+    }
+    sm90::WgmmaFence();
+    sm90::FenceRegisters(o);
+#pragma unroll
+    for (int ks = 0; ks < kBlockN / kMmaK; ++ks) {
+      const uint64_t desc_v =
+          sm90::SmemDescriptor(v_tile + ks * 2 * sm90::kAtomBytes,
+                               kBlockN * sm90::kSwizzleBytes, sm90::kAtomBytes);
+      sm90::WgmmaRS<T, 1>(o, a[ks], desc_v, 1);
+    }
+    sm90::WgmmaCommit();
+    sm90::WgmmaWait<0>();
+    sm90::FenceRegisters(o);
+  }
+
+  // ---- epilogue: O / l, lse = m + log(l) (as flash_fwd.cuh) ----------------
+  T* out = static_cast<T*>(p.out) + Offset(p.out_strides, b, 0, h);
+  float* lse = static_cast<float*>(p.lse) + (b * p.shape.num_heads_q + h) * seqlen_q;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float l = row_l[hr];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv_l = l > 0.f ? 1.f / l : 0.f;
+    const int64_t i = m0 + warp_row0 + g + hr * 8;
+    if (i < seqlen_q) {
+      if (t == 0) lse[i] = l > 0.f ? (row_m[hr] * scale_log2 + __log2f(l)) * kLn2 : -INFINITY;
+      T* out_row = out + i * p.out_strides.row;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        const int col = dt * 8 + 2 * t;
+        if (col < head_dim) {
+          *reinterpret_cast<uint32_t*>(out_row + col) =
+              Pack2<T>(o[dt][2 * hr] * inv_l, o[dt][2 * hr + 1] * inv_l);
+        }
+      }
+    }
+  }
+#else
+  __trap();  // built without sm_90a; the dispatch never launches it then
+#endif
+}
+
+template <typename T, int kHeadDim>
+cudaError_t RunFwdSm90(const FwdParams& params, cudaStream_t stream) {
+  using Traits = FwdSm90Traits<kHeadDim>;
+  if (params.shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
+  const FwdArgs args = MakeFwdArgs(params);
+  const int64_t m_blocks = CeilDiv(params.shape.seqlen_q, Traits::kBlockM);
+  if (m_blocks == 0 || params.shape.num_heads_q == 0 || params.shape.batch == 0) return cudaSuccess;
+  if (params.shape.num_heads_q > 65535 || params.shape.batch > 65535 || m_blocks > INT32_MAX)
+    return cudaErrorInvalidConfiguration;
+  auto kernel = FlashFwdSm90Kernel<T, Traits>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Traits::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(params.shape.num_heads_q),
+                  static_cast<unsigned>(params.shape.batch));
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace jax_flash::cuda::tc
