@@ -10,6 +10,7 @@
 
 #include <cmath>
 
+#include "tc/fwd_common.cuh"
 #include "tc/tc_api.h"
 #include "tc/tc_common.cuh"
 
@@ -56,33 +57,6 @@ struct FwdTraits {
   static_assert(kWarpRows % kMmaM == 0 && kHeadDim % 16 == 0 && kBlockN % 16 == 0);
 };
 
-// Lazy rescale threshold of the online softmax (log2 units): P <= 2^8.
-inline constexpr float kRescaleLog2 = 8.f;
-
-// Per-launch constants, computed once on the host.
-struct FwdArgs {
-  FwdParams p;
-  float scale_log2;      // log2(e) * scale, or log2(e) when softcap is on (scale goes into tanh)
-  float softcap;         // 0 = off
-  float scale_over_cap;  // scale / softcap
-};
-
-inline FwdArgs MakeFwdArgs(const FwdParams& params) {
-  FwdArgs args;
-  args.p = params;
-  const float scale = static_cast<float>(params.score.scale);
-  args.softcap = static_cast<float>(params.score.softcap);
-  if (args.softcap > 0.f) {
-    args.scale_log2 = kLog2e;
-    args.scale_over_cap = scale / args.softcap;
-  } else {
-    args.softcap = 0.f;
-    args.scale_log2 = scale * kLog2e;
-    args.scale_over_cap = 0.f;
-  }
-  return args;
-}
-
 template <typename T, typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     FlashFwdKernel(const __grid_constant__ FwdArgs args) {
@@ -100,27 +74,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  // Longest blocks first: with causal masking the last query blocks see the
-  // most keys, so scheduling them first shortens the tail.
-  const int64_t m_block = gridDim.x - 1 - blockIdx.x;
-  const int64_t h = blockIdx.y, b = blockIdx.z;
-  const int64_t h_kv = h / GroupSize(p.shape);
-  const int64_t m0 = m_block * kBlockM;
-  const int64_t seqlen_q = p.shape.seqlen_q, seqlen_k = p.shape.seqlen_k;
-  const int head_dim = static_cast<int>(p.shape.head_dim);
-  const BatchMask mask = BatchMask::For(p.mask, b, seqlen_q, seqlen_k);
-
-  const GmemRows<T> q{static_cast<const T*>(p.q) + Offset(p.q_strides, b, 0, h), p.q_strides.row,
-                      seqlen_q, head_dim};
-  const GmemRows<T> k{static_cast<const T*>(p.k) + Offset(p.k_strides, b, 0, h_kv),
-                      p.k_strides.row, seqlen_k, head_dim};
-  const GmemRows<T> v{static_cast<const T*>(p.v) + Offset(p.v_strides, b, 0, h_kv),
-                      p.v_strides.row, seqlen_k, head_dim};
-
-  int64_t key_begin, key_end;
-  mask.KeyRange(m0, m0 + kBlockM, &key_begin, &key_end);
-  const int64_t n_begin = key_begin / kBlockN;
-  const int64_t n_end = key_begin < key_end ? CeilDiv(key_end, kBlockN) : n_begin;
+  const FwdBlock<T> blk = FwdBlock<T>::template Make<kBlockM, kBlockN>(p);
+  const int64_t m0 = blk.m0, n_begin = blk.n_begin, n_end = blk.n_end;
+  const GmemRows<T>& q = blk.q;
+  const GmemRows<T>& k = blk.k;
+  const GmemRows<T>& v = blk.v;
 
   // Running statistics per owned row: rows (mt, half) = warp row + mt*16 + g + 8*half.
   float o[kMT][kDTiles][4];
@@ -204,104 +162,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
       }
     }
 
-    // ---- score transform and mask ------------------------------------------
-    if (args.softcap > 0.f) {
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-          for (int r = 0; r < 4; ++r)
-            s[mt][nt][r] = args.softcap * FastTanh(s[mt][nt][r] * args.scale_over_cap);
-    }
-    const int64_t n0 = n * kBlockN;
-    if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN)) {
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int64_t i = m0 + warp_row0 + mt * 16 + g + hr * 8;
-          const ColWindow w = KeyWindow(mask, i, n0, kBlockN);
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              const int jr = nt * 8 + 2 * t + c;
-              // Segments: only inside the band, the one per-element test.
-              const bool visible =
-                  w.Contains(jr) && (mask.q_seg == nullptr || mask.Visible(i, n0 + jr));
-              if (!visible) s[mt][nt][2 * hr + c] = -INFINITY;
-            }
-        }
-    }
-
-    // ---- online softmax, lazy rescale ---------------------------------------
-    // row_m is the reference P is taken against, not always the running max:
-    // it moves (and O, l are rescaled) only when some row of this warp grew
-    // past it by more than kRescaleLog2 in log2 units. O and l share the
-    // reference and lse uses it too, so the result is exact either way; P is
-    // then <= 2^kRescaleLog2, harmless in 16 bits and float32. Random data
-    // rarely grows that much after the first block, so the kMT x kDTiles x 4
-    // multiplies of O per block (as many as the exp2s at BN 32) mostly go.
-    // The row max (over this lane's part of the row: the vote covers the
-    // quad) is recomputed in the rare rescale branch rather than kept live
-    // across the vote, which would cost registers in the common path.
-    auto lane_max = [&](int mt, int hr) {
-      float m = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-        m = fmaxf(m, fmaxf(s[mt][nt][2 * hr], s[mt][nt][2 * hr + 1]));
-      return m;
-    };
-    bool grow = false;
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr)  // -inf + margin = -inf: a row's first visible key moves it
-        grow |= lane_max(mt, hr) > row_m[mt][hr] + rescale_margin;
-    if (__any_sync(0xffffffffu, grow)) {
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          float m = lane_max(mt, hr);
-          // The 4 lanes of a quad hold one row.
-          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-          const float m_new = fmaxf(row_m[mt][hr], m);
-          // A row with nothing visible yet keeps m = -inf; subtracting 0
-          // then gives alpha = exp2(-inf) = 0 instead of NaN.
-          const float m_scaled = m_new == -INFINITY ? 0.f : m_new * scale_log2;
-          const float alpha = FastExp2(row_m[mt][hr] * scale_log2 - m_scaled);
-          row_m[mt][hr] = m_new;
-          row_l[mt][hr] *= alpha;
-#pragma unroll
-          for (int dt = 0; dt < kDTiles; ++dt) {
-            o[mt][dt][2 * hr] *= alpha;
-            o[mt][dt][2 * hr + 1] *= alpha;
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        // Masked scores are -inf, so their P is exp2(-inf) = 0.
-        const float m_scaled = row_m[mt][hr] == -INFINITY ? 0.f : row_m[mt][hr] * scale_log2;
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const float pv = FastExp2(fmaf(s[mt][nt][2 * hr + c], scale_log2, -m_scaled));
-            s[mt][nt][2 * hr + c] = pv;
-            sum += pv;
-          }
-        }
-        row_l[mt][hr] += sum;  // per-lane partial; reduced at the end
-      }
-    }
+    // ---- score transform, mask, online softmax (fwd_common.cuh) ------------
+    TransformAndMask<kBlockM>(s, args, blk.mask, m0, m0 + warp_row0, n * kBlockN, g, t);
+    OnlineSoftmax(s, o, row_m, row_l, scale_log2, rescale_margin);
 
     // ---- O += P V (P from registers) -------------------------------------
 #pragma unroll
@@ -328,34 +191,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   }
 
   // ---- epilogue: O / l, lse = m + log(l) ---------------------------------
-  T* out = static_cast<T*>(p.out) + Offset(p.out_strides, b, 0, h);
-  float* lse = static_cast<float*>(p.lse) + (b * p.shape.num_heads_q + h) * seqlen_q;
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      float l = row_l[mt][hr];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      // l == 0 only for rows that see no key: out = 0, lse = -inf.
-      const float inv_l = l > 0.f ? 1.f / l : 0.f;
-      const int64_t i = m0 + warp_row0 + mt * 16 + g + hr * 8;
-      if (i < seqlen_q) {
-        if (t == 0) {
-          lse[i] = l > 0.f ? (row_m[mt][hr] * scale_log2 + __log2f(l)) * kLn2 : -INFINITY;
-        }
-        T* out_row = out + i * p.out_strides.row;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          const int col = dt * 8 + 2 * t;
-          if (col < head_dim) {
-            *reinterpret_cast<uint32_t*>(out_row + col) =
-                Pack2<T>(o[mt][dt][2 * hr] * inv_l, o[mt][dt][2 * hr + 1] * inv_l);
-          }
-        }
-      }
-    }
-  }
+  WriteOutput<T>(p, blk.b, blk.h, m0 + warp_row0, o, row_m, row_l, scale_log2, g, t);
 }
 
 template <typename T, int kHeadDim>

@@ -4,7 +4,8 @@
 // Work partition: one CTA per (query block of 128 rows, q head, batch), two
 // warpgroups of 4 warps, each warpgroup 64 query rows; every warp then owns
 // 16 rows, as in the sm_80 kernel with one m-tile, so the mask, the online
-// softmax (lazy rescale) and the epilogue are that kernel's. K/V blocks of
+// softmax (lazy rescale) and the epilogue are the ones it shares with that
+// kernel (fwd_common.cuh). K/V blocks of
 // kBlockN keys stream through a two-stage cp.async pipeline into 128-byte-
 // swizzled shared tiles that wgmma reads directly (wgmma.cuh):
 //   S = Q K^T: A = Q and B = K from shared memory (both K-major);
@@ -15,7 +16,7 @@
 // through the warp scheduler.
 #pragma once
 
-#include "tc/flash_fwd.cuh"
+#include "tc/fwd_common.cuh"
 #include "tc/tc_api.h"
 #include "tc/tc_common.cuh"
 #include "tc/wgmma.cuh"
@@ -77,33 +78,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int warpgroup = warp / 4;
   const int g = lane / 4, t = lane % 4;
-  // Longest blocks first (causal: the last query blocks see the most keys).
-  const int64_t m_block = gridDim.x - 1 - blockIdx.x;
-  const int64_t h = blockIdx.y, b = blockIdx.z;
-  const int64_t h_kv = h / GroupSize(p.shape);
-  const int64_t m0 = m_block * kBlockM;
-  const int64_t seqlen_q = p.shape.seqlen_q, seqlen_k = p.shape.seqlen_k;
-  const int head_dim = static_cast<int>(p.shape.head_dim);
-  const BatchMask mask = BatchMask::For(p.mask, b, seqlen_q, seqlen_k);
+  const FwdBlock<T> blk = FwdBlock<T>::template Make<kBlockM, kBlockN>(p);
+  const int64_t m0 = blk.m0, n_begin = blk.n_begin, n_end = blk.n_end;
+  const GmemRows<T>& q = blk.q;
+  const GmemRows<T>& k = blk.k;
+  const GmemRows<T>& v = blk.v;
 
-  const GmemRows<T> q{static_cast<const T*>(p.q) + Offset(p.q_strides, b, 0, h), p.q_strides.row,
-                      seqlen_q, head_dim};
-  const GmemRows<T> k{static_cast<const T*>(p.k) + Offset(p.k_strides, b, 0, h_kv),
-                      p.k_strides.row, seqlen_k, head_dim};
-  const GmemRows<T> v{static_cast<const T*>(p.v) + Offset(p.v_strides, b, 0, h_kv),
-                      p.v_strides.row, seqlen_k, head_dim};
-
-  int64_t key_begin, key_end;
-  mask.KeyRange(m0, m0 + kBlockM, &key_begin, &key_end);
-  const int64_t n_begin = key_begin / kBlockN;
-  const int64_t n_end = key_begin < key_end ? CeilDiv(key_end, kBlockN) : n_begin;
-
-  float o[kDTiles][4];
-  float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.f, 0.f};
+  // One m-tile per warp in fwd_common.cuh's terms.
+  float o[1][kDTiles][4];
+  float row_m[1][2] = {{-INFINITY, -INFINITY}}, row_l[1][2] = {{0.f, 0.f}};
 #pragma unroll
   for (int dt = 0; dt < kDTiles; ++dt)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) o[dt][r] = 0.f;
+    for (int r = 0; r < 4; ++r) o[0][dt][r] = 0.f;
 
   if (n_begin < n_end) {
     LoadSwizzledTile<T, kBlockM, kHeadDim, Traits::kThreads>(sQ, q, m0, tid);
@@ -140,7 +127,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // ---- S = Q K^T ----------------------------------------------------------
     // k-step kk covers columns 16kk..16kk+15: column block kk / 4, 32 bytes
     // per step inside a block's 128-byte rows.
-    float s[kNTiles][4];
+    float s[1][kNTiles][4];
     sm90::WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / kMmaK; ++kk) {
@@ -149,79 +136,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           q_rows + block * kBlockM * sm90::kSwizzleBytes + step_bytes, 0, sm90::kAtomBytes);
       const uint64_t desc_k = sm90::SmemDescriptor(
           k_tile + block * kBlockN * sm90::kSwizzleBytes + step_bytes, 0, sm90::kAtomBytes);
-      sm90::WgmmaSS<T, 0>(s, desc_q, desc_k, kk > 0);
+      sm90::WgmmaSS<T, 0>(s[0], desc_q, desc_k, kk > 0);
     }
     sm90::WgmmaCommit();
     sm90::WgmmaWait<0>();
-    sm90::FenceRegisters(s);
+    sm90::FenceRegisters(s[0]);
 
-    // ---- score transform and mask (as flash_fwd.cuh, one m-tile) ------------
-    if (args.softcap > 0.f) {
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) s[nt][r] = args.softcap * FastTanh(s[nt][r] * args.scale_over_cap);
-    }
-    const int64_t n0 = n * kBlockN;
-    if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN)) {
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int64_t i = m0 + warp_row0 + g + hr * 8;
-        const ColWindow w = KeyWindow(mask, i, n0, kBlockN);
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int jr = nt * 8 + 2 * t + c;
-            const bool visible =
-                w.Contains(jr) && (mask.q_seg == nullptr || mask.Visible(i, n0 + jr));
-            if (!visible) s[nt][2 * hr + c] = -INFINITY;
-          }
-      }
-    }
-
-    // ---- online softmax, lazy rescale (see flash_fwd.cuh) -------------------
-    auto lane_max = [&](int hr) {
-      float m = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) m = fmaxf(m, fmaxf(s[nt][2 * hr], s[nt][2 * hr + 1]));
-      return m;
-    };
-    bool grow = false;
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) grow |= lane_max(hr) > row_m[hr] + rescale_margin;
-    if (__any_sync(0xffffffffu, grow)) {
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        float m = lane_max(hr);
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        const float m_new = fmaxf(row_m[hr], m);
-        const float m_scaled = m_new == -INFINITY ? 0.f : m_new * scale_log2;
-        const float alpha = FastExp2(row_m[hr] * scale_log2 - m_scaled);
-        row_m[hr] = m_new;
-        row_l[hr] *= alpha;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          o[dt][2 * hr] *= alpha;
-          o[dt][2 * hr + 1] *= alpha;
-        }
-      }
-    }
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const float m_scaled = row_m[hr] == -INFINITY ? 0.f : row_m[hr] * scale_log2;
-      float sum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float pv = FastExp2(fmaf(s[nt][2 * hr + c], scale_log2, -m_scaled));
-          s[nt][2 * hr + c] = pv;
-          sum += pv;
-        }
-      row_l[hr] += sum;
-    }
+    // ---- score transform, mask, online softmax (fwd_common.cuh) ------------
+    TransformAndMask<kBlockM>(s, args, blk.mask, m0, m0 + warp_row0, n * kBlockN, g, t);
+    OnlineSoftmax(s, o, row_m, row_l, scale_log2, rescale_margin);
 
     // ---- O += P V -----------------------------------------------------------
     // k-step ks covers keys 16ks..16ks+15: two 8-row groups, 2048 bytes into
@@ -229,48 +152,27 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     uint32_t a[kBlockN / kMmaK][4];
 #pragma unroll
     for (int ks = 0; ks < kBlockN / kMmaK; ++ks) {
-      a[ks][0] = Pack2<T>(s[2 * ks][0], s[2 * ks][1]);
-      a[ks][1] = Pack2<T>(s[2 * ks][2], s[2 * ks][3]);
-      a[ks][2] = Pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-      a[ks][3] = Pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+      a[ks][0] = Pack2<T>(s[0][2 * ks][0], s[0][2 * ks][1]);
+      a[ks][1] = Pack2<T>(s[0][2 * ks][2], s[0][2 * ks][3]);
+      a[ks][2] = Pack2<T>(s[0][2 * ks + 1][0], s[0][2 * ks + 1][1]);
+      a[ks][3] = Pack2<T>(s[0][2 * ks + 1][2], s[0][2 * ks + 1][3]);
     }
     sm90::WgmmaFence();
-    sm90::FenceRegisters(o);
+    sm90::FenceRegisters(o[0]);
 #pragma unroll
     for (int ks = 0; ks < kBlockN / kMmaK; ++ks) {
       const uint64_t desc_v =
           sm90::SmemDescriptor(v_tile + ks * 2 * sm90::kAtomBytes,
                                kBlockN * sm90::kSwizzleBytes, sm90::kAtomBytes);
-      sm90::WgmmaRS<T, 1>(o, a[ks], desc_v, 1);
+      sm90::WgmmaRS<T, 1>(o[0], a[ks], desc_v, 1);
     }
     sm90::WgmmaCommit();
     sm90::WgmmaWait<0>();
-    sm90::FenceRegisters(o);
+    sm90::FenceRegisters(o[0]);
   }
 
-  // ---- epilogue: O / l, lse = m + log(l) (as flash_fwd.cuh) ----------------
-  T* out = static_cast<T*>(p.out) + Offset(p.out_strides, b, 0, h);
-  float* lse = static_cast<float*>(p.lse) + (b * p.shape.num_heads_q + h) * seqlen_q;
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    float l = row_l[hr];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv_l = l > 0.f ? 1.f / l : 0.f;
-    const int64_t i = m0 + warp_row0 + g + hr * 8;
-    if (i < seqlen_q) {
-      if (t == 0) lse[i] = l > 0.f ? (row_m[hr] * scale_log2 + __log2f(l)) * kLn2 : -INFINITY;
-      T* out_row = out + i * p.out_strides.row;
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) {
-        const int col = dt * 8 + 2 * t;
-        if (col < head_dim) {
-          *reinterpret_cast<uint32_t*>(out_row + col) =
-              Pack2<T>(o[dt][2 * hr] * inv_l, o[dt][2 * hr + 1] * inv_l);
-        }
-      }
-    }
-  }
+  // ---- epilogue: O / l, lse = m + log(l) (fwd_common.cuh) -----------------
+  WriteOutput<T>(p, blk.b, blk.h, m0 + warp_row0, o, row_m, row_l, scale_log2, g, t);
 #else
   __trap();  // built without sm_90a; the dispatch never launches it then
 #endif
