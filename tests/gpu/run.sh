@@ -12,7 +12,8 @@
 #            then compute-sanitizer memcheck and racecheck on small cases
 #   bench    python -m jax_flash.bench (fa3 preset) and --memory
 #   gpt      the GPT example, jax_flash vs Flax attention, a few steps
-# Environment: JAX_FLASH_CUDA_ARCHS (default 90a), PYTHON (default python3).
+# Environment: JAX_FLASH_CUDA_ARCHS (default 90a), PYTHON (default python3),
+# PYTEST_K (a -k filter), PYTEST_WORKERS (pytest-xdist processes, default 4).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 LOG_DIR=${1:-/tmp/jax_flash_gpu_logs}
@@ -34,7 +35,15 @@ fi
 
 if has pytest; then
   step "pytest ${PYTEST_K:+-k \"$PYTEST_K\"}"
-  (cd tests && $PYTHON -m pytest -q -p no:cacheprovider --tb=short -rfE \
+  # With pytest-xdist, PYTEST_WORKERS processes share the GPU (each allocates
+  # on demand): the GPU half ran in 4.5 minutes with 4 on an H100, against
+  # over 10 in one process.
+  workers=()
+  if $PYTHON -c "import xdist" 2> /dev/null; then
+    workers=(-n "${PYTEST_WORKERS:-4}")
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  fi
+  (cd tests && $PYTHON -m pytest -q -p no:cacheprovider --tb=short -rfE "${workers[@]}" \
       ${PYTEST_K:+-k "$PYTEST_K"} . > "$LOG_DIR/pytest.log" 2>&1) || status=1
   grep -E "^(FAILED|ERROR)| passed| failed" "$LOG_DIR/pytest.log" | tail -n 30
 fi
