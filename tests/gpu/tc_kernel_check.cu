@@ -361,7 +361,7 @@ int main(int argc, char** argv) {
   std::vector<Case> cases;
   uint64_t seed = 100;
   for (bool bf16 : {true, false})
-    for (int D : {40, 64, 72, 128, 256}) {
+    for (int D : {40, 64, 72, 120, 128, 256}) {
       Case c{2, 127, 127, 4, 4, D}; c.bf16 = bf16; cases.push_back(c);
       c = Case{1, 1, 300, 2, 1, D}; c.bf16 = bf16; cases.push_back(c);
       c = Case{2, 1000, 513, 4, 2, D}; c.bf16 = bf16; c.causal = true; cases.push_back(c);
