@@ -584,22 +584,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
 #pragma unroll
       for (int r = 0; r < 4; ++r) s[nt][r] = FastExp2(fmaf(s[nt][r], scale_log2, -lse2[r / 2]));
     const int64_t n0 = n * kBlockN;
-    if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN)) {
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int64_t i = m0 + warp_row0 + g + hr * 8;
-        const ColWindow w = KeyWindow(mask, i, n0, kBlockN);
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int jr = nt * 8 + 2 * t + c;
-            const bool visible =
-                w.Contains(jr) && (mask.q_seg == nullptr || mask.Visible(i, n0 + jr));
-            if (!visible) s[nt][2 * hr + c] = 0.f;
-          }
-      }
-    }
+    if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN))  // one m-tile: s as [1][..]
+      HideKeys(reinterpret_cast<float(&)[1][kNTiles][4]>(s), mask, m0 + warp_row0, n0, g, t, 0.f);
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll

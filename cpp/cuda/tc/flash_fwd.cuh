@@ -198,20 +198,8 @@ template <typename T, int kHeadDim>
 cudaError_t RunFwd(const FwdParams& params, cudaStream_t stream) {
   using Traits = FwdTraits<kHeadDim>;
   if (params.shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
-  const FwdArgs args = MakeFwdArgs(params);
-  const int64_t m_blocks = CeilDiv(params.shape.seqlen_q, Traits::kBlockM);
-  if (m_blocks == 0 || params.shape.num_heads_q == 0 || params.shape.batch == 0) return cudaSuccess;
-  if (params.shape.num_heads_q > 65535 || params.shape.batch > 65535 || m_blocks > INT32_MAX)
-    return cudaErrorInvalidConfiguration;
-  const size_t smem = Traits::kSmemElems * sizeof(T);
-  auto kernel = FlashFwdKernel<T, Traits>;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(params.shape.num_heads_q),
-                  static_cast<unsigned>(params.shape.batch));
-  kernel<<<grid, Traits::kThreads, smem, stream>>>(args);
-  return cudaGetLastError();
+  return LaunchFwdGrid<Traits::kBlockM>(FlashFwdKernel<T, Traits>, Traits::kThreads,
+                                        Traits::kSmemElems * sizeof(T), params, stream);
 }
 
 }  // namespace jax_flash::cuda::tc

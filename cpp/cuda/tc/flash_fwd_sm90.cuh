@@ -182,19 +182,8 @@ template <typename T, int kHeadDim>
 cudaError_t RunFwdSm90(const FwdParams& params, cudaStream_t stream) {
   using Traits = FwdSm90Traits<kHeadDim>;
   if (params.shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
-  const FwdArgs args = MakeFwdArgs(params);
-  const int64_t m_blocks = CeilDiv(params.shape.seqlen_q, Traits::kBlockM);
-  if (m_blocks == 0 || params.shape.num_heads_q == 0 || params.shape.batch == 0) return cudaSuccess;
-  if (params.shape.num_heads_q > 65535 || params.shape.batch > 65535 || m_blocks > INT32_MAX)
-    return cudaErrorInvalidConfiguration;
-  auto kernel = FlashFwdSm90Kernel<T, Traits>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Traits::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(params.shape.num_heads_q),
-                  static_cast<unsigned>(params.shape.batch));
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
-  return cudaGetLastError();
+  return LaunchFwdGrid<Traits::kBlockM>(FlashFwdSm90Kernel<T, Traits>, Traits::kThreads,
+                                        Traits::kSmemBytes, params, stream);
 }
 
 }  // namespace jax_flash::cuda::tc

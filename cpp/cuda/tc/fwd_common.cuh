@@ -43,6 +43,25 @@ inline FwdArgs MakeFwdArgs(const FwdParams& params) {
   return args;
 }
 
+// Launches a forward kernel over (query blocks of kBlockM rows, q heads,
+// batch), the grid both forwards use (FwdBlock reads it back).
+template <int kBlockM, typename Kernel>
+cudaError_t LaunchFwdGrid(Kernel kernel, int threads, size_t smem_bytes, const FwdParams& params,
+                          cudaStream_t stream) {
+  const FwdArgs args = MakeFwdArgs(params);
+  const int64_t m_blocks = CeilDiv(params.shape.seqlen_q, kBlockM);
+  if (m_blocks == 0 || params.shape.num_heads_q == 0 || params.shape.batch == 0) return cudaSuccess;
+  if (params.shape.num_heads_q > 65535 || params.shape.batch > 65535 || m_blocks > INT32_MAX)
+    return cudaErrorInvalidConfiguration;
+  const cudaError_t err = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes));
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(params.shape.num_heads_q),
+                  static_cast<unsigned>(params.shape.batch));
+  kernel<<<grid, threads, smem_bytes, stream>>>(args);
+  return cudaGetLastError();
+}
+
 // One CTA's problem: query rows [m0, m0 + kBlockM) of head h, batch b; its
 // K/V rows; the key blocks [n_begin, n_end) that hold visible keys.
 template <typename T>
@@ -95,25 +114,8 @@ __device__ __forceinline__ void TransformAndMask(float (&s)[kMT][kNTiles][4], co
         for (int r = 0; r < 4; ++r)
           s[mt][nt][r] = args.softcap * FastTanh(s[mt][nt][r] * args.scale_over_cap);
   }
-  if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN)) {
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int64_t i = row0 + mt * 16 + g + hr * 8;
-        const ColWindow w = KeyWindow(mask, i, n0, kBlockN);
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int jr = nt * 8 + 2 * t + c;
-            // Segments: only inside the band, the one per-element test.
-            const bool visible =
-                w.Contains(jr) && (mask.q_seg == nullptr || mask.Visible(i, n0 + jr));
-            if (!visible) s[mt][nt][2 * hr + c] = -INFINITY;
-          }
-      }
-  }
+  if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN))
+    HideKeys(s, mask, row0, n0, g, t, -INFINITY);
 }
 
 // Online softmax of one key block, lazy rescale: S becomes P in place, O

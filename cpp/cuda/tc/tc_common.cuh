@@ -191,6 +191,32 @@ __device__ __forceinline__ ColWindow QueryWindow(const BatchMask& mask, int64_t 
   return ClampWindow(begin, end, q0, cols);
 }
 
+// Sets the hidden (query, key) pairs of a warp's score tile to `hidden`
+// (-inf before the softmax, 0 after exp2): kMT m-tiles of 16 query rows from
+// row0 (rows g and g + 8 of each), kNTiles n-tiles of 8 keys from n0. Band
+// (causal, window, lengths) via KeyWindow per row; segments per element.
+template <int kMT, int kNTiles>
+__device__ __forceinline__ void HideKeys(float (&s)[kMT][kNTiles][4], const BatchMask& mask,
+                                         int64_t row0, int64_t n0, int g, int t, float hidden) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int64_t i = row0 + mt * 16 + g + hr * 8;
+      const ColWindow w = KeyWindow(mask, i, n0, kNTiles * 8);
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int jr = nt * 8 + 2 * t + c;
+          // Segments: only inside the band, the one per-element test.
+          const bool visible =
+              w.Contains(jr) && (mask.q_seg == nullptr || mask.Visible(i, n0 + jr));
+          if (!visible) s[mt][nt][2 * hr + c] = hidden;
+        }
+    }
+}
+
 // Shared (and used by the host) helper: ceil(a / b) for positive b.
 __host__ __device__ __forceinline__ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
