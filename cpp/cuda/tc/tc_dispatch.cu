@@ -2,6 +2,7 @@
 // the checks of what they support. The bucket list comes from
 // jax_flash/_supported.py (generated tc_buckets.inc), like the instantiation
 // files, so the three cannot disagree.
+#include <atomic>
 #include <cstdint>
 
 #include "tc/tc_api.h"
@@ -57,17 +58,27 @@ bool Supports(const BwdParams& p, bool is_bf16_or_fp16) {
 }
 
 // True when the current device is a Hopper GPU and this build holds sm_90a
-// code for it (the wgmma kernels exist only there). Asked per launch: a
-// device attribute query, no synchronisation, fine under graph capture.
+// code for it (the wgmma kernels exist only there). The device query runs
+// once per device; after that a launch pays one cudaGetDevice.
 namespace {
 bool OnHopperWithSm90a() {
 #ifdef JAX_FLASH_HAS_SM90A
-  int device = 0, major = 0, minor = 0;
+  constexpr int kCachedDevices = 64;
+  static std::atomic<int> cache[kCachedDevices] = {};  // 0 unknown, 1 yes, 2 no
+  int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (device >= 0 && device < kCachedDevices) {
+    if (const int known = cache[device].load(std::memory_order_relaxed); known != 0)
+      return known == 1;
+  }
+  int major = 0, minor = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
     return false;
-  return major == 9 && minor == 0;
+  const bool hopper = major == 9 && minor == 0;
+  if (device >= 0 && device < kCachedDevices)
+    cache[device].store(hopper ? 1 : 2, std::memory_order_relaxed);
+  return hopper;
 #else
   return false;
 #endif
