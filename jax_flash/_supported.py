@@ -29,10 +29,15 @@ CUDA_HEAD_DIM_BUCKETS = (32, 64, 96, 128, 192, 256)
 CUDA_TENSOR_CORE_DTYPES = ("bfloat16", "float16")
 
 # Head-dim buckets with a Hopper (sm_90a, wgmma) forward; on Hopper the other
-# buckets, and every backward, run the sm_80 tensor-core kernels. D=64 stays
+# buckets run the sm_80 tensor-core kernels. D=64 stays
 # on those: its wgmma forward measured 269-281 TFLOP/s against 315-323 for
 # mma.sync on an H100 (cpp/cuda/tc/NOTES.md).
 CUDA_SM90_FWD_BUCKETS = (128,)
+# Buckets with a Hopper backward (all five GEMMs on wgmma; the fast mode only,
+# deterministic=True keeps the sm_80 kernels). H100, kernel alone, bf16:
+# 208-259 TFLOP/s at D=64 and 212-265 at D=128 against 210-229 and 217-232
+# for mma.sync.
+CUDA_SM90_BWD_BUCKETS = (64, 128)
 
 
 def head_dim_bucket(head_dim: int) -> int:
@@ -69,10 +74,13 @@ _TC_DIRECTIONS = {
             "template size_t BwdWorkspaceBytes<{t}, {d}>(const AttentionShape&, bool);"),
     "fwd_sm90": ("tc/flash_fwd_sm90.cuh",
                  "template cudaError_t RunFwdSm90<{t}, {d}>(const FwdParams&, cudaStream_t);"),
+    "bwd_sm90": ("tc/flash_bwd_sm90.cuh",
+                 "template cudaError_t RunBwd<{t}, {d}, true>(const BwdParams&, void*, bool, "
+                 "cudaStream_t);"),
 }
 # Which buckets each direction is compiled for.
 _TC_BUCKETS = {"fwd": CUDA_HEAD_DIM_BUCKETS, "bwd": CUDA_HEAD_DIM_BUCKETS,
-               "fwd_sm90": CUDA_SM90_FWD_BUCKETS}
+               "fwd_sm90": CUDA_SM90_FWD_BUCKETS, "bwd_sm90": CUDA_SM90_BWD_BUCKETS}
 
 
 def tc_sources() -> dict[str, str]:
@@ -89,10 +97,12 @@ def tc_sources() -> dict[str, str]:
             f"namespace jax_flash::cuda::tc {{\n{body}\n}}  // namespace jax_flash::cuda::tc\n")
   entries = " ".join(f"X({b})" for b in CUDA_HEAD_DIM_BUCKETS)
   sm90_entries = " ".join(f"X({b})" for b in CUDA_SM90_FWD_BUCKETS)
+  sm90_bwd_entries = " ".join(f"X({b})" for b in CUDA_SM90_BWD_BUCKETS)
   files["tc_buckets.inc"] = (
       "// Generated from jax_flash/_supported.py; do not edit.\n"
       f"#define JAX_FLASH_TC_FOR_EACH_BUCKET(X) {entries}\n"
-      f"#define JAX_FLASH_TC_FOR_EACH_SM90_FWD_BUCKET(X) {sm90_entries}\n")
+      f"#define JAX_FLASH_TC_FOR_EACH_SM90_FWD_BUCKET(X) {sm90_entries}\n"
+      f"#define JAX_FLASH_TC_FOR_EACH_SM90_BWD_BUCKET(X) {sm90_bwd_entries}\n")
   return files
 
 

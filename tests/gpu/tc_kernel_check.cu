@@ -374,6 +374,7 @@ int main(int argc, char** argv) {
     c = Case{2, 190, 210, 2, 2, 128}; c.segments = true; c.lengths = true; c.causal = true; cases.push_back(c);
     c = Case{1, 150, 160, 4, 2, 96}; c.softcap = 3.f; cases.push_back(c);
     c = Case{1, 150, 160, 4, 2, 192}; c.softcap = 3.f; c.causal = true; c.bf16 = false; cases.push_back(c);
+    c = Case{1, 150, 160, 4, 2, 128}; c.softcap = 3.f; c.wl = 20; c.wr = 7; cases.push_back(c);
     c = Case{1, 40, 200, 2, 1, 64}; c.wl = 0; c.wr = 0; cases.push_back(c);  // many masked blocks
     c = Case{2, 100, 30, 2, 2, 64}; c.causal = true; c.wl = 3; c.wr = 0; cases.push_back(c);
     c = Case{1, 1000, 1000, 2, 1, 128}; c.causal = true; c.det = true; cases.push_back(c);

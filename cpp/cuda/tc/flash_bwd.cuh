@@ -740,8 +740,13 @@ static cudaError_t SetSmem(Kernel kernel, size_t bytes) {
                               static_cast<int>(bytes));
 }
 
-// One chunk (or the whole problem): preprocess, dK/dV (+ dQ atomics), dQ.
+// The Hopper dK/dV kernel (flash_bwd_sm90.cuh), fast mode only.
 template <typename T, int kHeadDim>
+cudaError_t LaunchBwdSm90DkDv(const BwdArgs& args, cudaStream_t stream);
+
+// One chunk (or the whole problem): preprocess, dK/dV (+ dQ atomics), dQ.
+// kSm90: dK/dV on the Hopper kernel (only with deterministic = false).
+template <typename T, int kHeadDim, bool kSm90 = false>
 cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool deterministic,
                         cudaStream_t stream) {
   using Traits = BwdTraits<kHeadDim>;
@@ -778,20 +783,24 @@ cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool determini
     if (err != cudaSuccess) return err;
   }
 
-  const int64_t n_blocks = CeilDiv(shape.seqlen_k, Traits::kBlockN);
-  if (n_blocks > 0) {
-    const dim3 grid(static_cast<unsigned>(n_blocks), static_cast<unsigned>(shape.num_heads_kv),
-                    static_cast<unsigned>(shape.batch));
-    if (deterministic) {
-      auto kernel = FlashBwdDkDvKernel<T, Traits, false>;
-      if ((err = SetSmem(kernel, Traits::kSmemBytes)) != cudaSuccess) return err;
-      kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
-    } else {
-      auto kernel = FlashBwdDkDvKernel<T, Traits, true>;
-      if ((err = SetSmem(kernel, Traits::kSmemBytes)) != cudaSuccess) return err;
-      kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+  if constexpr (kSm90) {
+    if ((err = LaunchBwdSm90DkDv<T, kHeadDim>(args, stream)) != cudaSuccess) return err;
+  } else {
+    const int64_t n_blocks = CeilDiv(shape.seqlen_k, Traits::kBlockN);
+    if (n_blocks > 0) {
+      const dim3 grid(static_cast<unsigned>(n_blocks), static_cast<unsigned>(shape.num_heads_kv),
+                      static_cast<unsigned>(shape.batch));
+      if (deterministic) {
+        auto kernel = FlashBwdDkDvKernel<T, Traits, false>;
+        if ((err = SetSmem(kernel, Traits::kSmemBytes)) != cudaSuccess) return err;
+        kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+      } else {
+        auto kernel = FlashBwdDkDvKernel<T, Traits, true>;
+        if ((err = SetSmem(kernel, Traits::kSmemBytes)) != cudaSuccess) return err;
+        kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+      }
+      if ((err = cudaGetLastError()) != cudaSuccess) return err;
     }
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
 
   if (rows == 0) return cudaSuccess;
@@ -810,19 +819,20 @@ cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool determini
   return cudaGetLastError();
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kSm90>
 cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
                    cudaStream_t stream) {
   const AttentionShape& shape = params.shape;
   if (shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
   const BwdChunk chunk = ChunkFor<kHeadDim>(shape);
   if (deterministic || (chunk.batches >= shape.batch && chunk.kv_heads >= shape.num_heads_kv))
-    return RunBwdChunk<T, kHeadDim>(params, workspace, deterministic, stream);
+    return RunBwdChunk<T, kHeadDim, kSm90>(params, workspace, deterministic, stream);
   for (int64_t b0 = 0; b0 < shape.batch; b0 += chunk.batches) {
     for (int64_t hk0 = 0; hk0 < shape.num_heads_kv; hk0 += chunk.kv_heads) {
       const AttentionShape sub = ChunkShape(shape, chunk, b0, hk0);
       const cudaError_t err =
-          RunBwdChunk<T, kHeadDim>(ChunkParams<T>(params, sub, b0, hk0), workspace, false, stream);
+          RunBwdChunk<T, kHeadDim, kSm90>(ChunkParams<T>(params, sub, b0, hk0), workspace, false,
+                                          stream);
       if (err != cudaSuccess) return err;
     }
   }

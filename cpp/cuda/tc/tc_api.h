@@ -54,7 +54,9 @@ size_t BwdWorkspaceBytes(const AttentionShape& shape, bool deterministic);
 // Writes dq, dk, dv (and params.delta = rowsum(dout * out)).
 // deterministic = true: bitwise reproducible (dQ computed by a separate pass
 // parallel over query blocks, no atomics).
-template <typename T, int kHeadDim>
+// kSm90 = true: the Hopper dK/dV kernel (flash_bwd_sm90.cuh; fast mode only,
+// buckets in CUDA_SM90_BWD_BUCKETS).
+template <typename T, int kHeadDim, bool kSm90 = false>
 cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
                    cudaStream_t stream);
 

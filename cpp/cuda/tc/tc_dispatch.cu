@@ -127,7 +127,20 @@ size_t BwdWorkspace(const AttentionShape& shape, bool bf16, bool deterministic) 
 cudaError_t LaunchBwd(const BwdParams& params, bool bf16, void* workspace, bool deterministic,
                       cudaStream_t stream) {
   if (!Supports(params, true)) return cudaErrorNotSupported;
-  switch (HeadDimBucket(params.shape.head_dim)) {
+  const int bucket = HeadDimBucket(params.shape.head_dim);
+  if (!deterministic && OnHopperWithSm90a()) {
+    switch (bucket) {
+#define JAX_FLASH_TC_CASE(D)                                                               \
+  case (D):                                                                                \
+    return bf16 ? RunBwd<__nv_bfloat16, (D), true>(params, workspace, false, stream)       \
+                : RunBwd<__half, (D), true>(params, workspace, false, stream);
+      JAX_FLASH_TC_FOR_EACH_SM90_BWD_BUCKET(JAX_FLASH_TC_CASE)
+#undef JAX_FLASH_TC_CASE
+      default:
+        break;  // no Hopper kernel for this bucket: the sm_80 one below
+    }
+  }
+  switch (bucket) {
 #define JAX_FLASH_TC_CASE(D)                                                          \
   case (D):                                                                           \
     return bf16 ? RunBwd<__nv_bfloat16, (D)>(params, workspace, deterministic, stream) \

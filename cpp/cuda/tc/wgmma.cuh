@@ -80,7 +80,8 @@ __device__ __forceinline__ void FenceRegisters(float (&d)[kRows][4]) {
 
 // d (64 x N, this thread's part) = A B + (scale_d ? d : 0), one k-step of 16.
 // WgmmaSS: A and B from shared-memory descriptors. WgmmaRS: A from registers.
-// kTransB = 1 for an MN-major B. The operand lists are spelled out because
+// kTransB = 1 for an MN-major B, kTransA = 1 for an M-major A (SS only).
+// The operand lists are spelled out because
 // inline PTX cannot take arrays; N = 8 * (first extent of d).
 // Accumulator operand text and bindings of one thread's N/2 floats.
 #define JAX_FLASH_WGMMA_ACC32 "{" "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" "}"
@@ -108,12 +109,12 @@ __device__ __forceinline__ void FenceRegisters(float (&d)[kRows][4]) {
 // One wgmma with float accumulators; TYPE is the PTX input type ("bf16",
 // "f16"); the operand numbers follow the accumulators (ACC: their text, then
 // the bindings last, as __VA_ARGS__, since they hold commas).
-#define JAX_FLASH_WGMMA_SS(SHAPE, TYPE, ACC, A, B, P, TB, ...)                            \
+#define JAX_FLASH_WGMMA_SS(SHAPE, TYPE, ACC, A, B, P, TA, TB, ...)                        \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " P ", 0;\n"                             \
                "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " " ACC ", " A \
-               ", " B ", p, 1, 1, 0, " TB ";\n}\n"                                        \
+               ", " B ", p, 1, 1, " TA ", " TB ";\n}\n"                                   \
                : __VA_ARGS__                                                              \
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB))
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
 #define JAX_FLASH_WGMMA_RS(SHAPE, TYPE, ACC, A, B, P, TB, ...)                            \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " P ", 0;\n"                             \
                "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " " ACC ", " A \
@@ -122,26 +123,26 @@ __device__ __forceinline__ void FenceRegisters(float (&d)[kRows][4]) {
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d),  \
                  "n"(kTransB))
 
-template <typename T, int kTransB>
+template <typename T, int kTransB, int kTransA = 0>
 __device__ __forceinline__ void WgmmaSS(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
                                         int scale_d) {
   if constexpr (std::is_same_v<T, __half>) {
-    JAX_FLASH_WGMMA_SS("m64n64k16", "f16", JAX_FLASH_WGMMA_ACC32, "%32", "%33", "%34", "%35",
+    JAX_FLASH_WGMMA_SS("m64n64k16", "f16", JAX_FLASH_WGMMA_ACC32, "%32", "%33", "%34", "%35", "%36",
                        JAX_FLASH_WGMMA_OUT32(d));
   } else {
-    JAX_FLASH_WGMMA_SS("m64n64k16", "bf16", JAX_FLASH_WGMMA_ACC32, "%32", "%33", "%34", "%35",
+    JAX_FLASH_WGMMA_SS("m64n64k16", "bf16", JAX_FLASH_WGMMA_ACC32, "%32", "%33", "%34", "%35", "%36",
                        JAX_FLASH_WGMMA_OUT32(d));
   }
 }
 
-template <typename T, int kTransB>
+template <typename T, int kTransB, int kTransA = 0>
 __device__ __forceinline__ void WgmmaSS(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
                                         int scale_d) {
   if constexpr (std::is_same_v<T, __half>) {
-    JAX_FLASH_WGMMA_SS("m64n128k16", "f16", JAX_FLASH_WGMMA_ACC64, "%64", "%65", "%66", "%67",
+    JAX_FLASH_WGMMA_SS("m64n128k16", "f16", JAX_FLASH_WGMMA_ACC64, "%64", "%65", "%66", "%67", "%68",
                        JAX_FLASH_WGMMA_OUT64(d));
   } else {
-    JAX_FLASH_WGMMA_SS("m64n128k16", "bf16", JAX_FLASH_WGMMA_ACC64, "%64", "%65", "%66", "%67",
+    JAX_FLASH_WGMMA_SS("m64n128k16", "bf16", JAX_FLASH_WGMMA_ACC64, "%64", "%65", "%66", "%67", "%68",
                        JAX_FLASH_WGMMA_OUT64(d));
   }
 }

@@ -1,0 +1,353 @@
+// FlashAttention backward dK/dV (+ dQ atomics) for Hopper (sm_90a): the
+// algorithm of flash_bwd.cuh's FlashBwdDkDvKernel with its five GEMMs on
+// warpgroup MMAs (wgmma.cuh).
+//
+// Work partition: one CTA per (block of 128 keys, KV head, batch), two
+// warpgroups of 64 keys each; the CTA walks (query head of the GQA group,
+// block of 64 queries) steps, Q / dO / lse2 / delta double-buffered with
+// cp.async in 128-byte-swizzled tiles. Per warpgroup and step:
+//   S^T  = K_w Q^T,  dP^T = V_w dO^T   SS, both operands K-major (64 x 64)
+//   P^T, dS^T in registers (mask, softcap: as flash_bwd.cuh)
+//   dV  += P^T dO (RS: P^T from registers), dK += dS^T Q (SS), B MN-major
+//   dQ_w = dS_w K_w                     SS: dS^T through shared memory as an
+//                                        M-major A (and as dK's K-major A),
+//                                        K as an MN-major B, 64 columns at a
+//                                        time; float32 atomics
+// Each warpgroup adds its own keys' dQ part (two atomics per element and
+// CTA instead of one, in exchange for no barrier between the warpgroups).
+// Fast (atomic) mode only; the deterministic mode keeps the sm_80 kernels.
+#pragma once
+
+#include "tc/flash_bwd.cuh"
+#include "tc/flash_fwd_sm90.cuh"
+#include "tc/wgmma.cuh"
+
+namespace jax_flash::cuda::tc {
+
+template <int kHeadDim_>
+struct BwdSm90Traits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = 128;  // keys per CTA: 2 warpgroups x 64
+  static constexpr int kBlockM = 64;   // queries per step
+  static constexpr int kThreads = 256;
+  static constexpr int kStages = 2;
+  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // K or V
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // one stage of Q or dO
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;   // dS^T, [key][query]
+  static constexpr int kStatBytes = kBlockM * 4;           // one stage of lse2 or delta
+  static constexpr int kSmemBytes = 2 * kKvBytes + 2 * kStages * kQBytes + kDsBytes +
+                                    2 * kStages * kStatBytes + sm90::kAtomBytes;
+  static_assert(kHeadDim % sm90::kSwizzleElems == 0, "head dim must be a multiple of 64");
+};
+
+// Named barrier of one warpgroup (ids 1, 2; 0 is __syncthreads).
+__device__ __forceinline__ void WarpgroupBarrier(int warpgroup) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + warpgroup) : "memory");
+}
+
+template <typename T, typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    FlashBwdSm90Kernel(const __grid_constant__ BwdArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kQTiles = kBlockM / kMmaN;   // n-tiles of S^T (queries)
+  constexpr int kDTiles = kHeadDim / kMmaN;  // n-tiles of dK, dV, dQ
+  constexpr uint32_t kRow = sm90::kSwizzleBytes;
+  const BwdParams& p = args.p;
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (SmemAddr(smem_raw) + sm90::kAtomBytes - 1) & ~(sm90::kAtomBytes - 1);
+  const uint32_t sK = base;
+  const uint32_t sV = sK + Traits::kKvBytes;
+  const uint32_t sQ = sV + Traits::kKvBytes;              // [kStages]
+  const uint32_t sdO = sQ + Traits::kStages * Traits::kQBytes;   // [kStages]
+  const uint32_t sdS = sdO + Traits::kStages * Traits::kQBytes;
+  float* sLse = reinterpret_cast<float*>(smem_raw + (sdS + Traits::kDsBytes - SmemAddr(smem_raw)));
+  float* sDelta = sLse + Traits::kStages * kBlockM;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int warpgroup = warp / 4, wg_warp = warp % 4;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
+  const int64_t n0 = n_block * kBlockN;
+  const int64_t n0w = n0 + warpgroup * 64;  // this warpgroup's first key
+  const int64_t seqlen_q = p.shape.seqlen_q, seqlen_k = p.shape.seqlen_k;
+  const int64_t num_heads_q = p.shape.num_heads_q;
+  const int64_t group = GroupSize(p.shape);
+  const int head_dim = static_cast<int>(p.shape.head_dim);
+  const BatchMask mask = BatchMask::For(p.mask, b, seqlen_q, seqlen_k);
+
+  const GmemRows<T> k{static_cast<const T*>(p.k) + Offset(p.k_strides, b, 0, h_kv),
+                      p.k_strides.row, seqlen_k, head_dim};
+  const GmemRows<T> v{static_cast<const T*>(p.v) + Offset(p.v_strides, b, 0, h_kv),
+                      p.v_strides.row, seqlen_k, head_dim};
+
+  int64_t q_begin, q_end;
+  mask.QueryRange(n0, n0 + kBlockN, &q_begin, &q_end);
+  const int64_t m_begin = q_begin / kBlockM;
+  const int64_t m_count = q_begin < q_end ? CeilDiv(q_end, kBlockM) - m_begin : 0;
+  const int64_t steps = group * m_count;
+
+  auto issue = [&](int64_t gi, int64_t mi, int stage) {
+    const int64_t h = h_kv * group + gi;
+    const int64_t m0 = (m_begin + mi) * kBlockM;
+    const GmemRows<T> q{static_cast<const T*>(p.q) + Offset(p.q_strides, b, 0, h),
+                        p.q_strides.row, seqlen_q, head_dim};
+    const GmemRows<T> d_o{static_cast<const T*>(p.dout) + Offset(p.dout_strides, b, 0, h),
+                          p.dout_strides.row, seqlen_q, head_dim};
+    LoadSwizzledTile<T, kBlockM, kHeadDim, Traits::kThreads>(sQ + stage * Traits::kQBytes, q, m0,
+                                                             tid);
+    LoadSwizzledTile<T, kBlockM, kHeadDim, Traits::kThreads>(sdO + stage * Traits::kQBytes, d_o,
+                                                             m0, tid);
+    const int64_t row_base = (b * num_heads_q + h) * seqlen_q;
+    if (tid < 2 * kBlockM) {
+      const int r = tid % kBlockM;
+      const bool valid = m0 + r < seqlen_q;
+      const float* src = tid < kBlockM ? static_cast<const float*>(args.lse2)
+                                       : static_cast<const float*>(p.delta);
+      float* dst = (tid < kBlockM ? sLse : sDelta) + stage * kBlockM + r;
+      CpAsync4(SmemAddr(dst), valid ? src + row_base + m0 + r : src, valid);
+    }
+  };
+
+  LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sK, k, n0, tid);
+  LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sV, v, n0, tid);
+  CpAsyncCommit();
+  if (steps > 0) {
+    issue(0, 0, 0);
+    CpAsyncCommit();
+  }
+
+  float dk[kDTiles][4], dv[kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) { dk[dt][r] = 0.f; dv[dt][r] = 0.f; }
+
+  // This warpgroup's 64 keys: row 64 * warpgroup of every column block.
+  const uint32_t k_rows = sK + warpgroup * 64 * kRow;
+  const uint32_t v_rows = sV + warpgroup * 64 * kRow;
+  const uint32_t ds_rows = sdS + warpgroup * 64 * kRow;
+  const int key_row0 = wg_warp * 16;  // this warp's first key within the warpgroup
+  const float scale_log2 = args.scale_log2;
+  const bool softcap = args.softcap > 0.f;
+
+  int64_t gi = 0, mi = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    const int stage = static_cast<int>(s & 1);
+    // Publishes this stage (and K/V the first time) to both warpgroups, and
+    // both are done with the previous step: its stage and sdS are free.
+    CpAsyncWait<0>();
+    sm90::FenceProxyAsync();
+    __syncthreads();
+    const int64_t h = h_kv * group + gi;
+    const int64_t m0 = (m_begin + mi) * kBlockM;
+    if (++mi == m_count) { mi = 0; ++gi; }
+    if (s + 1 < steps) {
+      issue(gi, mi, stage ^ 1);
+      CpAsyncCommit();
+    }
+    const uint32_t q_tile = sQ + stage * Traits::kQBytes;
+    const uint32_t do_tile = sdO + stage * Traits::kQBytes;
+    const float* lse2_s = sLse + stage * kBlockM;
+    const float* delta_s = sDelta + stage * kBlockM;
+
+    // ---- S^T = K_w Q^T, dP^T = V_w dO^T (64 keys x 64 queries) ------------
+    float st[kQTiles][4], dpt[kQTiles][4];
+    sm90::WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / kMmaK; ++kk) {
+      const uint32_t block = kk / 4, step_bytes = (kk % 4) * 32;
+      const uint64_t desc_k =
+          sm90::SmemDescriptor(k_rows + block * kBlockN * kRow + step_bytes, 0, sm90::kAtomBytes);
+      const uint64_t desc_v =
+          sm90::SmemDescriptor(v_rows + block * kBlockN * kRow + step_bytes, 0, sm90::kAtomBytes);
+      const uint64_t desc_q =
+          sm90::SmemDescriptor(q_tile + block * kBlockM * kRow + step_bytes, 0, sm90::kAtomBytes);
+      const uint64_t desc_do =
+          sm90::SmemDescriptor(do_tile + block * kBlockM * kRow + step_bytes, 0, sm90::kAtomBytes);
+      sm90::WgmmaSS<T, 0>(st, desc_k, desc_q, kk > 0);
+      sm90::WgmmaSS<T, 0>(dpt, desc_v, desc_do, kk > 0);
+    }
+    sm90::WgmmaCommit();
+    sm90::WgmmaWait<0>();
+    sm90::FenceRegisters(st);
+    sm90::FenceRegisters(dpt);
+
+    // ---- P^T and dS^T = P^T (dP^T - D) dx (as flash_bwd.cuh) --------------
+    if (softcap) {
+#pragma unroll
+      for (int nt = 0; nt < kQTiles; ++nt) {
+        const float2 dl = *reinterpret_cast<const float2*>(delta_s + nt * 8 + 2 * t);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const float x = args.softcap * FastTanh(st[nt][r] * args.scale_over_cap);
+          const float th = x * args.inv_softcap;
+          st[nt][r] = x;
+          dpt[nt][r] = (dpt[nt][r] - (r % 2 ? dl.y : dl.x)) * (1.f - th * th);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kQTiles; ++nt) {
+        const float2 dl = *reinterpret_cast<const float2*>(delta_s + nt * 8 + 2 * t);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) dpt[nt][r] -= r % 2 ? dl.y : dl.x;
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < kQTiles; ++nt) {
+      const float2 l2 = *reinterpret_cast<const float2*>(lse2_s + nt * 8 + 2 * t);
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        st[nt][r] = FastExp2(fmaf(st[nt][r], scale_log2, -(r % 2 ? l2.y : l2.x)));
+    }
+    if (!mask.AllVisible(m0, m0 + kBlockM, n0w, n0w + 64)) {
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int64_t j = n0w + key_row0 + g + hr * 8;
+        const ColWindow w = QueryWindow(mask, j, m0, kBlockM);
+#pragma unroll
+        for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int qi = nt * 8 + 2 * t + c;
+            const bool visible =
+                w.Contains(qi) && (mask.q_seg == nullptr || mask.Visible(m0 + qi, j));
+            if (!visible) st[nt][2 * hr + c] = 0.f;
+          }
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) dpt[nt][r] *= st[nt][r];
+
+    // ---- dS^T to shared memory; dV += P^T dO, dK += dS^T Q, dQ_w = dS_w K_w --
+    // dS^T goes through shared memory once and feeds two GEMMs from there:
+    // dK as a K-major A (rows = keys), dQ as an M-major A (transposed). P^T
+    // stays in registers as dV's A operand.
+    uint32_t ap[kBlockM / kMmaK][4];
+#pragma unroll
+    for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
+      ap[ks][0] = Pack2<T>(st[2 * ks][0], st[2 * ks][1]);
+      ap[ks][1] = Pack2<T>(st[2 * ks][2], st[2 * ks][3]);
+      ap[ks][2] = Pack2<T>(st[2 * ks + 1][0], st[2 * ks + 1][1]);
+      ap[ks][3] = Pack2<T>(st[2 * ks + 1][2], st[2 * ks + 1][3]);
+      // dS^T rows g and g + 8 of this warp, queries 16ks + 2t (chunk 2ks)
+      // and 16ks + 8 + 2t (chunk 2ks + 1), in the swizzled [key][query] tile.
+      const int row = warpgroup * 64 + key_row0 + g;
+      const uint32_t lane_bytes = 4 * t;
+      const uint32_t at00 = sdS + sm90::SwizzledOffset(row, 2 * ks, kBlockN) + lane_bytes;
+      const uint32_t at10 = sdS + sm90::SwizzledOffset(row + 8, 2 * ks, kBlockN) + lane_bytes;
+      const uint32_t at01 = sdS + sm90::SwizzledOffset(row, 2 * ks + 1, kBlockN) + lane_bytes;
+      const uint32_t at11 = sdS + sm90::SwizzledOffset(row + 8, 2 * ks + 1, kBlockN) + lane_bytes;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at00),
+                   "r"(Pack2<T>(dpt[2 * ks][0], dpt[2 * ks][1])));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at10),
+                   "r"(Pack2<T>(dpt[2 * ks][2], dpt[2 * ks][3])));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at01),
+                   "r"(Pack2<T>(dpt[2 * ks + 1][0], dpt[2 * ks + 1][1])));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at11),
+                   "r"(Pack2<T>(dpt[2 * ks + 1][2], dpt[2 * ks + 1][3])));
+    }
+    // This warpgroup's dS^T rows are its own: a warpgroup barrier suffices.
+    sm90::FenceProxyAsync();
+    WarpgroupBarrier(warpgroup);
+    sm90::WgmmaFence();
+    sm90::FenceRegisters(dv);
+    sm90::FenceRegisters(dk);
+#pragma unroll
+    for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
+      // k-step ks = queries 16ks..16ks+15: two 8-row groups of the Q / dO
+      // tiles, 32 bytes into the rows of the dS^T tile.
+      const uint64_t desc_do = sm90::SmemDescriptor(do_tile + ks * 2 * sm90::kAtomBytes,
+                                                    kBlockM * kRow, sm90::kAtomBytes);
+      const uint64_t desc_q = sm90::SmemDescriptor(q_tile + ks * 2 * sm90::kAtomBytes,
+                                                   kBlockM * kRow, sm90::kAtomBytes);
+      const uint64_t desc_dst = sm90::SmemDescriptor(ds_rows + ks * 32, 0, sm90::kAtomBytes);
+      sm90::WgmmaRS<T, 1>(dv, ap[ks], desc_do, 1);
+      sm90::WgmmaSS<T, 1>(dk, desc_dst, desc_q, 1);
+    }
+    sm90::WgmmaCommit();
+    // dQ in 64-column parts (one column block of K each), so that its
+    // accumulator stays at 32 floats next to dK and dV's 2 * kHeadDim / 2.
+    float* acc = args.dq_accum + (b * num_heads_q + h) * seqlen_q * kHeadDim;
+#pragma unroll
+    for (int part = 0; part < kHeadDim / 64; ++part) {
+      float dq[8][4];
+      sm90::WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < 64 / kMmaK; ++kk) {
+        // k-step kk = keys 16kk..16kk+15 of this warpgroup.
+        const uint64_t desc_ds = sm90::SmemDescriptor(ds_rows + kk * 2 * sm90::kAtomBytes,
+                                                      kBlockN * kRow, sm90::kAtomBytes);
+        const uint64_t desc_kt = sm90::SmemDescriptor(
+            k_rows + part * kBlockN * kRow + kk * 2 * sm90::kAtomBytes, kBlockN * kRow,
+            sm90::kAtomBytes);
+        sm90::WgmmaSS<T, 1, 1>(dq, desc_ds, desc_kt, kk > 0);
+      }
+      sm90::WgmmaCommit();
+      sm90::WgmmaWait<0>();
+      sm90::FenceRegisters(dq);
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int64_t i = m0 + wg_warp * 16 + g + hr * 8;
+        if (i < seqlen_q) {
+#pragma unroll
+          for (int dt = 0; dt < 8; ++dt) {
+            const int col = part * 64 + dt * 8 + 2 * t;
+            if (col < head_dim)
+              atomicAdd(reinterpret_cast<float2*>(acc + i * kHeadDim + col),
+                        make_float2(dq[dt][2 * hr], dq[dt][2 * hr + 1]));
+          }
+        }
+      }
+    }
+    sm90::FenceRegisters(dv);
+    sm90::FenceRegisters(dk);
+  }
+
+  // ---- dK (times d score / d q.k) and dV -----------------------------------
+  T* dk_out = static_cast<T*>(p.dk) + Offset(p.dk_strides, b, 0, h_kv);
+  T* dv_out = static_cast<T*>(p.dv) + Offset(p.dv_strides, b, 0, h_kv);
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int64_t j = n0w + key_row0 + g + hr * 8;
+    if (j < seqlen_k) {
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        const int col = dt * 8 + 2 * t;
+        if (col < head_dim) {
+          *reinterpret_cast<uint32_t*>(dk_out + j * p.dk_strides.row + col) =
+              Pack2<T>(dk[dt][2 * hr] * args.scale, dk[dt][2 * hr + 1] * args.scale);
+          *reinterpret_cast<uint32_t*>(dv_out + j * p.dv_strides.row + col) =
+              Pack2<T>(dv[dt][2 * hr], dv[dt][2 * hr + 1]);
+        }
+      }
+    }
+  }
+  CpAsyncWait<0>();  // K/V were loaded even when no query block sees this key block
+#else
+  __trap();  // built without sm_90a; the dispatch never launches it then
+#endif
+}
+
+template <typename T, int kHeadDim>
+cudaError_t LaunchBwdSm90DkDv(const BwdArgs& args, cudaStream_t stream) {
+  using Traits = BwdSm90Traits<kHeadDim>;
+  const AttentionShape& shape = args.p.shape;
+  const int64_t n_blocks = CeilDiv(shape.seqlen_k, Traits::kBlockN);
+  if (n_blocks == 0) return cudaSuccess;
+  auto kernel = FlashBwdSm90Kernel<T, Traits>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Traits::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(n_blocks), static_cast<unsigned>(shape.num_heads_kv),
+                  static_cast<unsigned>(shape.batch));
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace jax_flash::cuda::tc
