@@ -34,9 +34,9 @@ CUDA_TENSOR_CORE_DTYPES = ("bfloat16", "float16")
 # mma.sync on an H100 (cpp/cuda/tc/NOTES.md).
 CUDA_SM90_FWD_BUCKETS = (128,)
 # Buckets with a Hopper backward (all five GEMMs on wgmma; the fast mode only,
-# deterministic=True keeps the sm_80 kernels). H100, kernel alone, bf16:
-# 208-259 TFLOP/s at D=64 and 212-265 at D=128 against 210-229 and 217-232
-# for mma.sync.
+# deterministic=True keeps the sm_80 kernels). H100, kernel alone, bf16,
+# S 4k-16k: 219-302 TFLOP/s at D=64 and 242-363 at D=128 against 210-229 and
+# 217-232 for mma.sync (cpp/cuda/tc/NOTES.md).
 CUDA_SM90_BWD_BUCKETS = (64, 128)
 
 

@@ -340,6 +340,7 @@ int main(int argc, char** argv) {
     bool ok = RunCase(a, 1);
     Case b{1, 33, 130, 2, 1, 64}; b.segments = true; b.softcap = 5; ok &= RunCase(b, 2);
     Case d{1, 65, 65, 2, 2, 128}; d.det = true; ok &= RunCase(d, 3);
+    Case e{1, 70, 90, 4, 2, 128}; e.causal = true; ok &= RunCase(e, 4);  // Hopper: wgmma bwd
     std::printf(ok ? "SMALL OK\n" : "SMALL FAILED\n");
     return ok ? 0 : 1;
   }

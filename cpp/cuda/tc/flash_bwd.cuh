@@ -93,7 +93,29 @@ struct BwdArgs {
   float scale_over_cap;  // scale / softcap
   float inv_softcap;     // 1 / softcap, 0 when off (then d x / d s = 1 - 0 = 1)
   float* lse2;           // (B, Hq, Sq) float32 workspace: Lse2(lse), see below
-  float* dq_accum;       // (B, Hq, Sq, kHeadDim) float32 workspace, fast mode only
+  float* dq_accum;       // float32 workspace, fast mode only: DqAccumLayout below
+};
+
+// The float32 dQ accumulator of the fast backward. Each (batch, query head)
+// has its kHeadDim columns as two halves, [half][query][kHeadDim / 2 + 8
+// floats]: a row of a half is padded by 32 bytes. So a block of queries of
+// one half is one contiguous range, which the Hopper kernel adds with a
+// single bulk reduction from a shared staging tile with the same padded rows
+// (whose padding keeps its fragment stores free of bank conflicts).
+template <int kHeadDim>
+struct DqAccumLayout {
+  static constexpr int kHalf = kHeadDim / 2;         // columns per half
+  static constexpr int kHalfRowFloats = kHalf + 8;   // a half-row and its padding
+  static constexpr int kRowFloats = 2 * kHalfRowFloats;  // floats per query row
+  // Element (query i, column col) of the accumulator of (batch, head) bh.
+  __host__ __device__ static int64_t Index(int64_t bh, int64_t seqlen_q, int64_t i, int col) {
+    const int half = col >= kHalf;
+    return ((bh * 2 + half) * seqlen_q + i) * kHalfRowFloats + (col - half * kHalf);
+  }
+  // The first element of half `half`'s row i of (batch, head) bh.
+  __host__ __device__ static int64_t HalfRow(int64_t bh, int64_t seqlen_q, int half, int64_t i) {
+    return ((bh * 2 + half) * seqlen_q + i) * kHalfRowFloats;
+  }
 };
 
 // lse in log2 units for P = exp2(x * scale_log2 - lse2). A row that sees no
@@ -253,7 +275,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
           Mma<T>(dq[2 * dt2 + 1], a, bk[2], bk[3]);
         }
       }
-      float* acc = args.dq_accum + (b * num_heads_q + h) * seqlen_q * kHeadDim;
+      using Acc = DqAccumLayout<kHeadDim>;
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int64_t i = m0 + dq_row0 + g + hr * 8;
@@ -262,13 +284,15 @@ __global__ void __launch_bounds__(Traits::kThreads)
           for (int dt = 0; dt < kDqTiles; ++dt) {
             const int col = part_col0 + dq_col0 + dt * 8 + 2 * t;
             if (col < head_dim) {
+              // col and col + 1 are in the same half (kHalf is even).
+              float* acc = args.dq_accum + Acc::Index(b * num_heads_q + h, seqlen_q, i, col);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
               // One 8-byte vector reduction instead of two scalar ones.
-              atomicAdd(reinterpret_cast<float2*>(acc + i * kHeadDim + col),
+              atomicAdd(reinterpret_cast<float2*>(acc),
                         make_float2(dq[dt][2 * hr], dq[dt][2 * hr + 1]));
 #else
-              atomicAdd(acc + i * kHeadDim + col, dq[dt][2 * hr]);
-              atomicAdd(acc + i * kHeadDim + col + 1, dq[dt][2 * hr + 1]);
+              atomicAdd(acc, dq[dt][2 * hr]);
+              atomicAdd(acc + 1, dq[dt][2 * hr + 1]);
 #endif
             }
           }
@@ -637,23 +661,27 @@ __global__ void __launch_bounds__(256) DqConvertKernel(const __grid_constant__ B
     if (col >= p.shape.head_dim) continue;
     const int64_t r = e / (kHeadDim / 2);
     const int64_t i = r % p.shape.seqlen_q;
-    const int64_t h = (r / p.shape.seqlen_q) % p.shape.num_heads_q;
-    const int64_t b = r / (p.shape.seqlen_q * p.shape.num_heads_q);
-    const float2 acc = *reinterpret_cast<const float2*>(args.dq_accum + r * kHeadDim + col);
+    const int64_t bh = r / p.shape.seqlen_q;
+    const int64_t h = bh % p.shape.num_heads_q;
+    const int64_t b = bh / p.shape.num_heads_q;
+    const float2 acc = *reinterpret_cast<const float2*>(
+        args.dq_accum + DqAccumLayout<kHeadDim>::Index(bh, p.shape.seqlen_q, i, col));
     *reinterpret_cast<uint32_t*>(static_cast<T*>(p.dq) + Offset(p.dq_strides, b, i, h) + col) =
         Pack2<T>(acc.x * args.scale, acc.y * args.scale);
   }
 }
 
 // Workspace: [lse2: rows floats, padded to 256 bytes][dq_accum: rows x
-// kHeadDim floats, fast mode only], rows = B * Hq * Sq of the chunk below.
+// DqAccumLayout::kRowFloats floats, fast mode only], rows = B * Hq * Sq of
+// the chunk below.
 inline size_t Lse2Bytes(const AttentionShape& shape) {
   const size_t rows = static_cast<size_t>(shape.batch * shape.num_heads_q * shape.seqlen_q);
   return (rows * sizeof(float) + 255) / 256 * 256;
 }
 
 // The fast (atomic) backward accumulates dQ in float32, 4 bytes per element
-// of q: a quarter of q, k, v, dout, out and the gradients together. A problem
+// of q (and 16 floats of padding per row): about a quarter of q, k, v, dout,
+// out and the gradients together. A problem
 // whose accumulator would exceed kMaxDqAccumBytes runs as consecutive chunks,
 // runs of whole batch elements or else runs of KV heads (with their query
 // heads) of one batch element, that reuse one accumulator of at most that
@@ -676,7 +704,8 @@ template <int kHeadDim>
 BwdChunk ChunkFor(const AttentionShape& shape) {
   if (shape.batch == 0 || shape.num_heads_kv == 0 || shape.seqlen_q == 0)
     return {shape.batch, shape.num_heads_kv};
-  const size_t per_kv_head = sizeof(float) * kHeadDim * static_cast<size_t>(shape.seqlen_q) *
+  const size_t per_kv_head = sizeof(float) * DqAccumLayout<kHeadDim>::kRowFloats *
+                             static_cast<size_t>(shape.seqlen_q) *
                              static_cast<size_t>(GroupSize(shape));
   const size_t per_batch = per_kv_head * static_cast<size_t>(shape.num_heads_kv);
   if (per_batch * static_cast<size_t>(shape.batch) <= kMaxDqAccumBytes)
@@ -731,7 +760,7 @@ size_t BwdWorkspaceBytes(const AttentionShape& shape, bool deterministic) {
   if (deterministic) return Lse2Bytes(shape);
   const AttentionShape chunk = ChunkShape(shape, ChunkFor<kHeadDim>(shape), 0, 0);
   const size_t rows = static_cast<size_t>(chunk.batch * chunk.num_heads_q * chunk.seqlen_q);
-  return Lse2Bytes(chunk) + sizeof(float) * rows * kHeadDim;
+  return Lse2Bytes(chunk) + sizeof(float) * rows * DqAccumLayout<kHeadDim>::kRowFloats;
 }
 
 template <typename Kernel>
@@ -779,7 +808,8 @@ cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool determini
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   if (!deterministic && rows > 0) {
-    err = cudaMemsetAsync(args.dq_accum, 0, sizeof(float) * rows * kHeadDim, stream);
+    err = cudaMemsetAsync(args.dq_accum, 0,
+                          sizeof(float) * rows * DqAccumLayout<kHeadDim>::kRowFloats, stream);
     if (err != cudaSuccess) return err;
   }
 

@@ -1,6 +1,6 @@
-// FlashAttention backward dK/dV (+ dQ atomics) for Hopper (sm_90a): the
-// algorithm of flash_bwd.cuh's FlashBwdDkDvKernel with its five GEMMs on
-// warpgroup MMAs (wgmma.cuh).
+// FlashAttention backward dK/dV and dQ for Hopper (sm_90a): the algorithm
+// of flash_bwd.cuh's FlashBwdDkDvKernel with its five GEMMs on warpgroup MMAs
+// (wgmma.cuh).
 //
 // Work partition: one CTA per (block of 128 keys, KV head, batch), two
 // warpgroups of 64 keys each; the CTA walks (query head of the GQA group,
@@ -9,13 +9,22 @@
 //   S^T  = K_w Q^T,  dP^T = V_w dO^T   SS, both operands K-major (64 x 64)
 //   P^T, dS^T in registers (mask, softcap: as flash_bwd.cuh)
 //   dV  += P^T dO (RS: P^T from registers), dK += dS^T Q (SS), B MN-major
-//   dQ_w = dS_w K_w                     SS: dS^T through shared memory as an
+//   dQ part = dS K                      SS: dS^T through shared memory as an
 //                                        M-major A (and as dK's K-major A),
-//                                        K as an MN-major B, 64 columns at a
-//                                        time; float32 atomics
-// Each warpgroup adds its own keys' dQ part (two atomics per element and
-// CTA instead of one, in exchange for no barrier between the warpgroups).
-// Fast (atomic) mode only; the deterministic mode keeps the sm_80 kernels.
+//                                        K as an MN-major B
+// The GEMMs are issued as five commit groups so that P^T and the dV GEMM
+// overlap dP^T, and the dQ epilogue overlaps the dK GEMM.
+//
+// dQ leaves through shared memory and the TMA unit's bulk reduce-add into the
+// float32 accumulator: warpgroup w adds columns [w D/2, (w+1) D/2) of the
+// step's 64 queries, summed over all 128 keys of the CTA (so both
+// warpgroups' dS^T must be written first: a CTA barrier), as one bulk
+// reduction of a contiguous range (DqAccumLayout). The dQ traffic, not the
+// GEMMs, bounds this kernel. H100, D = 128, S = 16k, kernel alone: float
+// atomics of every warpgroup's own keys' full-width part 266 TFLOP/s; this
+// split, one bulk reduction per row 340; one per warpgroup and step 363; no
+// dQ output at all 559. (D = 64: 261, 251, 302, 480.)
+// Fast mode only; the deterministic mode keeps the sm_80 kernels.
 #pragma once
 
 #include "tc/flash_bwd.cuh"
@@ -35,9 +44,16 @@ struct BwdSm90Traits {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // one stage of Q or dO
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;   // dS^T, [key][query]
   static constexpr int kStatBytes = kBlockM * 4;           // one stage of lse2 or delta
+  // One warpgroup's float32 dQ part, kBlockM x kDqCols, rows padded as the
+  // accumulator's (DqAccumLayout): a half-warp's fragment stores then hit 32
+  // different banks.
+  static constexpr int kDqCols = DqAccumLayout<kHeadDim>::kHalf;
+  static constexpr int kDqRowBytes = DqAccumLayout<kHeadDim>::kHalfRowFloats * 4;
+  static constexpr int kDqPartBytes = kBlockM * kDqRowBytes;
   static constexpr int kSmemBytes = 2 * kKvBytes + 2 * kStages * kQBytes + kDsBytes +
-                                    2 * kStages * kStatBytes + sm90::kAtomBytes;
-  static_assert(kHeadDim % sm90::kSwizzleElems == 0, "head dim must be a multiple of 64");
+                                    2 * kDqPartBytes + 2 * kStages * kStatBytes +
+                                    sm90::kAtomBytes;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma shapes are written for D 64 and 128");
 };
 
 // Named barrier of one warpgroup (ids 1, 2; 0 is __syncthreads).
@@ -45,7 +61,10 @@ __device__ __forceinline__ void WarpgroupBarrier(int warpgroup) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + warpgroup) : "memory");
 }
 
-template <typename T, typename Traits>
+// kSoftcap: a template parameter rather than a branch, because ptxas
+// serializes every wgmma of the kernel when the two waits of the two paths
+// below meet in one function.
+template <typename T, typename Traits, bool kSoftcap>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     FlashBwdSm90Kernel(const __grid_constant__ BwdArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -63,11 +82,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t sQ = sV + Traits::kKvBytes;              // [kStages]
   const uint32_t sdO = sQ + Traits::kStages * Traits::kQBytes;   // [kStages]
   const uint32_t sdS = sdO + Traits::kStages * Traits::kQBytes;
-  float* sLse = reinterpret_cast<float*>(smem_raw + (sdS + Traits::kDsBytes - SmemAddr(smem_raw)));
+  const uint32_t sDq = sdS + Traits::kDsBytes;            // [2 warpgroups]
+  float* sLse = reinterpret_cast<float*>(smem_raw + (sDq + 2 * Traits::kDqPartBytes -
+                                                     SmemAddr(smem_raw)));
   float* sDelta = sLse + Traits::kStages * kBlockM;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int warpgroup = warp / 4, wg_warp = warp % 4;
+  const int warpgroup = warp / 4, wg_warp = warp % 4, wg_tid = tid % 128;
   const int g = lane / 4, t = lane % 4;
   const int64_t n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
   const int64_t n0 = n_block * kBlockN;
@@ -130,8 +151,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t v_rows = sV + warpgroup * 64 * kRow;
   const uint32_t ds_rows = sdS + warpgroup * 64 * kRow;
   const int key_row0 = wg_warp * 16;  // this warp's first key within the warpgroup
+  // This warpgroup's dQ columns: dq_col0.., in K's column block dq_col0 / 64
+  // (an MN-major B may start inside a swizzled row: the swizzle is applied to
+  // the address, as for the k-steps of a K-major operand).
+  constexpr int kDqCols = Traits::kDqCols;
+  const int dq_col0 = warpgroup * kDqCols;
+  const uint32_t dq_k_cols = sK + (dq_col0 / 64) * kBlockN * kRow + (dq_col0 % 64) * 2;
+  const uint32_t dq_part = sDq + warpgroup * Traits::kDqPartBytes;
+  using Acc = DqAccumLayout<kHeadDim>;
+  // The staging rows' padding is added to the accumulator's: keep it zero.
+  for (int r = tid; r < 2 * kBlockM; r += Traits::kThreads) {
+    const uint32_t pad = sDq + r * Traits::kDqRowBytes + kDqCols * 4;
+    asm volatile("st.shared.v4.f32 [%0], {%1, %1, %1, %1};\n"
+                 "st.shared.v4.f32 [%0+16], {%1, %1, %1, %1};\n" ::"r"(pad), "f"(0.f));
+  }
   const float scale_log2 = args.scale_log2;
-  const bool softcap = args.softcap > 0.f;
 
   int64_t gi = 0, mi = 0;
   for (int64_t s = 0; s < steps; ++s) {
@@ -154,6 +188,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const float* delta_s = sDelta + stage * kBlockM;
 
     // ---- S^T = K_w Q^T, dP^T = V_w dO^T (64 keys x 64 queries) ------------
+    // Two commit groups, so that P^T (and the dV GEMM) can go ahead while
+    // dP^T is still being computed. Group order below: S^T, dP^T, dV, dQ, dK;
+    // each wait names how many of the latest may still run.
     float st[kQTiles][4], dpt[kQTiles][4];
     sm90::WgmmaFence();
 #pragma unroll
@@ -161,22 +198,29 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const uint32_t block = kk / 4, step_bytes = (kk % 4) * 32;
       const uint64_t desc_k =
           sm90::SmemDescriptor(k_rows + block * kBlockN * kRow + step_bytes, 0, sm90::kAtomBytes);
-      const uint64_t desc_v =
-          sm90::SmemDescriptor(v_rows + block * kBlockN * kRow + step_bytes, 0, sm90::kAtomBytes);
       const uint64_t desc_q =
           sm90::SmemDescriptor(q_tile + block * kBlockM * kRow + step_bytes, 0, sm90::kAtomBytes);
+      sm90::WgmmaSS<T, 0>(st, desc_k, desc_q, kk > 0);
+    }
+    sm90::WgmmaCommit();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / kMmaK; ++kk) {
+      const uint32_t block = kk / 4, step_bytes = (kk % 4) * 32;
+      const uint64_t desc_v =
+          sm90::SmemDescriptor(v_rows + block * kBlockN * kRow + step_bytes, 0, sm90::kAtomBytes);
       const uint64_t desc_do =
           sm90::SmemDescriptor(do_tile + block * kBlockM * kRow + step_bytes, 0, sm90::kAtomBytes);
-      sm90::WgmmaSS<T, 0>(st, desc_k, desc_q, kk > 0);
       sm90::WgmmaSS<T, 0>(dpt, desc_v, desc_do, kk > 0);
     }
     sm90::WgmmaCommit();
-    sm90::WgmmaWait<0>();
-    sm90::FenceRegisters(st);
-    sm90::FenceRegisters(dpt);
 
-    // ---- P^T and dS^T = P^T (dP^T - D) dx (as flash_bwd.cuh) --------------
-    if (softcap) {
+    // ---- P^T (as flash_bwd.cuh) -------------------------------------------
+    // With softcap, d x / d s needs x, which P overwrites: wait for dP^T too
+    // and fold that factor in now.
+    if constexpr (kSoftcap) {
+      sm90::WgmmaWait<0>();
+      sm90::FenceRegisters(st);
+      sm90::FenceRegisters(dpt);
 #pragma unroll
       for (int nt = 0; nt < kQTiles; ++nt) {
         const float2 dl = *reinterpret_cast<const float2*>(delta_s + nt * 8 + 2 * t);
@@ -189,12 +233,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
     } else {
-#pragma unroll
-      for (int nt = 0; nt < kQTiles; ++nt) {
-        const float2 dl = *reinterpret_cast<const float2*>(delta_s + nt * 8 + 2 * t);
-#pragma unroll
-        for (int r = 0; r < 4; ++r) dpt[nt][r] -= r % 2 ? dl.y : dl.x;
-      }
+      sm90::WgmmaWait<1>();
+      sm90::FenceRegisters(st);
     }
 #pragma unroll
     for (int nt = 0; nt < kQTiles; ++nt) {
@@ -219,15 +259,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           }
       }
     }
-#pragma unroll
-    for (int nt = 0; nt < kQTiles; ++nt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) dpt[nt][r] *= st[nt][r];
 
-    // ---- dS^T to shared memory; dV += P^T dO, dK += dS^T Q, dQ_w = dS_w K_w --
-    // dS^T goes through shared memory once and feeds two GEMMs from there:
-    // dK as a K-major A (rows = keys), dQ as an M-major A (transposed). P^T
-    // stays in registers as dV's A operand.
+    // ---- dV += P^T dO: P^T from registers (RS), B = dO MN-major ------------
     uint32_t ap[kBlockM / kMmaK][4];
 #pragma unroll
     for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
@@ -235,6 +268,32 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ap[ks][1] = Pack2<T>(st[2 * ks][2], st[2 * ks][3]);
       ap[ks][2] = Pack2<T>(st[2 * ks + 1][0], st[2 * ks + 1][1]);
       ap[ks][3] = Pack2<T>(st[2 * ks + 1][2], st[2 * ks + 1][3]);
+    }
+    sm90::WgmmaFence();
+#pragma unroll
+    for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
+      // k-step ks = queries 16ks..16ks+15: two 8-row groups of the dO tile.
+      const uint64_t desc_do = sm90::SmemDescriptor(do_tile + ks * 2 * sm90::kAtomBytes,
+                                                    kBlockM * kRow, sm90::kAtomBytes);
+      sm90::WgmmaRS<T, 1>(dv, ap[ks], desc_do, 1);
+    }
+    sm90::WgmmaCommit();
+
+    // ---- dS^T = P^T (dP^T - D) dx, to shared memory -------------------------
+    if constexpr (!kSoftcap) {
+      sm90::WgmmaWait<1>();  // dP^T (dV may still run)
+      sm90::FenceRegisters(dpt);
+#pragma unroll
+      for (int nt = 0; nt < kQTiles; ++nt) {
+        const float2 dl = *reinterpret_cast<const float2*>(delta_s + nt * 8 + 2 * t);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) dpt[nt][r] -= r % 2 ? dl.y : dl.x;
+      }
+    }
+    // dS^T goes through shared memory once and feeds two GEMMs from there:
+    // dK as a K-major A (rows = keys), dQ as an M-major A (transposed).
+#pragma unroll
+    for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
       // dS^T rows g and g + 8 of this warp, queries 16ks + 2t (chunk 2ks)
       // and 16ks + 8 + 2t (chunk 2ks + 1), in the swizzled [key][query] tile.
       const int row = warpgroup * 64 + key_row0 + g;
@@ -243,68 +302,71 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const uint32_t at10 = sdS + sm90::SwizzledOffset(row + 8, 2 * ks, kBlockN) + lane_bytes;
       const uint32_t at01 = sdS + sm90::SwizzledOffset(row, 2 * ks + 1, kBlockN) + lane_bytes;
       const uint32_t at11 = sdS + sm90::SwizzledOffset(row + 8, 2 * ks + 1, kBlockN) + lane_bytes;
+      const float(&d0)[4] = dpt[2 * ks];
+      const float(&d1)[4] = dpt[2 * ks + 1];
+      const float(&p0)[4] = st[2 * ks];
+      const float(&p1)[4] = st[2 * ks + 1];
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at00),
-                   "r"(Pack2<T>(dpt[2 * ks][0], dpt[2 * ks][1])));
+                   "r"(Pack2<T>(d0[0] * p0[0], d0[1] * p0[1])));
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at10),
-                   "r"(Pack2<T>(dpt[2 * ks][2], dpt[2 * ks][3])));
+                   "r"(Pack2<T>(d0[2] * p0[2], d0[3] * p0[3])));
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at01),
-                   "r"(Pack2<T>(dpt[2 * ks + 1][0], dpt[2 * ks + 1][1])));
+                   "r"(Pack2<T>(d1[0] * p1[0], d1[1] * p1[1])));
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at11),
-                   "r"(Pack2<T>(dpt[2 * ks + 1][2], dpt[2 * ks + 1][3])));
+                   "r"(Pack2<T>(d1[2] * p1[2], d1[3] * p1[3])));
     }
-    // This warpgroup's dS^T rows are its own: a warpgroup barrier suffices.
+    // The dQ part's staging tile is free again once the bulk reduce of the
+    // previous step (issued long ago) has read it.
+    if (wg_tid == 0) sm90::BulkWaitRead<0>();
     sm90::FenceProxyAsync();
-    WarpgroupBarrier(warpgroup);
-    sm90::WgmmaFence();
-    sm90::FenceRegisters(dv);
-    sm90::FenceRegisters(dk);
-#pragma unroll
-    for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
-      // k-step ks = queries 16ks..16ks+15: two 8-row groups of the Q / dO
-      // tiles, 32 bytes into the rows of the dS^T tile.
-      const uint64_t desc_do = sm90::SmemDescriptor(do_tile + ks * 2 * sm90::kAtomBytes,
-                                                    kBlockM * kRow, sm90::kAtomBytes);
-      const uint64_t desc_q = sm90::SmemDescriptor(q_tile + ks * 2 * sm90::kAtomBytes,
-                                                   kBlockM * kRow, sm90::kAtomBytes);
-      const uint64_t desc_dst = sm90::SmemDescriptor(ds_rows + ks * 32, 0, sm90::kAtomBytes);
-      sm90::WgmmaRS<T, 1>(dv, ap[ks], desc_do, 1);
-      sm90::WgmmaSS<T, 1>(dk, desc_dst, desc_q, 1);
-    }
-    sm90::WgmmaCommit();
-    // dQ in 64-column parts (one column block of K each), so that its
-    // accumulator stays at 32 floats next to dK and dV's 2 * kHeadDim / 2.
-    float* acc = args.dq_accum + (b * num_heads_q + h) * seqlen_q * kHeadDim;
-#pragma unroll
-    for (int part = 0; part < kHeadDim / 64; ++part) {
-      float dq[8][4];
+    __syncthreads();  // dQ reads the other warpgroup's dS^T rows too
+
+    // dQ part: 64 queries x kDqCols columns, reduced over the CTA's keys.
+    {
+      float dq[kDqCols / kMmaN][4];
       sm90::WgmmaFence();
 #pragma unroll
-      for (int kk = 0; kk < 64 / kMmaK; ++kk) {
-        // k-step kk = keys 16kk..16kk+15 of this warpgroup.
-        const uint64_t desc_ds = sm90::SmemDescriptor(ds_rows + kk * 2 * sm90::kAtomBytes,
+      for (int kk = 0; kk < kBlockN / kMmaK; ++kk) {
+        // k-step kk = keys 16kk..16kk+15: rows of dS^T and of K.
+        const uint64_t desc_ds = sm90::SmemDescriptor(sdS + kk * 2 * sm90::kAtomBytes,
                                                       kBlockN * kRow, sm90::kAtomBytes);
-        const uint64_t desc_kt = sm90::SmemDescriptor(
-            k_rows + part * kBlockN * kRow + kk * 2 * sm90::kAtomBytes, kBlockN * kRow,
-            sm90::kAtomBytes);
+        const uint64_t desc_kt = sm90::SmemDescriptor(dq_k_cols + kk * 2 * sm90::kAtomBytes,
+                                                      kBlockN * kRow, sm90::kAtomBytes);
         sm90::WgmmaSS<T, 1, 1>(dq, desc_ds, desc_kt, kk > 0);
       }
       sm90::WgmmaCommit();
-      sm90::WgmmaWait<0>();
+      // ---- dK += dS^T Q: A = dS^T K-major, B = Q MN-major -------------------
+#pragma unroll
+      for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
+        const uint64_t desc_q = sm90::SmemDescriptor(q_tile + ks * 2 * sm90::kAtomBytes,
+                                                     kBlockM * kRow, sm90::kAtomBytes);
+        const uint64_t desc_dst = sm90::SmemDescriptor(ds_rows + ks * 32, 0, sm90::kAtomBytes);
+        sm90::WgmmaSS<T, 1>(dk, desc_dst, desc_q, 1);
+      }
+      sm90::WgmmaCommit();
+      sm90::WgmmaWait<1>();  // dQ (and dV) done; dK may still run
       sm90::FenceRegisters(dq);
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        const int64_t i = m0 + wg_warp * 16 + g + hr * 8;
-        if (i < seqlen_q) {
+        const uint32_t row = dq_part + (wg_warp * 16 + g + hr * 8) * Traits::kDqRowBytes;
 #pragma unroll
-          for (int dt = 0; dt < 8; ++dt) {
-            const int col = part * 64 + dt * 8 + 2 * t;
-            if (col < head_dim)
-              atomicAdd(reinterpret_cast<float2*>(acc + i * kHeadDim + col),
-                        make_float2(dq[dt][2 * hr], dq[dt][2 * hr + 1]));
-          }
-        }
+        for (int dt = 0; dt < kDqCols / kMmaN; ++dt)
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(row + (dt * 8 + 2 * t) * 4),
+                       "f"(dq[dt][2 * hr]), "f"(dq[dt][2 * hr + 1]));
+      }
+      sm90::FenceProxyAsync();
+      WarpgroupBarrier(warpgroup);
+      // One bulk reduction per warpgroup: its half of the step's rows is one
+      // range of the accumulator (DqAccumLayout), padding included.
+      if (wg_tid == 0) {
+        const int rows = static_cast<int>(seqlen_q - m0 < kBlockM ? seqlen_q - m0 : kBlockM);
+        float* acc = args.dq_accum + Acc::HalfRow(b * num_heads_q + h, seqlen_q, warpgroup, m0);
+        sm90::BulkReduceAddF32(acc, dq_part, rows * Traits::kDqRowBytes);
+        sm90::BulkCommit();
       }
     }
+    // dK reads this stage's Q and dS^T, which the next step overwrites.
+    sm90::WgmmaWait<0>();
     sm90::FenceRegisters(dv);
     sm90::FenceRegisters(dk);
   }
@@ -329,6 +391,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
   }
   CpAsyncWait<0>();  // K/V were loaded even when no query block sees this key block
+  if (wg_tid == 0) sm90::BulkWait<0>();  // the staging tile must outlive its reads
 #else
   __trap();  // built without sm_90a; the dispatch never launches it then
 #endif
@@ -340,7 +403,8 @@ cudaError_t LaunchBwdSm90DkDv(const BwdArgs& args, cudaStream_t stream) {
   const AttentionShape& shape = args.p.shape;
   const int64_t n_blocks = CeilDiv(shape.seqlen_k, Traits::kBlockN);
   if (n_blocks == 0) return cudaSuccess;
-  auto kernel = FlashBwdSm90Kernel<T, Traits>;
+  auto kernel = args.softcap > 0.f ? FlashBwdSm90Kernel<T, Traits, true>
+                                   : FlashBwdSm90Kernel<T, Traits, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          Traits::kSmemBytes);
   if (err != cudaSuccess) return err;

@@ -68,6 +68,27 @@ __device__ __forceinline__ void WgmmaWait() {
 __device__ __forceinline__ void FenceProxyAsync() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+// Bulk asynchronous reduction (the TMA unit): global[dst..dst+bytes) +=
+// shared[src..) as float32, 16-byte aligned, bytes a multiple of 16; tracked
+// by bulk groups of the issuing thread.
+__device__ __forceinline__ void BulkReduceAddF32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+               ::"l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void BulkCommit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until this thread's bulk groups but kPending have read their source.
+template <int kPending>
+__device__ __forceinline__ void BulkWaitRead() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+// Waits until this thread's bulk groups but kPending are complete.
+template <int kPending>
+__device__ __forceinline__ void BulkWait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
 // Keeps the compiler from moving accesses to accumulator registers across
 // the asynchronous MMAs that own them.
 template <int kRows>
@@ -84,6 +105,11 @@ __device__ __forceinline__ void FenceRegisters(float (&d)[kRows][4]) {
 // The operand lists are spelled out because
 // inline PTX cannot take arrays; N = 8 * (first extent of d).
 // Accumulator operand text and bindings of one thread's N/2 floats.
+#define JAX_FLASH_WGMMA_ACC16 "{" "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" "}"
+#define JAX_FLASH_WGMMA_OUT16(d) \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
+    "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+    "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
 #define JAX_FLASH_WGMMA_ACC32 "{" "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" "}"
 #define JAX_FLASH_WGMMA_OUT32(d) \
     "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
@@ -122,6 +148,18 @@ __device__ __forceinline__ void FenceRegisters(float (&d)[kRows][4]) {
                : __VA_ARGS__                                                              \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d),  \
                  "n"(kTransB))
+
+template <typename T, int kTransB, int kTransA = 0>
+__device__ __forceinline__ void WgmmaSS(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b,
+                                        int scale_d) {
+  if constexpr (std::is_same_v<T, __half>) {
+    JAX_FLASH_WGMMA_SS("m64n32k16", "f16", JAX_FLASH_WGMMA_ACC16, "%16", "%17", "%18", "%19", "%20",
+                       JAX_FLASH_WGMMA_OUT16(d));
+  } else {
+    JAX_FLASH_WGMMA_SS("m64n32k16", "bf16", JAX_FLASH_WGMMA_ACC16, "%16", "%17", "%18", "%19", "%20",
+                       JAX_FLASH_WGMMA_OUT16(d));
+  }
+}
 
 template <typename T, int kTransB, int kTransA = 0>
 __device__ __forceinline__ void WgmmaSS(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
