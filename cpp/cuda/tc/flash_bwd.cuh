@@ -155,6 +155,95 @@ __global__ void __launch_bounds__(256) BwdPreprocessKernel(const __grid_constant
   }
 }
 
+// ---- One warp's S^T / dP^T fragments: 16 keys (rows g, g + 8) x 8 kQTiles
+// queries (column nt * 8 + 2t + c of this lane), mma.sync C layout; both
+// dK/dV kernels (this file's and flash_bwd_sm90.cuh's) turn them into P^T
+// and dS^T with these. lse2 and D of the step's queries come from shared
+// memory, as float2 per lane.
+
+// Soft cap: x = cap * tanh(s * scale / cap) in st; d x / d (scaled score) =
+// 1 - tanh^2 = 1 - (x / cap)^2, folded into dP^T - D in dpt.
+template <int kQTiles>
+__device__ __forceinline__ void SoftcapAndSubtractDelta(float (&st)[kQTiles][4],
+                                                        float (&dpt)[kQTiles][4],
+                                                        const float* delta_s, const BwdArgs& args,
+                                                        int t) {
+#pragma unroll
+  for (int nt = 0; nt < kQTiles; ++nt) {
+    const float2 dl = *reinterpret_cast<const float2*>(delta_s + nt * 8 + 2 * t);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float x = args.softcap * FastTanh(st[nt][r] * args.scale_over_cap);
+      const float th = x * args.inv_softcap;
+      st[nt][r] = x;
+      dpt[nt][r] = (dpt[nt][r] - (r % 2 ? dl.y : dl.x)) * (1.f - th * th);
+    }
+  }
+}
+
+// dpt = dP^T - D (no soft cap).
+template <int kQTiles>
+__device__ __forceinline__ void SubtractDelta(float (&dpt)[kQTiles][4], const float* delta_s,
+                                              int t) {
+#pragma unroll
+  for (int nt = 0; nt < kQTiles; ++nt) {
+    const float2 dl = *reinterpret_cast<const float2*>(delta_s + nt * 8 + 2 * t);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) dpt[nt][r] -= r % 2 ? dl.y : dl.x;
+  }
+}
+
+// st = P^T = exp2(x * scale_log2 - lse2).
+template <int kQTiles>
+__device__ __forceinline__ void ExpScoresT(float (&st)[kQTiles][4], const float* lse2_s,
+                                           float scale_log2, int t) {
+#pragma unroll
+  for (int nt = 0; nt < kQTiles; ++nt) {
+    const float2 l2 = *reinterpret_cast<const float2*>(lse2_s + nt * 8 + 2 * t);
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+      st[nt][r] = FastExp2(fmaf(st[nt][r], scale_log2, -(r % 2 ? l2.y : l2.x)));
+  }
+}
+
+// P^T = 0 where the mask hides the pair, by a select: a masked P that
+// overflowed to +inf (its key was not in the row's lse) still gives P = dS =
+// 0. key0: the warp's first key; m0: the step's first query.
+template <int kQTiles>
+__device__ __forceinline__ void MaskProbabilitiesT(float (&st)[kQTiles][4], const BatchMask& mask,
+                                                   int64_t key0, int64_t m0, int g, int t) {
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int64_t j = key0 + g + hr * 8;
+    const ColWindow w = QueryWindow(mask, j, m0, 8 * kQTiles);
+#pragma unroll
+    for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int qi = nt * 8 + 2 * t + c;
+        const bool visible =
+            w.Contains(qi) && (mask.q_seg == nullptr || mask.Visible(m0 + qi, j));
+        if (!visible) st[nt][2 * hr + c] = 0.f;
+      }
+  }
+}
+
+// cp.async of one step's lse2 and D (kBlockM rows each, from row_base + m0)
+// into a stage of sLse / sDelta; threads 0 .. 2 kBlockM - 1 take one each.
+template <int kBlockM>
+__device__ __forceinline__ void LoadRowStats(const BwdArgs& args, int64_t row_base, int64_t m0,
+                                             int64_t seqlen_q, float* lse_stage,
+                                             float* delta_stage, int tid) {
+  if (tid < 2 * kBlockM) {
+    const int r = tid % kBlockM;
+    const bool valid = m0 + r < seqlen_q;
+    const float* src = tid < kBlockM ? static_cast<const float*>(args.lse2)
+                                     : static_cast<const float*>(args.p.delta);
+    float* dst = (tid < kBlockM ? lse_stage : delta_stage) + r;
+    CpAsync4(SmemAddr(dst), valid ? src + row_base + m0 + r : src, valid);
+  }
+}
+
 template <typename T, typename Traits, bool kAccumDq>
 __global__ void __launch_bounds__(Traits::kThreads)
     FlashBwdDkDvKernel(const __grid_constant__ BwdArgs args) {
@@ -209,15 +298,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
                                                               m0, tid);
     LoadTile<T, kBlockM, kHeadDim, kStride, Traits::kThreads>(sdO + stage * kBlockM * kStride,
                                                               d_o, m0, tid);
-    const int64_t row_base = (b * num_heads_q + h) * seqlen_q;
-    if (tid < 2 * kBlockM) {
-      const int r = tid % kBlockM;
-      const bool valid = m0 + r < seqlen_q;
-      const float* src = tid < kBlockM ? static_cast<const float*>(args.lse2)
-                                       : static_cast<const float*>(p.delta);
-      float* dst = (tid < kBlockM ? sLse : sDelta) + stage * kBlockM + r;
-      CpAsync4(SmemAddr(dst), valid ? src + row_base + m0 + r : src, valid);
-    }
+    LoadRowStats<kBlockM>(args, (b * num_heads_q + h) * seqlen_q, m0, seqlen_q,
+                          sLse + stage * kBlockM, sDelta + stage * kBlockM, tid);
   };
 
   // ldmatrix lane addresses (layouts in tc_common.cuh): K, V as A operands
@@ -359,52 +441,13 @@ __global__ void __launch_bounds__(Traits::kThreads)
       // per element; softcap and the mask are uniform branches around it.
       // Column qi = nt * 8 + 2t + c of this lane: lse2 and D as float2.
       if (softcap) {
-        // x = cap * tanh(s * scale / cap); d x / d (scaled score) =
-        // 1 - tanh^2 = 1 - (x / cap)^2, folded into dP^T - D here.
-#pragma unroll
-        for (int nt = 0; nt < kQTiles; ++nt) {
-          const float2 dl = *reinterpret_cast<const float2*>(delta_s + nt * 8 + 2 * t);
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const float x = args.softcap * FastTanh(st[nt][r] * args.scale_over_cap);
-            const float th = x * args.inv_softcap;
-            st[nt][r] = x;
-            dpt[nt][r] = (dpt[nt][r] - (r % 2 ? dl.y : dl.x)) * (1.f - th * th);
-          }
-        }
+        SoftcapAndSubtractDelta(st, dpt, delta_s, args, t);
       } else {
-#pragma unroll
-        for (int nt = 0; nt < kQTiles; ++nt) {
-          const float2 dl = *reinterpret_cast<const float2*>(delta_s + nt * 8 + 2 * t);
-#pragma unroll
-          for (int r = 0; r < 4; ++r) dpt[nt][r] -= r % 2 ? dl.y : dl.x;
-        }
+        SubtractDelta(dpt, delta_s, t);
       }
-#pragma unroll
-      for (int nt = 0; nt < kQTiles; ++nt) {
-        const float2 l2 = *reinterpret_cast<const float2*>(lse2_s + nt * 8 + 2 * t);
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          st[nt][r] = FastExp2(fmaf(st[nt][r], scale_log2, -(r % 2 ? l2.y : l2.x)));
-      }
-      // Masked pairs: P = 0 by a select, so a masked P that overflowed to
-      // +inf (its key was not in the row's lse) still gives P = dS = 0.
-      if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN)) {
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int64_t j = n0 + warp_row0 + g + hr * 8;
-          const ColWindow w = QueryWindow(mask, j, m0, kBlockM);
-#pragma unroll
-          for (int nt = 0; nt < kQTiles; ++nt)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              const int qi = nt * 8 + 2 * t + c;
-              const bool visible =
-                  w.Contains(qi) && (mask.q_seg == nullptr || mask.Visible(m0 + qi, j));
-              if (!visible) st[nt][2 * hr + c] = 0.f;
-            }
-        }
-      }
+      ExpScoresT(st, lse2_s, scale_log2, t);
+      if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN))
+        MaskProbabilitiesT(st, mask, n0 + warp_row0, m0, g, t);
 #pragma unroll
       for (int nt = 0; nt < kQTiles; ++nt)
 #pragma unroll
@@ -414,14 +457,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
 #pragma unroll
       for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
         uint32_t ap[4], ads[4];
-        ap[0] = Pack2<T>(st[2 * ks][0], st[2 * ks][1]);
-        ap[1] = Pack2<T>(st[2 * ks][2], st[2 * ks][3]);
-        ap[2] = Pack2<T>(st[2 * ks + 1][0], st[2 * ks + 1][1]);
-        ap[3] = Pack2<T>(st[2 * ks + 1][2], st[2 * ks + 1][3]);
-        ads[0] = Pack2<T>(dpt[2 * ks][0], dpt[2 * ks][1]);
-        ads[1] = Pack2<T>(dpt[2 * ks][2], dpt[2 * ks][3]);
-        ads[2] = Pack2<T>(dpt[2 * ks + 1][0], dpt[2 * ks + 1][1]);
-        ads[3] = Pack2<T>(dpt[2 * ks + 1][2], dpt[2 * ks + 1][3]);
+        PackA<T>(ap, st[2 * ks], st[2 * ks + 1]);
+        PackA<T>(ads, dpt[2 * ks], dpt[2 * ks + 1]);
         if constexpr (kAccumDq) {
           // dS^T for the next step's dQ: a0/a2 are row g, a1/a3 row g + 8.
           T* ds_row = sdS + stage * kBlockN * kStrideS + (warp_row0 + g) * kStrideS + ks * 16 + 2 * t;
@@ -619,10 +656,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
 #pragma unroll
     for (int ks = 0; ks < kBlockN / kMmaK; ++ks) {
       uint32_t a[4];
-      a[0] = Pack2<T>(s[2 * ks][0], s[2 * ks][1]);
-      a[1] = Pack2<T>(s[2 * ks][2], s[2 * ks][3]);
-      a[2] = Pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-      a[3] = Pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+      PackA<T>(a, s[2 * ks], s[2 * ks + 1]);
 #pragma unroll
       for (int dt2 = 0; dt2 < kHeadDim / 16; ++dt2) {
         uint32_t bk[4];

@@ -121,15 +121,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                                              tid);
     LoadSwizzledTile<T, kBlockM, kHeadDim, Traits::kThreads>(sdO + stage * Traits::kQBytes, d_o,
                                                              m0, tid);
-    const int64_t row_base = (b * num_heads_q + h) * seqlen_q;
-    if (tid < 2 * kBlockM) {
-      const int r = tid % kBlockM;
-      const bool valid = m0 + r < seqlen_q;
-      const float* src = tid < kBlockM ? static_cast<const float*>(args.lse2)
-                                       : static_cast<const float*>(p.delta);
-      float* dst = (tid < kBlockM ? sLse : sDelta) + stage * kBlockM + r;
-      CpAsync4(SmemAddr(dst), valid ? src + row_base + m0 + r : src, valid);
-    }
+    LoadRowStats<kBlockM>(args, (b * num_heads_q + h) * seqlen_q, m0, seqlen_q,
+                          sLse + stage * kBlockM, sDelta + stage * kBlockM, tid);
   };
 
   LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sK, k, n0, tid);
@@ -221,53 +214,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       sm90::WgmmaWait<0>();
       sm90::FenceRegisters(st);
       sm90::FenceRegisters(dpt);
-#pragma unroll
-      for (int nt = 0; nt < kQTiles; ++nt) {
-        const float2 dl = *reinterpret_cast<const float2*>(delta_s + nt * 8 + 2 * t);
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const float x = args.softcap * FastTanh(st[nt][r] * args.scale_over_cap);
-          const float th = x * args.inv_softcap;
-          st[nt][r] = x;
-          dpt[nt][r] = (dpt[nt][r] - (r % 2 ? dl.y : dl.x)) * (1.f - th * th);
-        }
-      }
+      SoftcapAndSubtractDelta(st, dpt, delta_s, args, t);
     } else {
       sm90::WgmmaWait<1>();
       sm90::FenceRegisters(st);
     }
-#pragma unroll
-    for (int nt = 0; nt < kQTiles; ++nt) {
-      const float2 l2 = *reinterpret_cast<const float2*>(lse2_s + nt * 8 + 2 * t);
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-        st[nt][r] = FastExp2(fmaf(st[nt][r], scale_log2, -(r % 2 ? l2.y : l2.x)));
-    }
-    if (!mask.AllVisible(m0, m0 + kBlockM, n0w, n0w + 64)) {
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int64_t j = n0w + key_row0 + g + hr * 8;
-        const ColWindow w = QueryWindow(mask, j, m0, kBlockM);
-#pragma unroll
-        for (int nt = 0; nt < kQTiles; ++nt)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int qi = nt * 8 + 2 * t + c;
-            const bool visible =
-                w.Contains(qi) && (mask.q_seg == nullptr || mask.Visible(m0 + qi, j));
-            if (!visible) st[nt][2 * hr + c] = 0.f;
-          }
-      }
-    }
+    ExpScoresT(st, lse2_s, scale_log2, t);
+    if (!mask.AllVisible(m0, m0 + kBlockM, n0w, n0w + 64))
+      MaskProbabilitiesT(st, mask, n0w + key_row0, m0, g, t);
 
     // ---- dV += P^T dO: P^T from registers (RS), B = dO MN-major ------------
     uint32_t ap[kBlockM / kMmaK][4];
 #pragma unroll
     for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
-      ap[ks][0] = Pack2<T>(st[2 * ks][0], st[2 * ks][1]);
-      ap[ks][1] = Pack2<T>(st[2 * ks][2], st[2 * ks][3]);
-      ap[ks][2] = Pack2<T>(st[2 * ks + 1][0], st[2 * ks + 1][1]);
-      ap[ks][3] = Pack2<T>(st[2 * ks + 1][2], st[2 * ks + 1][3]);
+      PackA<T>(ap[ks], st[2 * ks], st[2 * ks + 1]);
     }
     sm90::WgmmaFence();
 #pragma unroll
@@ -283,12 +243,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if constexpr (!kSoftcap) {
       sm90::WgmmaWait<1>();  // dP^T (dV may still run)
       sm90::FenceRegisters(dpt);
-#pragma unroll
-      for (int nt = 0; nt < kQTiles; ++nt) {
-        const float2 dl = *reinterpret_cast<const float2*>(delta_s + nt * 8 + 2 * t);
-#pragma unroll
-        for (int r = 0; r < 4; ++r) dpt[nt][r] -= r % 2 ? dl.y : dl.x;
-      }
+      SubtractDelta(dpt, delta_s, t);
     }
     // dS^T goes through shared memory once and feeds two GEMMs from there:
     // dK as a K-major A (rows = keys), dQ as an M-major A (transposed).

@@ -172,10 +172,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
       uint32_t a[kMT][4];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
-        a[mt][0] = Pack2<T>(s[mt][2 * ks][0], s[mt][2 * ks][1]);
-        a[mt][1] = Pack2<T>(s[mt][2 * ks][2], s[mt][2 * ks][3]);
-        a[mt][2] = Pack2<T>(s[mt][2 * ks + 1][0], s[mt][2 * ks + 1][1]);
-        a[mt][3] = Pack2<T>(s[mt][2 * ks + 1][2], s[mt][2 * ks + 1][3]);
+        PackA<T>(a[mt], s[mt][2 * ks], s[mt][2 * ks + 1]);
       }
 #pragma unroll
       for (int dt2 = 0; dt2 < kHeadDim / 16; ++dt2) {

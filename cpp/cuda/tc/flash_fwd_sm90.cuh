@@ -152,10 +152,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     uint32_t a[kBlockN / kMmaK][4];
 #pragma unroll
     for (int ks = 0; ks < kBlockN / kMmaK; ++ks) {
-      a[ks][0] = Pack2<T>(s[0][2 * ks][0], s[0][2 * ks][1]);
-      a[ks][1] = Pack2<T>(s[0][2 * ks][2], s[0][2 * ks][3]);
-      a[ks][2] = Pack2<T>(s[0][2 * ks + 1][0], s[0][2 * ks + 1][1]);
-      a[ks][3] = Pack2<T>(s[0][2 * ks + 1][2], s[0][2 * ks + 1][3]);
+      PackA<T>(a[ks], s[0][2 * ks], s[0][2 * ks + 1]);
     }
     sm90::WgmmaFence();
     sm90::FenceRegisters(o[0]);

@@ -99,6 +99,17 @@ __device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
   return r;
 }
 
+// The 16-bit A fragment (16 x 16) of one k-step from two 8-column tiles of
+// float accumulators (the C layout): how a result (P, dS) becomes the A
+// operand of the next MMA without going through shared memory.
+template <typename T>
+__device__ __forceinline__ void PackA(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = Pack2<T>(c0[0], c0[1]);
+  a[1] = Pack2<T>(c0[2], c0[3]);
+  a[2] = Pack2<T>(c1[0], c1[1]);
+  a[3] = Pack2<T>(c1[2], c1[3]);
+}
+
 template <typename T>
 __device__ __forceinline__ float ToFloat(T x) {
   if constexpr (std::is_same_v<T, __half>) {
