@@ -186,25 +186,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // each wait names how many of the latest may still run.
     float st[kQTiles][4], dpt[kQTiles][4];
     sm90::WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / kMmaK; ++kk) {
-      const uint32_t block = kk / 4, step_bytes = (kk % 4) * 32;
-      const uint64_t desc_k =
-          sm90::SmemDescriptor(k_rows + block * kBlockN * kRow + step_bytes, 0, sm90::kAtomBytes);
-      const uint64_t desc_q =
-          sm90::SmemDescriptor(q_tile + block * kBlockM * kRow + step_bytes, 0, sm90::kAtomBytes);
-      sm90::WgmmaSS<T, 0>(st, desc_k, desc_q, kk > 0);
-    }
+    sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(st, k_rows, q_tile);
     sm90::WgmmaCommit();
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / kMmaK; ++kk) {
-      const uint32_t block = kk / 4, step_bytes = (kk % 4) * 32;
-      const uint64_t desc_v =
-          sm90::SmemDescriptor(v_rows + block * kBlockN * kRow + step_bytes, 0, sm90::kAtomBytes);
-      const uint64_t desc_do =
-          sm90::SmemDescriptor(do_tile + block * kBlockM * kRow + step_bytes, 0, sm90::kAtomBytes);
-      sm90::WgmmaSS<T, 0>(dpt, desc_v, desc_do, kk > 0);
-    }
+    sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(dpt, v_rows, do_tile);
     sm90::WgmmaCommit();
 
     // ---- P^T (as flash_bwd.cuh) -------------------------------------------

@@ -125,19 +125,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const uint32_t v_tile = sV + stage * Traits::kKvBytes;
 
     // ---- S = Q K^T ----------------------------------------------------------
-    // k-step kk covers columns 16kk..16kk+15: column block kk / 4, 32 bytes
-    // per step inside a block's 128-byte rows.
     float s[1][kNTiles][4];
     sm90::WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / kMmaK; ++kk) {
-      const uint32_t block = kk / 4, step_bytes = (kk % 4) * 32;
-      const uint64_t desc_q = sm90::SmemDescriptor(
-          q_rows + block * kBlockM * sm90::kSwizzleBytes + step_bytes, 0, sm90::kAtomBytes);
-      const uint64_t desc_k = sm90::SmemDescriptor(
-          k_tile + block * kBlockN * sm90::kSwizzleBytes + step_bytes, 0, sm90::kAtomBytes);
-      sm90::WgmmaSS<T, 0>(s[0], desc_q, desc_k, kk > 0);
-    }
+    sm90::GemmKMajor<T, kHeadDim, kBlockM, kBlockN>(s[0], q_rows, k_tile);
     sm90::WgmmaCommit();
     sm90::WgmmaWait<0>();
     sm90::FenceRegisters(s[0]);
