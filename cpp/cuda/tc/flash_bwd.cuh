@@ -847,9 +847,15 @@ cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool determini
     if (err != cudaSuccess) return err;
   }
 
+  // The Hopper kernel declines (cudaErrorNotSupported) where TMA cannot
+  // address Q or dO; the sm_80 kernel, with the same dQ accumulator, runs then.
+  bool dkdv_launched = false;
   if constexpr (kSm90) {
-    if ((err = LaunchBwdSm90DkDv<T, kHeadDim>(args, stream)) != cudaSuccess) return err;
-  } else {
+    err = LaunchBwdSm90DkDv<T, kHeadDim>(args, stream);
+    if (err == cudaSuccess) dkdv_launched = true;
+    else if (err != cudaErrorNotSupported) return err;
+  }
+  if (!dkdv_launched) {
     const int64_t n_blocks = CeilDiv(shape.seqlen_k, Traits::kBlockN);
     if (n_blocks > 0) {
       const dim3 grid(static_cast<unsigned>(n_blocks), static_cast<unsigned>(shape.num_heads_kv),

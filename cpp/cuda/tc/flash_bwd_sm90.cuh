@@ -29,6 +29,7 @@
 
 #include "tc/flash_bwd.cuh"
 #include "tc/flash_fwd_sm90.cuh"
+#include "tc/tma.cuh"
 #include "tc/wgmma.cuh"
 
 namespace jax_flash::cuda::tc {
@@ -52,8 +53,16 @@ struct BwdSm90Traits {
   static constexpr int kDqPartBytes = kBlockM * kDqRowBytes;
   static constexpr int kSmemBytes = 2 * kKvBytes + 2 * kStages * kQBytes + kDsBytes +
                                     2 * kDqPartBytes + 2 * kStages * kStatBytes +
-                                    sm90::kAtomBytes;
+                                    kStages * 8 + sm90::kAtomBytes;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma shapes are written for D 64 and 128");
+};
+
+// The kernel's parameters: Q and dO come through TMA (tma.cuh), in boxes
+// of 64 columns x kBlockM rows.
+struct BwdSm90Args {
+  BwdArgs args;
+  CUtensorMap q_map;
+  CUtensorMap dout_map;
 };
 
 // Named barrier of one warpgroup (ids 1, 2; 0 is __syncthreads).
@@ -66,13 +75,14 @@ __device__ __forceinline__ void WarpgroupBarrier(int warpgroup) {
 // below meet in one function.
 template <typename T, typename Traits, bool kSoftcap>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    FlashBwdSm90Kernel(const __grid_constant__ BwdArgs args) {
+    FlashBwdSm90Kernel(const __grid_constant__ BwdSm90Args tma_args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kQTiles = kBlockM / kMmaN;   // n-tiles of S^T (queries)
   constexpr int kDTiles = kHeadDim / kMmaN;  // n-tiles of dK, dV, dQ
   constexpr uint32_t kRow = sm90::kSwizzleBytes;
+  const BwdArgs& args = tma_args.args;
   const BwdParams& p = args.p;
 
   extern __shared__ unsigned char smem_raw[];
@@ -86,6 +96,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   float* sLse = reinterpret_cast<float*>(smem_raw + (sDq + 2 * Traits::kDqPartBytes -
                                                      SmemAddr(smem_raw)));
   float* sDelta = sLse + Traits::kStages * kBlockM;
+  // One mbarrier per stage: complete when the stage's Q and dO tiles are in.
+  const uint32_t full_bar = SmemAddr(sDelta + Traits::kStages * kBlockM);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int warpgroup = warp / 4, wg_warp = warp % 4, wg_tid = tid % 128;
@@ -110,17 +122,24 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int64_t m_count = q_begin < q_end ? CeilDiv(q_end, kBlockM) - m_begin : 0;
   const int64_t steps = group * m_count;
 
+  // A step's loads: Q and dO through TMA (thread 0; rows past seqlen_q and
+  // columns past head_dim arrive as zeros) onto the stage's mbarrier, lse2
+  // and D with cp.async (threads 0..127).
   auto issue = [&](int64_t gi, int64_t mi, int stage) {
     const int64_t h = h_kv * group + gi;
     const int64_t m0 = (m_begin + mi) * kBlockM;
-    const GmemRows<T> q{static_cast<const T*>(p.q) + Offset(p.q_strides, b, 0, h),
-                        p.q_strides.row, seqlen_q, head_dim};
-    const GmemRows<T> d_o{static_cast<const T*>(p.dout) + Offset(p.dout_strides, b, 0, h),
-                          p.dout_strides.row, seqlen_q, head_dim};
-    LoadSwizzledTile<T, kBlockM, kHeadDim, Traits::kThreads>(sQ + stage * Traits::kQBytes, q, m0,
-                                                             tid);
-    LoadSwizzledTile<T, kBlockM, kHeadDim, Traits::kThreads>(sdO + stage * Traits::kQBytes, d_o,
-                                                             m0, tid);
+    if (tid == 0) {
+      const uint32_t bar = full_bar + 8 * stage;
+      sm90::MbarrierArriveExpectTx(bar, 2 * Traits::kQBytes);
+#pragma unroll
+      for (int block = 0; block < kHeadDim / 64; ++block) {
+        const uint32_t offset = stage * Traits::kQBytes + block * kBlockM * kRow;
+        sm90::TmaLoadBox(sQ + offset, &tma_args.q_map, block * 64, static_cast<int>(m0),
+                         static_cast<int>(h), static_cast<int>(b), bar);
+        sm90::TmaLoadBox(sdO + offset, &tma_args.dout_map, block * 64, static_cast<int>(m0),
+                         static_cast<int>(h), static_cast<int>(b), bar);
+      }
+    }
     LoadRowStats<kBlockM>(args, (b * num_heads_q + h) * seqlen_q, m0, seqlen_q,
                           sLse + stage * kBlockM, sDelta + stage * kBlockM, tid);
   };
@@ -128,6 +147,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sK, k, n0, tid);
   LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sV, v, n0, tid);
   CpAsyncCommit();
+  if (tid == 0) {
+    for (int stage = 0; stage < Traits::kStages; ++stage) sm90::MbarrierInit(full_bar + 8 * stage, 1);
+    sm90::FenceBarrierInit();
+  }
+  __syncthreads();  // the barriers are initialized before anyone uses them
   if (steps > 0) {
     issue(0, 0, 0);
     CpAsyncCommit();
@@ -151,6 +175,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int dq_col0 = warpgroup * kDqCols;
   const uint32_t dq_k_cols = sK + (dq_col0 / 64) * kBlockN * kRow + (dq_col0 % 64) * 2;
   const uint32_t dq_part = sDq + warpgroup * Traits::kDqPartBytes;
+  // Descriptors of the tiles that stay put (the k-steps add offsets): dS^T
+  // as dQ's M-major A (all 128 keys) and as dK's K-major A (this warpgroup's
+  // rows), K's dQ columns as dQ's MN-major B.
+  const uint64_t desc_ds = sm90::SmemDescriptor(sdS, kBlockN * kRow, sm90::kAtomBytes);
+  const uint64_t desc_dst = sm90::SmemDescriptor(ds_rows, 0, sm90::kAtomBytes);
+  const uint64_t desc_kt = sm90::SmemDescriptor(dq_k_cols, kBlockN * kRow, sm90::kAtomBytes);
   using Acc = DqAccumLayout<kHeadDim>;
   // The staging rows' padding is added to the accumulator's: keep it zero.
   for (int r = tid; r < 2 * kBlockM; r += Traits::kThreads) {
@@ -163,8 +193,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   int64_t gi = 0, mi = 0;
   for (int64_t s = 0; s < steps; ++s) {
     const int stage = static_cast<int>(s & 1);
-    // Publishes this stage (and K/V the first time) to both warpgroups, and
-    // both are done with the previous step: its stage and sdS are free.
+    // Publishes this stage's lse2 and D (and K/V the first time) to both
+    // warpgroups, and both are done with the previous step: its stage and
+    // sdS are free.
     CpAsyncWait<0>();
     sm90::FenceProxyAsync();
     __syncthreads();
@@ -175,6 +206,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       issue(gi, mi, stage ^ 1);
       CpAsyncCommit();
     }
+    // The stage's k-th use completes its barrier's phase k (parity k % 2).
+    sm90::MbarrierWait(full_bar + 8 * stage, static_cast<uint32_t>((s / Traits::kStages) & 1));
     const uint32_t q_tile = sQ + stage * Traits::kQBytes;
     const uint32_t do_tile = sdO + stage * Traits::kQBytes;
     const float* lse2_s = sLse + stage * kBlockM;
@@ -214,12 +247,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       PackA<T>(ap[ks], st[2 * ks], st[2 * ks + 1]);
     }
     sm90::WgmmaFence();
+    const uint64_t desc_do = sm90::SmemDescriptor(do_tile, kBlockM * kRow, sm90::kAtomBytes);
 #pragma unroll
     for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
       // k-step ks = queries 16ks..16ks+15: two 8-row groups of the dO tile.
-      const uint64_t desc_do = sm90::SmemDescriptor(do_tile + ks * 2 * sm90::kAtomBytes,
-                                                    kBlockM * kRow, sm90::kAtomBytes);
-      sm90::WgmmaRS<T, 1>(dv, ap[ks], desc_do, 1);
+      sm90::WgmmaRS<T, 1>(dv, ap[ks], sm90::DescriptorPlus(desc_do, ks * 2 * sm90::kAtomBytes), 1);
     }
     sm90::WgmmaCommit();
 
@@ -267,20 +299,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kBlockN / kMmaK; ++kk) {
         // k-step kk = keys 16kk..16kk+15: rows of dS^T and of K.
-        const uint64_t desc_ds = sm90::SmemDescriptor(sdS + kk * 2 * sm90::kAtomBytes,
-                                                      kBlockN * kRow, sm90::kAtomBytes);
-        const uint64_t desc_kt = sm90::SmemDescriptor(dq_k_cols + kk * 2 * sm90::kAtomBytes,
-                                                      kBlockN * kRow, sm90::kAtomBytes);
-        sm90::WgmmaSS<T, 1, 1>(dq, desc_ds, desc_kt, kk > 0);
+        const uint32_t step = kk * 2 * sm90::kAtomBytes;
+        sm90::WgmmaSS<T, 1, 1>(dq, sm90::DescriptorPlus(desc_ds, step),
+                               sm90::DescriptorPlus(desc_kt, step), kk > 0);
       }
       sm90::WgmmaCommit();
       // ---- dK += dS^T Q: A = dS^T K-major, B = Q MN-major -------------------
+      const uint64_t desc_q = sm90::SmemDescriptor(q_tile, kBlockM * kRow, sm90::kAtomBytes);
 #pragma unroll
       for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
-        const uint64_t desc_q = sm90::SmemDescriptor(q_tile + ks * 2 * sm90::kAtomBytes,
-                                                     kBlockM * kRow, sm90::kAtomBytes);
-        const uint64_t desc_dst = sm90::SmemDescriptor(ds_rows + ks * 32, 0, sm90::kAtomBytes);
-        sm90::WgmmaSS<T, 1>(dk, desc_dst, desc_q, 1);
+        sm90::WgmmaSS<T, 1>(dk, sm90::DescriptorPlus(desc_dst, ks * 32),
+                            sm90::DescriptorPlus(desc_q, ks * 2 * sm90::kAtomBytes), 1);
       }
       sm90::WgmmaCommit();
       sm90::WgmmaWait<1>();  // dQ (and dV) done; dK may still run
@@ -336,12 +365,24 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #endif
 }
 
+// cudaErrorNotSupported when TMA cannot address Q or dO (see
+// EncodeRowsTensorMap): the caller runs the sm_80 kernel then.
 template <typename T, int kHeadDim>
 cudaError_t LaunchBwdSm90DkDv(const BwdArgs& args, cudaStream_t stream) {
   using Traits = BwdSm90Traits<kHeadDim>;
   const AttentionShape& shape = args.p.shape;
   const int64_t n_blocks = CeilDiv(shape.seqlen_k, Traits::kBlockN);
   if (n_blocks == 0) return cudaSuccess;
+  BwdSm90Args tma_args;
+  tma_args.args = args;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  if (!EncodeRowsTensorMap(&tma_args.q_map, args.p.q, args.p.q_strides, shape.batch,
+                           shape.seqlen_q, shape.num_heads_q, shape.head_dim, Traits::kBlockM,
+                           kBf16) ||
+      !EncodeRowsTensorMap(&tma_args.dout_map, args.p.dout, args.p.dout_strides, shape.batch,
+                           shape.seqlen_q, shape.num_heads_q, shape.head_dim, Traits::kBlockM,
+                           kBf16))
+    return cudaErrorNotSupported;
   auto kernel = args.softcap > 0.f ? FlashBwdSm90Kernel<T, Traits, true>
                                    : FlashBwdSm90Kernel<T, Traits, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -354,7 +395,7 @@ cudaError_t LaunchBwdSm90DkDv(const BwdArgs& args, cudaStream_t stream) {
   if (n_blocks > 65535) return cudaErrorInvalidConfiguration;
   const dim3 grid(static_cast<unsigned>(shape.num_heads_kv), static_cast<unsigned>(shape.batch),
                   static_cast<unsigned>(n_blocks));
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(tma_args);
   return cudaGetLastError();
 }
 
