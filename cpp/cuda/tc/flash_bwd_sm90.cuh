@@ -4,8 +4,9 @@
 //
 // Work partition: one CTA per (block of 128 keys, KV head, batch), two
 // warpgroups of 64 keys each; the CTA walks (query head of the GQA group,
-// block of 64 queries) steps, Q / dO / lse2 / delta double-buffered with
-// cp.async in 128-byte-swizzled tiles. Per warpgroup and step:
+// block of 64 queries) steps. Q and dO come through TMA (tma.cuh), lse2 and
+// D through cp.async, double-buffered, all completing on the stage's
+// mbarrier. Per warpgroup and step:
 //   S^T  = K_w Q^T,  dP^T = V_w dO^T   SS, both operands K-major (64 x 64)
 //   P^T, dS^T in registers (mask, softcap: as flash_bwd.cuh)
 //   dV  += P^T dO (RS: P^T from registers), dK += dS^T Q (SS), B MN-major
@@ -19,11 +20,17 @@
 // float32 accumulator: warpgroup w adds columns [w D/2, (w+1) D/2) of the
 // step's 64 queries, summed over all 128 keys of the CTA (so both
 // warpgroups' dS^T must be written first: a CTA barrier), as one bulk
-// reduction of a contiguous range (DqAccumLayout). The dQ traffic, not the
-// GEMMs, bounds this kernel. H100, D = 128, S = 16k, kernel alone: float
-// atomics of every warpgroup's own keys' full-width part 266 TFLOP/s; this
-// split, one bulk reduction per row 340; one per warpgroup and step 363; no
-// dQ output at all 559. (D = 64: 261, 251, 302, 480.)
+// reduction of a contiguous range (DqAccumLayout). That barrier in the middle
+// of the step is the only one: the next step's loads are issued right after
+// it, and dS^T alternates between two buffers, so a warpgroup goes on into
+// the next step while the other still finishes this one.
+//
+// What each piece was worth (H100, bf16, D = 128, S = 16k, kernel alone,
+// TFLOP/s): float atomics of every warpgroup's own keys' full-width dQ 266;
+// the column split with one bulk reduction per row 340, per warpgroup and
+// step 363 (no dQ output at all: 559); descriptors moved by offsets instead
+// of rebuilt per k-step 389; TMA instead of 256 threads' cp.async for Q and
+// dO 403; no CTA barrier at the top of the step 474.
 // Fast mode only; the deterministic mode keeps the sm_80 kernels.
 #pragma once
 
@@ -44,6 +51,7 @@ struct BwdSm90Traits {
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // K or V
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // one stage of Q or dO
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;   // dS^T, [key][query]
+  static constexpr int kDsBuffers = 2;  // step s writes buffer s % 2
   static constexpr int kStatBytes = kBlockM * 4;           // one stage of lse2 or delta
   // One warpgroup's float32 dQ part, kBlockM x kDqCols, rows padded as the
   // accumulator's (DqAccumLayout): a half-warp's fragment stores then hit 32
@@ -51,7 +59,7 @@ struct BwdSm90Traits {
   static constexpr int kDqCols = DqAccumLayout<kHeadDim>::kHalf;
   static constexpr int kDqRowBytes = DqAccumLayout<kHeadDim>::kHalfRowFloats * 4;
   static constexpr int kDqPartBytes = kBlockM * kDqRowBytes;
-  static constexpr int kSmemBytes = 2 * kKvBytes + 2 * kStages * kQBytes + kDsBytes +
+  static constexpr int kSmemBytes = 2 * kKvBytes + 2 * kStages * kQBytes + kDsBuffers * kDsBytes +
                                     2 * kDqPartBytes + 2 * kStages * kStatBytes +
                                     kStages * 8 + sm90::kAtomBytes;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma shapes are written for D 64 and 128");
@@ -92,11 +100,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t sQ = sV + Traits::kKvBytes;              // [kStages]
   const uint32_t sdO = sQ + Traits::kStages * Traits::kQBytes;   // [kStages]
   const uint32_t sdS = sdO + Traits::kStages * Traits::kQBytes;
-  const uint32_t sDq = sdS + Traits::kDsBytes;            // [2 warpgroups]
+  const uint32_t sDq = sdS + Traits::kDsBuffers * Traits::kDsBytes;  // [2 warpgroups]
   float* sLse = reinterpret_cast<float*>(smem_raw + (sDq + 2 * Traits::kDqPartBytes -
                                                      SmemAddr(smem_raw)));
   float* sDelta = sLse + Traits::kStages * kBlockM;
-  // One mbarrier per stage: complete when the stage's Q and dO tiles are in.
+  // One mbarrier per stage: its phase completes when the stage's Q and dO
+  // tiles (TMA bytes) and lse2 and D (the cp.async arrivals of the threads
+  // that load them) are in.
   const uint32_t full_bar = SmemAddr(sDelta + Traits::kStages * kBlockM);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -122,9 +132,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int64_t m_count = q_begin < q_end ? CeilDiv(q_end, kBlockM) - m_begin : 0;
   const int64_t steps = group * m_count;
 
-  // A step's loads: Q and dO through TMA (thread 0; rows past seqlen_q and
-  // columns past head_dim arrive as zeros) onto the stage's mbarrier, lse2
-  // and D with cp.async (threads 0..127).
+  // A step's loads, all onto the stage's mbarrier: Q and dO through TMA
+  // (thread 0; rows past seqlen_q and columns past head_dim arrive as
+  // zeros), lse2 and D with cp.async (threads 0..2 kBlockM - 1).
+  constexpr int kStatThreads = 2 * kBlockM;  // LoadRowStats
   auto issue = [&](int64_t gi, int64_t mi, int stage) {
     const int64_t h = h_kv * group + gi;
     const int64_t m0 = (m_begin + mi) * kBlockM;
@@ -142,20 +153,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     LoadRowStats<kBlockM>(args, (b * num_heads_q + h) * seqlen_q, m0, seqlen_q,
                           sLse + stage * kBlockM, sDelta + stage * kBlockM, tid);
+    if (tid < kStatThreads) sm90::CpAsyncArriveOn(full_bar + 8 * stage);
   };
 
   LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sK, k, n0, tid);
   LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sV, v, n0, tid);
   CpAsyncCommit();
   if (tid == 0) {
-    for (int stage = 0; stage < Traits::kStages; ++stage) sm90::MbarrierInit(full_bar + 8 * stage, 1);
+    for (int stage = 0; stage < Traits::kStages; ++stage)
+      sm90::MbarrierInit(full_bar + 8 * stage, 1 + kStatThreads);
     sm90::FenceBarrierInit();
   }
   __syncthreads();  // the barriers are initialized before anyone uses them
-  if (steps > 0) {
-    issue(0, 0, 0);
-    CpAsyncCommit();
-  }
+  if (steps > 0) issue(0, 0, 0);
+  CpAsyncWait<0>();  // K and V, published to all threads and to wgmma here
+  sm90::FenceProxyAsync();
+  __syncthreads();
 
   float dk[kDTiles][4], dv[kDTiles][4];
 #pragma unroll
@@ -192,20 +205,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   int64_t gi = 0, mi = 0;
   for (int64_t s = 0; s < steps; ++s) {
+    // No CTA barrier at the top of a step: a warpgroup that is done with
+    // step s - 1 starts step s while the other's dK GEMM may still run. The
+    // loads of step s were issued after the middle barrier of step s - 1,
+    // when both warpgroups were done with the stage; dS^T alternates
+    // between two buffers so that this step's writes miss the other
+    // warpgroup's dQ GEMM of step s - 1.
     const int stage = static_cast<int>(s & 1);
-    // Publishes this stage's lse2 and D (and K/V the first time) to both
-    // warpgroups, and both are done with the previous step: its stage and
-    // sdS are free.
-    CpAsyncWait<0>();
-    sm90::FenceProxyAsync();
-    __syncthreads();
+    const uint32_t ds_offset = static_cast<uint32_t>(s & 1) * Traits::kDsBytes;
     const int64_t h = h_kv * group + gi;
     const int64_t m0 = (m_begin + mi) * kBlockM;
     if (++mi == m_count) { mi = 0; ++gi; }
-    if (s + 1 < steps) {
-      issue(gi, mi, stage ^ 1);
-      CpAsyncCommit();
-    }
     // The stage's k-th use completes its barrier's phase k (parity k % 2).
     sm90::MbarrierWait(full_bar + 8 * stage, static_cast<uint32_t>((s / Traits::kStages) & 1));
     const uint32_t q_tile = sQ + stage * Traits::kQBytes;
@@ -269,10 +279,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // and 16ks + 8 + 2t (chunk 2ks + 1), in the swizzled [key][query] tile.
       const int row = warpgroup * 64 + key_row0 + g;
       const uint32_t lane_bytes = 4 * t;
-      const uint32_t at00 = sdS + sm90::SwizzledOffset(row, 2 * ks, kBlockN) + lane_bytes;
-      const uint32_t at10 = sdS + sm90::SwizzledOffset(row + 8, 2 * ks, kBlockN) + lane_bytes;
-      const uint32_t at01 = sdS + sm90::SwizzledOffset(row, 2 * ks + 1, kBlockN) + lane_bytes;
-      const uint32_t at11 = sdS + sm90::SwizzledOffset(row + 8, 2 * ks + 1, kBlockN) + lane_bytes;
+      const uint32_t ds_buf = sdS + ds_offset + lane_bytes;
+      const uint32_t at00 = ds_buf + sm90::SwizzledOffset(row, 2 * ks, kBlockN);
+      const uint32_t at10 = ds_buf + sm90::SwizzledOffset(row + 8, 2 * ks, kBlockN);
+      const uint32_t at01 = ds_buf + sm90::SwizzledOffset(row, 2 * ks + 1, kBlockN);
+      const uint32_t at11 = ds_buf + sm90::SwizzledOffset(row + 8, 2 * ks + 1, kBlockN);
       const float(&d0)[4] = dpt[2 * ks];
       const float(&d1)[4] = dpt[2 * ks + 1];
       const float(&p0)[4] = st[2 * ks];
@@ -290,7 +301,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // previous step (issued long ago) has read it.
     if (wg_tid == 0) sm90::BulkWaitRead<0>();
     sm90::FenceProxyAsync();
-    __syncthreads();  // dQ reads the other warpgroup's dS^T rows too
+    // dQ reads the other warpgroup's dS^T rows too; and both warpgroups are
+    // done with step s - 1, so its stage takes step s + 1's loads.
+    __syncthreads();
+    if (s + 1 < steps) issue(gi, mi, stage ^ 1);
 
     // dQ part: 64 queries x kDqCols columns, reduced over the CTA's keys.
     {
@@ -300,7 +314,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       for (int kk = 0; kk < kBlockN / kMmaK; ++kk) {
         // k-step kk = keys 16kk..16kk+15: rows of dS^T and of K.
         const uint32_t step = kk * 2 * sm90::kAtomBytes;
-        sm90::WgmmaSS<T, 1, 1>(dq, sm90::DescriptorPlus(desc_ds, step),
+        sm90::WgmmaSS<T, 1, 1>(dq, sm90::DescriptorPlus(desc_ds, ds_offset + step),
                                sm90::DescriptorPlus(desc_kt, step), kk > 0);
       }
       sm90::WgmmaCommit();
@@ -308,7 +322,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const uint64_t desc_q = sm90::SmemDescriptor(q_tile, kBlockM * kRow, sm90::kAtomBytes);
 #pragma unroll
       for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
-        sm90::WgmmaSS<T, 1>(dk, sm90::DescriptorPlus(desc_dst, ks * 32),
+        sm90::WgmmaSS<T, 1>(dk, sm90::DescriptorPlus(desc_dst, ds_offset + ks * 32),
                             sm90::DescriptorPlus(desc_q, ks * 2 * sm90::kAtomBytes), 1);
       }
       sm90::WgmmaCommit();
@@ -358,7 +372,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     }
   }
-  CpAsyncWait<0>();  // K/V were loaded even when no query block sees this key block
   if (wg_tid == 0) sm90::BulkWait<0>();  // the staging tile must outlive its reads
 #else
   __trap();  // built without sm_90a; the dispatch never launches it then

@@ -96,6 +96,11 @@ __device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
+// Arrives on the barrier when this thread's earlier cp.async copies are
+// done (the arrival is part of the barrier's initial count: .noinc).
+__device__ __forceinline__ void CpAsyncArriveOn(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 // Copies the box at (col, row, head, batch) of `map` to shared `dst`
 // (1024-byte aligned for the swizzle), completing its bytes on `bar`.
 __device__ __forceinline__ void TmaLoadBox(uint32_t dst, const CUtensorMap* map, int col, int row,
