@@ -273,29 +273,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     // dS^T goes through shared memory once and feeds two GEMMs from there:
     // dK as a K-major A (rows = keys), dQ as an M-major A (transposed).
+    // One stmatrix per 16 queries: matrices (keys g, g + 8) x (queries
+    // 16ks + 0..7, 16ks + 8..15) of this warp's 16 keys; lane l addresses
+    // row l % 8 of matrix l / 8 in the swizzled [key][query] tile.
+    const int st_row = warpgroup * 64 + key_row0 + lane % 8 + ((lane / 8) % 2) * 8;
 #pragma unroll
     for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
-      // dS^T rows g and g + 8 of this warp, queries 16ks + 2t (chunk 2ks)
-      // and 16ks + 8 + 2t (chunk 2ks + 1), in the swizzled [key][query] tile.
-      const int row = warpgroup * 64 + key_row0 + g;
-      const uint32_t lane_bytes = 4 * t;
-      const uint32_t ds_buf = sdS + ds_offset + lane_bytes;
-      const uint32_t at00 = ds_buf + sm90::SwizzledOffset(row, 2 * ks, kBlockN);
-      const uint32_t at10 = ds_buf + sm90::SwizzledOffset(row + 8, 2 * ks, kBlockN);
-      const uint32_t at01 = ds_buf + sm90::SwizzledOffset(row, 2 * ks + 1, kBlockN);
-      const uint32_t at11 = ds_buf + sm90::SwizzledOffset(row + 8, 2 * ks + 1, kBlockN);
       const float(&d0)[4] = dpt[2 * ks];
       const float(&d1)[4] = dpt[2 * ks + 1];
       const float(&p0)[4] = st[2 * ks];
       const float(&p1)[4] = st[2 * ks + 1];
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at00),
-                   "r"(Pack2<T>(d0[0] * p0[0], d0[1] * p0[1])));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at10),
-                   "r"(Pack2<T>(d0[2] * p0[2], d0[3] * p0[3])));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at01),
-                   "r"(Pack2<T>(d1[0] * p1[0], d1[1] * p1[1])));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at11),
-                   "r"(Pack2<T>(d1[2] * p1[2], d1[3] * p1[3])));
+      sm90::StMatrixX4(sdS + ds_offset + sm90::SwizzledOffset(st_row, 2 * ks + lane / 16, kBlockN),
+                       Pack2<T>(d0[0] * p0[0], d0[1] * p0[1]), Pack2<T>(d0[2] * p0[2], d0[3] * p0[3]),
+                       Pack2<T>(d1[0] * p1[0], d1[1] * p1[1]), Pack2<T>(d1[2] * p1[2], d1[3] * p1[3]));
     }
     // The dQ part's staging tile is free again once the bulk reduce of the
     // previous step (issued long ago) has read it.

@@ -99,6 +99,16 @@ __device__ __forceinline__ void BulkWait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+// Stores four 8x8 16-bit matrices from registers in the mma fragment layout
+// (register i: matrix i, row lane / 4, columns 2 (lane % 4) and + 1); lanes
+// 8i..8i+7 give the shared addresses of matrix i's rows (16 bytes each).
+__device__ __forceinline__ void StMatrixX4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                           uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // Keeps the compiler from moving accesses to accumulator registers across
 // the asynchronous MMAs that own them.
 template <int kRows>
