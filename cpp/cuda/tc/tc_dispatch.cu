@@ -48,9 +48,9 @@ bool Supports(const FwdParams& p, bool is_bf16_or_fp16) {
 }
 
 bool Supports(const BwdParams& p, bool is_bf16_or_fp16) {
-  // out and dout are read with 16-byte loads (D = rowsum(dout * out)); dq,
-  // dk, dv are written with 4-byte stores, so even strides would do, but
-  // one rule is simpler to state.
+  // out and dout are read with 16-byte loads (D = rowsum(dout * out)), the
+  // fast mode's dq is written with 16-byte stores (DqConvertKernel); dk, dv
+  // and the deterministic dq take 4-byte stores, but one rule is simpler.
   return Supports(static_cast<const FwdParams&>(p), is_bf16_or_fp16) && Aligned(p.dout) &&
          Aligned(p.dq) && Aligned(p.dk) && Aligned(p.dv) && VectorStrides(p.dout_strides) &&
          VectorStrides(p.dq_strides) && VectorStrides(p.dk_strides) &&
