@@ -337,7 +337,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         sm90::BulkCommit();
       }
     }
-    // dK reads this stage's Q and dS^T, which the next step overwrites.
+    // dK is finished within its step although its inputs (this stage, this
+    // dS^T buffer) are not rewritten before step s + 2: left in flight across
+    // the loop's back edge, ptxas serializes the kernel's wgmmas (C7515)
+    // unless dK's first k-step zeroes instead, and that variant measured no
+    // faster (NOTES.md).
     sm90::WgmmaWait<0>();
     sm90::FenceRegisters(dv);
     sm90::FenceRegisters(dk);
@@ -376,6 +380,7 @@ cudaError_t LaunchBwdSm90DkDv(const BwdArgs& args, cudaStream_t stream) {
   const AttentionShape& shape = args.p.shape;
   const int64_t n_blocks = CeilDiv(shape.seqlen_k, Traits::kBlockN);
   if (n_blocks == 0) return cudaSuccess;
+  if (n_blocks > 65535) return cudaErrorInvalidConfiguration;  // grid z, see below
   BwdSm90Args tma_args;
   tma_args.args = args;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
@@ -395,7 +400,6 @@ cudaError_t LaunchBwdSm90DkDv(const BwdArgs& args, cudaStream_t stream) {
   // most query blocks to visit, and launching every head's block n before
   // any block n + 1 leaves the short ones for the tail (H100, causal, S=4k:
   // D=128 242 -> 291 TFLOP/s, D=64 218 -> 243; no change without a mask).
-  if (n_blocks > 65535) return cudaErrorInvalidConfiguration;
   const dim3 grid(static_cast<unsigned>(shape.num_heads_kv), static_cast<unsigned>(shape.batch),
                   static_cast<unsigned>(n_blocks));
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(tma_args);
