@@ -74,18 +74,18 @@ void FwdItem(const FwdInputs<T>& in, int64_t item) {
       Vec<A> row_max = Load(s_row);
       for (int64_t c = kLanes<A>; c < kBlockN; c += kLanes<A>) row_max = Max<A>(row_max, Load(s_row + c));
       const A m_new = std::max(m[r], ReduceMax<A>(row_max));
-      if (m_new == -std::numeric_limits<A>::infinity()) {
-        // Nothing visible in this row so far: P = 0 keeps O and l unchanged.
-        std::fill(s_row, s_row + kBlockN, A(0));
-        continue;
-      }
+      // While a row has seen nothing but -inf (hidden keys) and NaN, P is
+      // taken against 0: exp2(-inf) = 0 keeps O and l unchanged, and a NaN
+      // logit still gives P = NaN, so a NaN row becomes NaN (as in jax.nn)
+      // instead of passing for a row that sees no key.
+      const A m_ref = m_new == -std::numeric_limits<A>::infinity() ? A(0) : m_new;
       Vec<A> row_sum{};
       for (int64_t c = 0; c < kBlockN; c += kLanes<A>) {
-        const Vec<A> prob = Exp2<A>(Load(s_row + c) - m_new);
+        const Vec<A> prob = Exp2<A>(Load(s_row + c) - m_ref);
         Store(s_row + c, prob);
         row_sum += prob;
       }
-      const A alpha = std::exp2(m[r] - m_new);  // rescales what came before
+      const A alpha = std::exp2(m[r] - m_ref);  // rescales what came before; 0 while m = -inf
       l[r] = l[r] * alpha + ReduceSum<A>(row_sum);
       m[r] = m_new;
       if (head.dropout.enabled)  // l sums P before dropout; P V uses the dropped P
@@ -103,7 +103,9 @@ void FwdItem(const FwdInputs<T>& in, int64_t item) {
   A* lse = static_cast<A*>(p.lse) + (b * s.num_heads_q + h) * s.seqlen_q + i0;
   for (int64_t r = 0; r < rows; ++r) {
     A* o_row = o + r * Dp;
-    if (l[r] == A(0)) {  // no visible key: output 0, lse = log(0)
+    // No visible key: output 0, lse = log(0). A NaN l (a NaN logit) is not
+    // 0, so NaN reaches out and lse.
+    if (l[r] == A(0)) {
       std::fill(o_row, o_row + Dp, A(0));
       lse[r] = -std::numeric_limits<A>::infinity();
       continue;

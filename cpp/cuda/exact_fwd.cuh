@@ -189,7 +189,9 @@ __global__ void __launch_bounds__(kThreads) FlashFwdExactKernel(const FwdParams 
     sRowScale[row] = l;
     if (row < m_valid) {
       Acc* lse = static_cast<Acc*>(p.lse);
-      lse[RowStatOffset(s, b, h, i0 + row)] = l > Acc(0) ? m + Log(l) : -Infinity<Acc>();
+      // l == 0 only for a row that sees no key; a NaN logit makes l NaN,
+      // which then reaches lse and the output (jax.nn semantics).
+      lse[RowStatOffset(s, b, h, i0 + row)] = l == Acc(0) ? -Infinity<Acc>() : m + Log(l);
     }
   }
   __syncthreads();
@@ -206,7 +208,7 @@ __global__ void __launch_bounds__(kThreads) FlashFwdExactKernel(const FwdParams 
         const int d = omap.col(jj);
         // Division (not a reciprocal multiply): one rounding, as the reference.
         if (d < head_dim)
-          out[r * p.out_strides.row + d] = FromAcc<T>(row_l > Acc(0) ? o[i][jj] / row_l : Acc(0));
+          out[r * p.out_strides.row + d] = FromAcc<T>(row_l == Acc(0) ? Acc(0) : o[i][jj] / row_l);
       }
     }
   }

@@ -212,12 +212,16 @@ __device__ __forceinline__ void WriteOutput(const FwdParams& p, int64_t b, int64
       float l = row_l[mt][hr];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
-      // l == 0 only for rows that see no key: out = 0, lse = -inf.
-      const float inv_l = l > 0.f ? 1.f / l : 0.f;
+      // l == 0 only for rows that see no key: out = 0, lse = -inf. A NaN
+      // logit makes l NaN, which reaches out and lse (jax.nn semantics).
+      // Such a row writes 0 outright: its O may hold 0 x NaN from a NaN in
+      // a value row it cannot see.
+      const bool sees_nothing = l == 0.f;
+      const float inv_l = 1.f / l;
       const int64_t i = row0 + mt * 16 + g + hr * 8;
       if (i < seqlen_q) {
         if (t == 0) {
-          lse[i] = l > 0.f ? (row_m[mt][hr] * scale_log2 + __log2f(l)) * kLn2 : -INFINITY;
+          lse[i] = sees_nothing ? -INFINITY : (row_m[mt][hr] * scale_log2 + __log2f(l)) * kLn2;
         }
         T* out_row = out + i * p.out_strides.row;
 #pragma unroll
@@ -225,7 +229,8 @@ __device__ __forceinline__ void WriteOutput(const FwdParams& p, int64_t b, int64
           const int col = dt * 8 + 2 * t;
           if (col < head_dim) {
             *reinterpret_cast<uint32_t*>(out_row + col) =
-                Pack2<T>(o[mt][dt][2 * hr] * inv_l, o[mt][dt][2 * hr + 1] * inv_l);
+                sees_nothing ? 0u
+                             : Pack2<T>(o[mt][dt][2 * hr] * inv_l, o[mt][dt][2 * hr + 1] * inv_l);
           }
         }
       }
