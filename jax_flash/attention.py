@@ -179,11 +179,24 @@ def _dense_operand(name: str, x, batch_shape: tuple[int, ...], full: tuple[int, 
   return x.reshape((math.prod(batch_shape),) + shape[len(batch_shape):])
 
 
+# The kernels draw 16-bit numbers (cpp/include/jax_flash/dropout.h), so the
+# rate they realise is a multiple of 2^-16; kept values are scaled by exactly
+# 1 / (1 - that rate).
+DROPOUT_RATE_STEP = 2.0**-16
+
+
+def realised_dropout_rate(rate: float) -> float:
+  """The dropout rate the kernels apply for `rate`: the nearest multiple of 2^-16 below 1."""
+  steps = min(round(rate / DROPOUT_RATE_STEP), int(1 / DROPOUT_RATE_STEP) - 1)
+  return steps * DROPOUT_RATE_STEP
+
+
 def _dropout(dropout_rate, dropout_rng):
   """Checks dropout arguments; returns (rate, uint32 key words (1, 2) or absent)."""
   rate = _static_float("dropout_rate", dropout_rate)
   if not 0.0 <= rate < 1.0:
     raise ValueError(f"dropout_rate must be in [0, 1), got {rate}")
+  rate = realised_dropout_rate(rate)
   if rate == 0.0:
     return 0.0, _NO_KEY
   if dropout_rng is None:
@@ -234,7 +247,9 @@ def flash_attention(query, key, value, *, bias=None, mask=None,
       in the kernels: element ``(b, h, i, j)`` is kept with probability
       ``1 - dropout_rate`` (then scaled by ``1 / (1 - dropout_rate)``), as a
       function of the key and those indices alone, so forward, backward,
-      CPU and GPU draw the same mask. ``dropout_rng`` is a jax.random key.
+      CPU and GPU draw the same mask. The kernels draw 16-bit numbers, so
+      the rate is rounded to a multiple of 2^-16 (``realised_dropout_rate``)
+      and the scale uses the rounded rate. ``dropout_rng`` is a jax.random key.
     broadcast_dropout: one dropout mask for all batch elements and heads
       (Flax's ``broadcast_dropout``).
     deterministic: bitwise-reproducible gradients on GPUs (the CPU backward

@@ -17,6 +17,9 @@ from conftest import assert_flash_close
 from reference import Options, attention
 
 RATE = 0.3
+# The kernels draw 16-bit numbers: the rate they apply is RATE rounded to a
+# multiple of 2^-16, and kept values are scaled by 1 / (1 - that rate).
+REALISED = round(RATE * 2**16) / 2**16
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +49,17 @@ def test_keep_rate_and_scaling():
   # Kept entries are the softmax probabilities scaled by 1 / (1 - rate).
   probs = jax.nn.softmax(jnp.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1]), axis=-1)
   np.testing.assert_allclose(np.asarray(jnp.transpose(out, (0, 2, 1, 3)))[np.asarray(keep)],
-                             np.asarray(probs / (1 - RATE))[np.asarray(keep)], rtol=1e-10)
+                             np.asarray(probs / (1 - REALISED))[np.asarray(keep)], rtol=1e-10)
+
+
+def test_rate_is_rounded_to_a_multiple_of_2_to_the_minus_16():
+  assert REALISED != RATE and abs(REALISED - RATE) <= 2.0**-17
+  assert jax_flash.attention.realised_dropout_rate(RATE) == REALISED
+  assert jax_flash.attention.realised_dropout_rate(2.0**-18) == 0.0  # rounds to "off"
+  assert jax_flash.attention.realised_dropout_rate(0.9999999) == 1 - 2.0**-16
+  q, k, v = one_hot_problem()
+  out = jax_flash.flash_attention(q, k, v, dropout_rate=2.0**-18, dropout_rng=jax.random.key(0))
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(jax_flash.flash_attention(q, k, v)))
 
 
 def test_same_key_same_mask_other_key_other_mask():
@@ -107,7 +120,7 @@ def test_gradients_match_dense_reference_with_the_same_mask(dtype):
                                      dropout_rng=rng)
 
   def dense(q, k, v, bias):
-    return attention(q, k, v, visible, opts, bias=bias, keep=keep, dropout_rate=RATE)[0]
+    return attention(q, k, v, visible, opts, bias=bias, keep=keep, dropout_rate=REALISED)[0]
 
   cast = lambda xs, t: [jnp.asarray(x, t) for x in xs]
   out, vjp = jax.vjp(jax.jit(flash), *cast((q, k, v, bias), dtype))

@@ -77,16 +77,16 @@ inline void ScoreRow(A* s_row, const ScoreParams& score, const HeadView<A>& head
   }
 }
 
-// Calls keep(c, kept) for columns c < cols of row i, in order, with Philox
-// draws shared by each group of four columns.
+// Calls keep(c, kept) for columns c < cols of row i, in order. The Philox
+// calls of each aligned group of 16 columns serve all of it (dropout.h).
 template <typename F>
 inline void ForEachDropoutColumn(const HeadDropout& dropout, int64_t i, int64_t j0, int64_t cols,
                                  F&& keep) {
-  uint32_t draws[4];
+  uint32_t words[4][4];
   for (int64_t c = 0; c < cols; ++c) {
     const int64_t j = j0 + c;
-    if (c == 0 || (j & 3) == 0) dropout.Draws(i, j, draws);
-    keep(c, draws[j & 3] >= dropout.threshold);
+    if (c == 0 || (j & 15) == 0) dropout.RowCalls(i, j & ~int64_t(15), words);
+    keep(c, dropout.KeepIn(words, i, j));
   }
 }
 

@@ -144,23 +144,28 @@ __global__ void __launch_bounds__(kThreads) FlashFwdExactKernel(const FwdParams 
       // While a row has seen no visible key, m_new = -inf; exponentiate
       // against 0 instead so that exp(-inf - (-inf)) cannot produce NaN.
       const Acc m_ref = m_new == -Infinity<Acc>() ? Acc(0) : m_new;
-      // P in groups of four aligned keys, so that one Philox call
-      // (HeadDropout::Draws) serves the dropout of a whole group. l sums P
-      // before dropout; sP receives what multiplies V.
+      // P in Philox units, so that one call serves the dropout of a whole
+      // unit: unit k is the four keys 16 J + 2 p + {0, 1, 8, 9} of one call
+      // (dropout.h), J = j0 / 16 + k / 4, p = k % 4. l sums P before
+      // dropout; sP receives what multiplies V.
       Acc row_sum = Acc(0);
       const HeadDropout& dropout = head.dropout;
       const bool drop = dropout.enabled && row < m_valid;
-      for (int64_t g = (j0 & ~int64_t(3)) + 4 * row_lane; g < j0 + n_valid;
-           g += 4 * L::kThreadsPerRow) {
-        uint32_t draws[4] = {0, 0, 0, 0};
-        if (drop) dropout.Draws(i0 + row, g, draws);
+      const int64_t units = 4 * (CeilDiv(j0 + n_valid, 16) - j0 / 16);
+      for (int64_t k = row_lane; k < units; k += L::kThreadsPerRow) {
+        const int64_t unit_key = (j0 / 16 + k / 4) * 16 + 2 * (k % 4);
+        uint32_t words[4] = {0, 0, 0, 0};
+        if (drop) dropout.Call(i0 + row, unit_key, words);
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-          const int64_t c = g + u - j0;
+          const int64_t j = unit_key + (u & 1) + 8 * (u >> 1);
+          const int64_t c = j - j0;
           if (c < 0 || c >= n_valid) continue;
           const Acc prob = Exp(p_row[c] - m_ref);
           row_sum += prob;
-          p_row[c] = !drop ? prob : (draws[u] >= dropout.threshold ? prob * head.keep_scale : Acc(0));
+          const bool kept =
+              !drop || HeadDropout::Draw(words, HeadDropout::DrawSlot(i0 + row, j)) >= dropout.threshold;
+          p_row[c] = !drop ? prob : (kept ? prob * head.keep_scale : Acc(0));
         }
       }
       row_sum = GroupSum<L::kThreadsPerRow>(row_sum);

@@ -1,10 +1,25 @@
 // Dropout on attention probabilities, identical on every backend.
 //
 // Whether element (b, h, i, j) is kept is a pure function of the key and of
-// those four indices (Philox-4x32-10, a counter-based generator), so the CPU
-// and CUDA kernels, the forward and the backward, and any tiling draw the
-// same mask. One Philox call yields four 32-bit numbers; they serve four
-// consecutive columns j.
+// those four indices, so the CPU and CUDA kernels, the forward and the
+// backward, and any tiling draw the same mask: a 16-bit draw, kept when it is
+// >= a 16-bit threshold (the rate is a multiple of 2^-16; keep_scale uses that
+// exact rate, so the result stays unbiased).
+//
+// Draws come from Philox-4x32-10, a counter-based generator; one call gives
+// 8 draws (four 32-bit words, two 16-bit halves each). The 8 draws of a call
+// belong to one 16 x 16 block of (i, j): the elements
+//   (16 I + r + 8 a,  16 J + 2 p + c + 8 b),   a, b, c in {0, 1},
+// for fixed r = i % 8 and p = (j % 8) / 2. These are exactly the 8 elements one
+// thread holds in a tensor-core accumulator fragment (mma m16n8k16, or a
+// wgmma accumulator, over two n-tiles: rows g and g + 8, columns 2t, 2t + 1,
+// 8 + 2t, 9 + 2t, with g = r and t = p), so tensor-core kernels make one
+// Philox call per 8 elements, as FlashAttention-2 does with its 8-bit draws;
+// 16 bits keep the rate's resolution at 2^-16. Kernels that walk rows (CPU,
+// SIMT) use the 4 draws of a call that lie in their row.
+//
+// Counter words: {J, I, (r * 4 + p) << 24 | head, batch}; the draw of (i, j) is
+// half c of word 2 a + b.
 #pragma once
 
 #include <cstdint>
@@ -25,13 +40,18 @@ struct DropoutParams {
   bool broadcast_batch_and_heads = false;
 
   JAX_FLASH_HOST_DEVICE bool enabled() const { return rate > 0; }
-  // Kept elements are scaled by 1 / (1 - rate).
-  JAX_FLASH_HOST_DEVICE double keep_scale() const { return 1.0 / (1.0 - rate); }
-  // An element is kept when its 32-bit draw is >= this threshold.
+  // An element is kept when its 16-bit draw is >= this threshold: the rate
+  // rounded to a multiple of 2^-16 (jax_flash's Python side passes rates that
+  // already are). A rate below 2^-17 drops nothing.
   JAX_FLASH_HOST_DEVICE uint32_t threshold() const {
-    const double t = rate * 4294967296.0;  // rate * 2^32
-    return t >= 4294967295.0 ? 0xffffffffu : static_cast<uint32_t>(t);
+    const double t = rate * kDrawRange + 0.5;
+    return t >= kDrawRange - 1 ? kDrawRange - 1 : static_cast<uint32_t>(t);
   }
+  // Kept elements are scaled by 1 / (1 - the rate the threshold realises).
+  JAX_FLASH_HOST_DEVICE double keep_scale() const {
+    return kDrawRange / (kDrawRange - static_cast<double>(threshold()));
+  }
+  static constexpr uint32_t kDrawRange = 1u << 16;
 };
 
 namespace philox {
@@ -70,7 +90,7 @@ JAX_FLASH_HOST_DEVICE void Philox4x32(const uint32_t counter[4], const uint32_t 
 // Dropout resolved for one (batch element, head): its key and counter words.
 struct HeadDropout {
   uint32_t key[2];
-  uint32_t batch_word, head_word;
+  uint32_t batch_word, head_word;  // head_word < 2^24: the call lane takes the top byte
   uint32_t threshold;
   bool enabled;
 
@@ -88,18 +108,40 @@ struct HeadDropout {
     return r;
   }
 
-  // The four draws for columns 4*(j/4) .. 4*(j/4)+3 of row i.
-  JAX_FLASH_HOST_DEVICE void Draws(int64_t i, int64_t j, uint32_t out[4]) const {
-    const uint32_t counter[4] = {static_cast<uint32_t>(j >> 2), static_cast<uint32_t>(i),
-                                 head_word, batch_word};
-    philox::Philox4x32(counter, key, out);
+  // Position of (i, j) in its Philox call (see the top of this file).
+  JAX_FLASH_HOST_DEVICE static uint32_t CallLane(int64_t i, int64_t j) {
+    return static_cast<uint32_t>(((i & 7) << 2) | ((j & 7) >> 1));
+  }
+  JAX_FLASH_HOST_DEVICE static int DrawSlot(int64_t i, int64_t j) {
+    return static_cast<int>((((i >> 3) & 1) * 2 + ((j >> 3) & 1)) * 2 + (j & 1));
+  }
+
+  // The 8 draws of the call that holds element (i, j), as 4 words.
+  JAX_FLASH_HOST_DEVICE void Call(int64_t i, int64_t j, uint32_t words[4]) const {
+    const uint32_t counter[4] = {static_cast<uint32_t>(j >> 4), static_cast<uint32_t>(i >> 4),
+                                 (CallLane(i, j) << 24) | head_word, batch_word};
+    philox::Philox4x32(counter, key, words);
+  }
+
+  // Draw `slot` (0..7) of a call's words.
+  JAX_FLASH_HOST_DEVICE static uint32_t Draw(const uint32_t words[4], int slot) {
+    return (words[slot >> 1] >> (16 * (slot & 1))) & 0xffffu;
   }
 
   // Is element (i, j) kept?
   JAX_FLASH_HOST_DEVICE bool Keep(int64_t i, int64_t j) const {
-    uint32_t draws[4];
-    Draws(i, j, draws);
-    return draws[j & 3] >= threshold;
+    uint32_t words[4];
+    Call(i, j, words);
+    return Draw(words, DrawSlot(i, j)) >= threshold;
+  }
+
+  // The calls that serve row i over the 16 columns from j16 (a multiple of
+  // 16): call p holds columns j16 + 2p, + 1, + 8, + 9. KeepIn then reads them.
+  JAX_FLASH_HOST_DEVICE void RowCalls(int64_t i, int64_t j16, uint32_t words[4][4]) const {
+    for (int p = 0; p < 4; ++p) Call(i, j16 + 2 * p, words[p]);
+  }
+  JAX_FLASH_HOST_DEVICE bool KeepIn(const uint32_t words[4][4], int64_t i, int64_t j) const {
+    return Draw(words[(j & 7) >> 1], DrawSlot(i, j)) >= threshold;
   }
 };
 
