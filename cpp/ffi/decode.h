@@ -24,6 +24,7 @@
 //   dropout_rate: f64 in [0, 1), broadcast_dropout: bool.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -150,7 +151,14 @@ inline ffi::Error DecodeShape(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
   return ffi::Error::Success();
 }
 
-inline bool IsAbsent(const ffi::AnyBuffer& b) { return b.element_count() == 0; }
+// An optional operand is absent when it has shape (0,), as jax_flash.primitives
+// passes it. Present operands have rank >= 1 and may be empty (a bias of an
+// empty problem, (1, 1, 0, S)): element_count() == 0 would take that for
+// "no bias" and then refuse its gradient, which has the bias's shape.
+inline bool IsAbsent(const ffi::AnyBuffer& b) {
+  auto d = b.dimensions();
+  return d.size() == 1 && d[0] == 0;
+}
 
 // A rank-4 operand broadcast to (B, Hq, Sq, Sk): checks its dims, returns
 // its strides (0 along broadcast dims) and dims.
@@ -181,8 +189,12 @@ inline ffi::Error DecodeDense(const char* name, const ffi::AnyBuffer& buf,
 inline ffi::Error DecodeMask(const AttentionShape& s, const ScoreAndMaskAttrs& a,
                              const MaskOperands& ops, MaskParams* m) {
   m->causal = a.is_causal;
-  m->window_left = a.window_left < 0 ? -1 : a.window_left;
-  m->window_right = a.window_right < 0 ? -1 : a.window_right;
+  // A bound at least the length it limits admits every key (0 <= i < Sq,
+  // 0 <= j < Sk), so clamping changes nothing, and it keeps i + right and
+  // i - left in mask.h far from int64 overflow whatever the caller passed
+  // (jax_flash.attention clamps too; this covers a direct primitive call).
+  m->window_left = a.window_left < 0 ? -1 : std::min(a.window_left, s.seqlen_q);
+  m->window_right = a.window_right < 0 ? -1 : std::min(a.window_right, s.seqlen_k);
   struct Named { const char* name; const ffi::AnyBuffer* buf; };
   for (Named n : {Named{"q_seqlens", &ops.q_seqlens}, Named{"kv_seqlens", &ops.kv_seqlens},
                   Named{"q_segment_ids", &ops.q_segment_ids},
