@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import math
 import numbers
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -76,6 +77,15 @@ def _attention_with_vjp(config: _Config):
 # -- argument checking ---------------------------------------------------------
 
 
+class DTypeError(TypeError, ValueError):
+  """An argument of the wrong dtype.
+
+  A TypeError, as Python reports wrong types; also a ValueError, which is
+  what jax.nn.dot_product_attention raises for dtypes, so that code written
+  for either catches it.
+  """
+
+
 def _check_qkv(query, key, value):
   for name, x in (("query", query), ("key", key), ("value", value)):
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
@@ -84,10 +94,10 @@ def _check_qkv(query, key, value):
       raise ValueError(f"{name} must have shape (batch..., seq, heads, head_dim) with at "
                        f"least 3 dimensions, got shape {x.shape}")
     if jnp.dtype(x.dtype).name not in _supported.DTYPES:
-      raise TypeError(f"{name} dtype must be one of {', '.join(_supported.DTYPES)}, "
+      raise DTypeError(f"{name} dtype must be one of {', '.join(_supported.DTYPES)}, "
                       f"got {x.dtype}")
   if not (query.dtype == key.dtype == value.dtype):
-    raise TypeError("query, key and value must have the same dtype, got "
+    raise DTypeError("query, key and value must have the same dtype, got "
                     f"{query.dtype}, {key.dtype}, {value.dtype}")
   if key.shape != value.shape:
     raise ValueError(f"key and value must have the same shape, got {key.shape} and "
@@ -109,49 +119,162 @@ def _check_qkv(query, key, value):
                      f"of the number of key/value heads ({num_kv_heads})")
 
 
-def _static_float(name: str, value, *, positive: bool = False) -> float:
+
+# Static arguments become kernel attributes (compile-time values): a traced
+# value (an argument of a jitted function, a vmapped or differentiated one)
+# has no value to give them.
+def _check_static(name: str, value) -> None:
+  parts = value if isinstance(value, (tuple, list)) else (value,)
+  if any(isinstance(part, jax.core.Tracer) for part in parts):
+    raise TypeError(
+        f"{name} must be a static Python value, got a traced value (was it an argument of a "
+        f"jitted, vmapped or differentiated function?): pass it as a static argument, e.g. "
+        f"jax.jit(f, static_argnames=\"{name}\"), or close over it")
+
+
+def _static_bool(name: str, value) -> bool:
+  _check_static(name, value)
+  if isinstance(value, (jax.Array, np.ndarray)) and value.shape == () and value.dtype == bool:
+    value = bool(value)
+  if not isinstance(value, (bool, np.bool_)):
+    raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+  return bool(value)
+
+
+def _static_float(name: str, value, *, dtype=np.float64, positive: bool = False) -> float:
+  """A finite Python float that stays finite (and, if positive, > 0) in `dtype`,
+  the type the kernels compute it in."""
+  _check_static(name, value)
   if isinstance(value, (jax.Array, np.ndarray)) and value.ndim == 0:
-    try:
-      value = float(value)
-    except jax.errors.ConcretizationTypeError:
-      raise TypeError(f"{name} must be a static Python float, got a traced value") from None
+    value = value.item()
   if isinstance(value, bool) or not isinstance(value, numbers.Real):
     raise TypeError(f"{name} must be a float, got {type(value).__name__}")
   value = float(value)
   if not math.isfinite(value):
     raise ValueError(f"{name} must be finite, got {value}")
+  finfo = np.finfo(dtype)
+  if abs(value) > float(finfo.max):
+    raise ValueError(f"{name} must be at most {float(finfo.max):.4g} in magnitude, the largest "
+                     f"{finfo.dtype} (the kernels compute in {finfo.dtype}), got {value}")
   if positive and value <= 0:
     raise ValueError(f"{name} must be > 0, got {value}")
+  if positive and value < float(finfo.smallest_normal):
+    # Below the smallest normal number, arithmetic that flushes subnormals
+    # to zero would read the value as 0.
+    raise ValueError(f"{name} must be >= {float(finfo.smallest_normal):.4g}, the smallest "
+                     f"normal {finfo.dtype} (the kernels compute in {finfo.dtype}), got {value}")
   return value
 
 
-def _window(local_window_size) -> tuple[int, int]:
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _window(local_window_size, seqlen_q: int, seqlen_k: int) -> tuple[int, int]:
+  """(left, right), -1 for unbounded, clamped to the sequence lengths.
+
+  A bound at least the length it limits admits every key (0 <= i < T,
+  0 <= j < S), so clamping changes nothing, and it keeps i + right and
+  i - left far from overflow in the kernels.
+  """
   if local_window_size is None:
     return -1, -1
-  if isinstance(local_window_size, numbers.Integral) and not isinstance(local_window_size, bool):
-    left = right = int(local_window_size)
-  elif (isinstance(local_window_size, Sequence) and len(local_window_size) == 2 and
-        all(isinstance(w, numbers.Integral) and not isinstance(w, bool)
-            for w in local_window_size)):
-    left, right = (int(w) for w in local_window_size)
+  _check_static("local_window_size", local_window_size)
+  message = ("local_window_size must be None, an int, or a (left, right) pair of ints, got "
+             f"{local_window_size!r}")
+  if isinstance(local_window_size, Sequence) and not isinstance(local_window_size, str):
+    if len(local_window_size) != 2:
+      raise TypeError(message)
+    bounds = tuple(local_window_size)
   else:
-    raise TypeError("local_window_size must be None, an int, or a (left, right) pair of "
-                    f"ints, got {local_window_size!r}")
+    bounds = (local_window_size, local_window_size)
+  try:
+    if any(isinstance(w, (bool, np.bool_)) for w in bounds):
+      raise TypeError
+    left, right = (operator.index(w) for w in bounds)
+  except TypeError:
+    raise TypeError(message) from None
   if left < 0 or right < 0:
     raise ValueError(f"local_window_size must be non-negative, got {local_window_size!r}")
-  return left, right
+  if max(left, right) > _INT64_MAX:
+    raise ValueError(f"local_window_size must fit in int64 (at most 2**63 - 1), got "
+                     f"{local_window_size!r}")
+  return min(left, seqlen_q), min(right, seqlen_k)
 
 
-def _int_operand(name: str, x, expected_shape: tuple[int, ...]):
-  if x is None:
-    return _NO_INT_OPERAND
-  if not hasattr(x, "dtype"):
-    x = jnp.asarray(x)
+def _integer_array(name: str, x, expected_shape: tuple[int, ...]):
+  """x as an integer array of `expected_shape`: a jax array, or a numpy array
+  for host values (which keeps 64-bit values exact when jax would truncate
+  them to 32 bits)."""
+  if not hasattr(x, "dtype") or not hasattr(x, "shape"):
+    x = np.asarray(x)
   if not jnp.issubdtype(x.dtype, jnp.integer):
-    raise TypeError(f"{name} must have an integer dtype, got {x.dtype}")
+    raise DTypeError(f"{name} must have an integer dtype, got {x.dtype}")
   if tuple(x.shape) != expected_shape:
     raise ValueError(f"{name} must have shape {expected_shape}, got {tuple(x.shape)}")
-  return jnp.asarray(x, jnp.int32)
+  return x
+
+
+def _fits_int32(dtype) -> bool:
+  return np.can_cast(dtype, np.int32) or np.dtype(dtype) == np.uint32
+
+
+def _lengths(name: str, x, batch_shape: tuple[int, ...], seq_len: int):
+  """Sequence lengths as the kernels' int32 (B,).
+
+  Clamped to [0, seq_len] in their own dtype first (what the kernels do with
+  them anyway), so that the cast to int32 is exact for any integer dtype, on
+  the host or traced.
+  """
+  if x is None:
+    return _NO_INT_OPERAND
+  x = _integer_array(name, x, batch_shape)
+  xp = np if isinstance(x, np.ndarray) else jnp
+  x = xp.clip(x, 0, seq_len).astype(np.int32)
+  return jnp.asarray(x).reshape((math.prod(batch_shape),))
+
+
+def _relabel(q_ids, kv_ids, xp):
+  """int32 ids equal exactly where the given ids are: each id's rank among the
+  distinct ids of its batch element (the kernels only compare ids)."""
+  ids = xp.concatenate([q_ids, kv_ids], axis=-1)  # (B, T + S)
+  if ids.shape[-1] == 0:
+    return q_ids.astype(np.int32), kv_ids.astype(np.int32)
+  order = xp.argsort(ids, axis=-1)
+  sorted_ids = xp.take_along_axis(ids, order, axis=-1)
+  starts = xp.concatenate([xp.zeros(ids.shape[:-1] + (1,), np.int32),
+                           (sorted_ids[:, 1:] != sorted_ids[:, :-1]).astype(np.int32)], axis=-1)
+  ranks = xp.take_along_axis(xp.cumsum(starts, axis=-1, dtype=np.int32),
+                             xp.argsort(order, axis=-1), axis=-1)
+  return ranks[:, :q_ids.shape[-1]], ranks[:, q_ids.shape[-1]:]
+
+
+def _segment_ids(q_segment_ids, kv_segment_ids, batch_shape, seqlen_q, seqlen_k):
+  """Segment ids as the kernels' int32 (B, T) and (B, S), exactly: ids of a
+  wider type are relabelled (see _relabel) when they may not fit."""
+  if q_segment_ids is None and kv_segment_ids is None:
+    return _NO_INT_OPERAND, _NO_INT_OPERAND
+  if (q_segment_ids is None) != (kv_segment_ids is None):
+    raise ValueError("q_segment_ids and kv_segment_ids must be given together")
+  q_ids = _integer_array("q_segment_ids", q_segment_ids, batch_shape + (seqlen_q,))
+  kv_ids = _integer_array("kv_segment_ids", kv_segment_ids, batch_shape + (seqlen_k,))
+  common = np.result_type(q_ids.dtype, kv_ids.dtype)
+  if not jnp.issubdtype(common, jnp.integer):
+    raise DTypeError("q_segment_ids and kv_segment_ids must have integer dtypes with a common "
+                     f"integer type, got {q_ids.dtype} and {kv_ids.dtype}")
+  batch = math.prod(batch_shape)
+  q_ids = q_ids.reshape(batch, seqlen_q)
+  kv_ids = kv_ids.reshape(batch, seqlen_k)
+  on_host = isinstance(q_ids, np.ndarray) and isinstance(kv_ids, np.ndarray)
+  if on_host:
+    int32 = np.iinfo(np.int32)
+    fits = all(x.size == 0 or (int32.min <= x.min() and x.max() <= int32.max)
+               for x in (q_ids, kv_ids))
+  else:
+    fits = _fits_int32(common)
+  if not fits:
+    q_ids, kv_ids = _relabel(q_ids.astype(common), kv_ids.astype(common), np if on_host else jnp)
+  # uint32 -> int32 wraps around, a bijection: equality is kept.
+  return (jnp.asarray(q_ids).astype(np.int32), jnp.asarray(kv_ids).astype(np.int32))
 
 
 def _dense_operand(name: str, x, batch_shape: tuple[int, ...], full: tuple[int, int, int]):
@@ -161,8 +284,6 @@ def _dense_operand(name: str, x, batch_shape: tuple[int, ...], full: tuple[int, 
   (B, N, T, S): leading batch dims are flattened (and spelled out if only
   some of them broadcast).
   """
-  if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-    x = jnp.asarray(x)
   target = batch_shape + full
   if x.ndim > len(target):
     raise ValueError(f"{name} must have at most {len(target)} dimensions (broadcastable to "
@@ -177,6 +298,46 @@ def _dense_operand(name: str, x, batch_shape: tuple[int, ...], full: tuple[int, 
     return x.reshape((1,) + shape[len(batch_shape):])
   x = jnp.broadcast_to(x, batch_shape + shape[len(batch_shape):])
   return x.reshape((math.prod(batch_shape),) + shape[len(batch_shape):])
+
+
+def _bias(bias, batch_shape, full, acc_dtype):
+  if bias is None:
+    return np.zeros((0,), acc_dtype)
+  bias_dtype = getattr(bias, "dtype", None)
+  if bias_dtype is None or not jnp.issubdtype(bias_dtype, jnp.floating):
+    raise DTypeError(f"bias must be a floating-point array, got {bias_dtype or type(bias).__name__}")
+  return _dense_operand("bias", bias, batch_shape, full).astype(acc_dtype)
+
+
+def _mask(mask, batch_shape, full):
+  if mask is None:
+    return _NO_MASK
+  if getattr(mask, "dtype", None) != jnp.bool_:
+    raise DTypeError(f"mask must be a boolean array, got {getattr(mask, 'dtype', type(mask).__name__)}")
+  return _dense_operand("mask", mask, batch_shape, full)
+
+
+_ONE_KEY = "one PRNG key, from jax.random.key(seed) or jax.random.PRNGKey(seed)"
+
+
+def _one_key(rng):
+  """A typed key array of shape () from a typed key or raw uint32 key data."""
+  if not hasattr(rng, "dtype") or not hasattr(rng, "shape"):
+    raise TypeError(f"dropout_rng must be {_ONE_KEY}, got {type(rng).__name__}")
+  if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
+    key = rng
+  elif rng.dtype == np.uint32:  # raw key data, as jax.random.PRNGKey returns
+    try:
+      key = jax.random.wrap_key_data(rng)
+    except (TypeError, ValueError):
+      raise TypeError(f"dropout_rng must be {_ONE_KEY}; as uint32 key data it must have the "
+                      f"shape of jax.random.PRNGKey(0), got shape {tuple(rng.shape)}") from None
+  else:
+    raise DTypeError(f"dropout_rng must be {_ONE_KEY}, got an array of dtype {rng.dtype}")
+  if key.shape != ():
+    raise ValueError(f"dropout_rng must be {_ONE_KEY}, got a batch of keys of shape "
+                     f"{tuple(key.shape)}: for one key per example, jax.vmap over the keys")
+  return key
 
 
 # The kernels draw 16-bit numbers (cpp/include/jax_flash/dropout.h), so the
@@ -197,12 +358,13 @@ def _dropout(dropout_rate, dropout_rng):
   if not 0.0 <= rate < 1.0:
     raise ValueError(f"dropout_rate must be in [0, 1), got {rate}")
   rate = realised_dropout_rate(rate)
+  key = None if dropout_rng is None else _one_key(dropout_rng)
   if rate == 0.0:
     return 0.0, _NO_KEY
-  if dropout_rng is None:
-    raise ValueError("dropout_rng (a jax.random key) is required when dropout_rate > 0")
+  if key is None:
+    raise ValueError(f"dropout_rng ({_ONE_KEY}) is required when dropout_rate > 0")
   # Two 32-bit words from any key type (threefry, rbg, ...), traceable.
-  return rate, jax.random.bits(dropout_rng, (1, 2), jnp.uint32)
+  return rate, jax.random.bits(key, (1, 2), jnp.uint32)
 
 
 # -- the functions -------------------------------------------------------------
@@ -233,14 +395,17 @@ def flash_attention(query, key, value, *, bias=None, mask=None,
     scale: multiplies ``query . key``; default ``1 / sqrt(H)``.
     is_causal: query ``i`` sees keys ``j <= i`` (top-left aligned, as in
       jax.nn, also when ``T != S``).
-    local_window_size: ``(left, right)`` or one int for both: query ``i``
-      sees keys ``i - left <= j <= i + right``.
-    query_seq_lengths, key_value_seq_lengths: integer arrays of the batch
-      shape: rows ``i >= query_seq_lengths[b]`` output 0, keys
-      ``j >= key_value_seq_lengths[b]`` are ignored.
-    q_segment_ids, kv_segment_ids: integer arrays of shape ``(..., T)`` and
-      ``(..., S)`` (give both): query ``i`` sees key ``j`` only if their ids
-      are equal, for packed sequences.
+    local_window_size: ``(left, right)`` or one int for both, non-negative
+      (any size up to ``2**63 - 1``): query ``i`` sees keys
+      ``i - left <= j <= i + right``.
+    query_seq_lengths, key_value_seq_lengths: arrays of the batch shape, of
+      any integer dtype: rows ``i >= query_seq_lengths[b]`` output 0, keys
+      ``j >= key_value_seq_lengths[b]`` are ignored. Values outside
+      ``[0, seq_len]`` act as the nearest end (exactly, also for int64).
+    q_segment_ids, kv_segment_ids: arrays of shape ``(..., T)`` and
+      ``(..., S)`` (give both), of any integer dtype: query ``i`` sees key
+      ``j`` only if their ids are equal, for packed sequences. Only equality
+      matters; 64-bit ids are compared exactly.
     logits_soft_cap: if set, logits ``x`` become ``cap * tanh(x / cap)``
       after scaling and bias (Gemma 2 style).
     dropout_rate, dropout_rng: dropout on the attention probabilities, fused
@@ -249,7 +414,9 @@ def flash_attention(query, key, value, *, bias=None, mask=None,
       function of the key and those indices alone, so forward, backward,
       CPU and GPU draw the same mask. The kernels draw 16-bit numbers, so
       the rate is rounded to a multiple of 2^-16 (``realised_dropout_rate``)
-      and the scale uses the rounded rate. ``dropout_rng`` is a jax.random key.
+      and the scale uses the rounded rate. ``dropout_rng`` is one key:
+      ``jax.random.key(seed)`` or ``jax.random.PRNGKey(seed)`` (for one key
+      per example, ``vmap`` over keys; a batch of keys is refused).
     broadcast_dropout: one dropout mask for all batch elements and heads
       (Flax's ``broadcast_dropout``).
     deterministic: bitwise-reproducible gradients on GPUs (the CPU backward
@@ -259,7 +426,18 @@ def flash_attention(query, key, value, *, bias=None, mask=None,
       inputs), under ``stop_gradient``.
 
   Rows that see no key at all output 0, have logsumexp ``-inf`` and zero
-  gradients.
+  gradients. Problems with no rows or no keys (``T == 0``, ``S == 0``, an
+  empty batch) work, bias and its gradient included.
+
+  ``scale``, ``is_causal``, ``local_window_size``, ``logits_soft_cap``,
+  ``dropout_rate``, ``broadcast_dropout``, ``deterministic`` and
+  ``return_residual`` are static: Python values, which select and configure
+  the kernels (under ``jit``, mark them ``static_argnames``). ``scale`` and
+  ``logits_soft_cap`` must be finite in the accumulation dtype (float32, or
+  float64 for float64 inputs), and the cap at least its smallest normal
+  number. Arrays may be traced. Bad input raises before anything is traced:
+  ``ValueError`` for values and shapes, ``TypeError`` for types,
+  ``DTypeError`` (a ``TypeError`` and a ``ValueError``) for dtypes.
 
   Returns:
     The output, shaped like ``query``; with ``return_residual``, a pair
@@ -269,45 +447,32 @@ def flash_attention(query, key, value, *, bias=None, mask=None,
   head_dim = query.shape[-1]
   batch_shape = tuple(query.shape[:-3])
   seqlen_q, seqlen_k = query.shape[-3], key.shape[-3]
-  scale = 1.0 / math.sqrt(head_dim) if scale is None else _static_float("scale", scale)
-  softcap = 0.0 if logits_soft_cap is None else _static_float(
-      "logits_soft_cap", logits_soft_cap, positive=True)
-  if not isinstance(is_causal, (bool, np.bool_)):
-    raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-  window_left, window_right = _window(local_window_size)
-  if (q_segment_ids is None) != (kv_segment_ids is None):
-    raise ValueError("q_segment_ids and kv_segment_ids must be given together")
-  dense_full = (query.shape[-2], seqlen_q, seqlen_k)
   acc_dtype = accumulation_dtype(query.dtype)
-  if bias is None:
-    kernel_bias = np.zeros((0,), acc_dtype)
-  else:
-    bias_dtype = getattr(bias, "dtype", None)
-    if bias_dtype is None or not jnp.issubdtype(bias_dtype, jnp.floating):
-      raise TypeError(f"bias must be a floating-point array, got {bias_dtype}")
-    kernel_bias = _dense_operand("bias", bias, batch_shape, dense_full).astype(acc_dtype)
-  if mask is None:
-    kernel_mask = _NO_MASK
-  else:
-    if getattr(mask, "dtype", None) != jnp.bool_:
-      raise TypeError(f"mask must be a boolean array, got {getattr(mask, 'dtype', type(mask))}")
-    kernel_mask = _dense_operand("mask", mask, batch_shape, dense_full)
+  scale = 1.0 / math.sqrt(head_dim) if scale is None else _static_float(
+      "scale", scale, dtype=acc_dtype)
+  softcap = 0.0 if logits_soft_cap is None else _static_float(
+      "logits_soft_cap", logits_soft_cap, dtype=acc_dtype, positive=True)
+  window_left, window_right = _window(local_window_size, seqlen_q, seqlen_k)
+  dense_full = (query.shape[-2], seqlen_q, seqlen_k)
   dropout_rate, dropout_key = _dropout(dropout_rate, dropout_rng)
-  config = _Config(scale=scale, softcap=softcap, is_causal=bool(is_causal),
+  config = _Config(scale=scale, softcap=softcap, is_causal=_static_bool("is_causal", is_causal),
                    window_left=window_left, window_right=window_right,
-                   dropout_rate=dropout_rate, broadcast_dropout=bool(broadcast_dropout),
-                   deterministic=bool(deterministic))
+                   dropout_rate=dropout_rate,
+                   broadcast_dropout=_static_bool("broadcast_dropout", broadcast_dropout),
+                   deterministic=_static_bool("deterministic", deterministic))
+  return_residual = _static_bool("return_residual", return_residual)
 
   # The kernels take exactly one batch dimension: flatten the batch shape.
   batch = math.prod(batch_shape)
   def to_kernel(x):
-    return x if x.shape == (0,) else x.reshape((batch,) + x.shape[len(batch_shape):])
+    return x.reshape((batch,) + x.shape[len(batch_shape):])
   kernel_mask = (
-      to_kernel(_int_operand("query_seq_lengths", query_seq_lengths, batch_shape)),
-      to_kernel(_int_operand("key_value_seq_lengths", key_value_seq_lengths, batch_shape)),
-      to_kernel(_int_operand("q_segment_ids", q_segment_ids, batch_shape + (seqlen_q,))),
-      to_kernel(_int_operand("kv_segment_ids", kv_segment_ids, batch_shape + (seqlen_k,))),
-      kernel_bias, kernel_mask, dropout_key,
+      _lengths("query_seq_lengths", query_seq_lengths, batch_shape, seqlen_q),
+      _lengths("key_value_seq_lengths", key_value_seq_lengths, batch_shape, seqlen_k),
+      *_segment_ids(q_segment_ids, kv_segment_ids, batch_shape, seqlen_q, seqlen_k),
+      _bias(bias, batch_shape, dense_full, acc_dtype),
+      _mask(mask, batch_shape, dense_full),
+      dropout_key,
   )
   out, lse = _attention_with_vjp(config)(to_kernel(query), to_kernel(key), to_kernel(value),
                                          *kernel_mask)
@@ -327,11 +492,26 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
                           broadcast_dropout: bool = False):
   """A drop-in for ``jax.nn.dot_product_attention`` backed by jax_flash.
 
-  Same arguments, layout (``(B, T, N, H)`` or ``(T, N, H)``) and semantics
-  as jax.nn: top-left causal mask, ``local_window_size`` as ``(left,
-  right)``, query rows past ``query_seq_lengths`` output 0, ``scale``
-  defaults to ``1 / sqrt(H)``, the residual is the logsumexp shaped
-  ``(B, T, N)`` in the input dtype.
+  Same arguments, layout (``(B, T, N, H)`` or ``(T, N, H)``, also under
+  ``vmap``) and semantics as jax.nn: top-left causal mask,
+  ``local_window_size`` as ``(left, right)`` or one int, query rows past
+  ``query_seq_lengths`` output 0, ``scale`` defaults to ``1 / sqrt(H)``, the
+  residual is the logsumexp shaped ``(B, T, N)`` in the input dtype.
+
+  ``bias`` and ``mask`` take every shape jax.nn takes: at most 4
+  dimensions, broadcastable from the right (numpy rules) to ``(B, N, T,
+  S)``, or to ``(1, N, T, S)`` for 3-d inputs, e.g. a mask ``(1, 1, S)`` or
+  ``(S,)``, or a 3-d bias ``(N, T, S)`` with 3-d inputs. Like jax.nn, a bias
+  of any numeric dtype is added to the float32 (float64) logits, and mask
+  and bias may be array-likes. The bias's gradient has the bias's shape,
+  summed over the dimensions it broadcasts along.
+
+  What jax.nn refuses is refused too: a bias or mask of more than 4
+  dimensions, or not broadcastable (``ValueError``, where jax.nn raises
+  ``ValueError``, ``TypeError`` or ``AssertionError``); a non-boolean mask, or
+  q/k/v of different dtypes (``DTypeError``: both a ``TypeError`` and the
+  ``ValueError`` jax.nn raises). Sequence lengths may have any integer dtype
+  (jax.nn: int32 only).
 
   One difference, on purpose: a query row that sees no key at all (for
   example ``key_value_seq_lengths == 0``, or a window that leaves the
@@ -346,13 +526,19 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
   for name, x in (("query", query), ("key", key), ("value", value)):
     if hasattr(x, "ndim") and x.ndim not in (3, 4):
       raise ValueError(f"{name} must have shape (B, T, N, H) or (T, N, H), got {x.shape}")
+  return_residual = _static_bool("return_residual", return_residual)
   unbatched = getattr(query, "ndim", 4) == 3
   if unbatched:  # jax.nn treats (T, N, H) as a batch of one.
     query, key, value = query[None], key[None], value[None]
-  for name, x in (("bias", bias), ("mask", mask)):
-    if x is not None and getattr(x, "ndim", 4) != 4:
-      raise ValueError(f"{name} must be 4-d, broadcastable to (B, N, T, S), as in jax.nn; got "
-                       f"shape {getattr(x, 'shape', None)}")
+  # jax.nn takes array-likes, and adds a bias of any dtype to its logits
+  # (float32, float64 for float64 inputs); flash_attention's broadcasting
+  # from the right to (B, N, T, S) is jax.nn's.
+  if mask is not None:
+    mask = jnp.asarray(mask)
+  if bias is not None:
+    bias = jnp.asarray(bias)
+    if not jnp.issubdtype(bias.dtype, jnp.floating) and hasattr(query, "dtype"):
+      bias = bias.astype(jnp.promote_types(query.dtype, jnp.float32))
   out, lse = flash_attention(query, key, value, bias=bias, mask=mask, scale=scale,
                              is_causal=is_causal, dropout_rate=dropout_rate,
                              dropout_rng=dropout_rng, broadcast_dropout=broadcast_dropout,
