@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +12,7 @@ import pytest
 
 import jax_flash
 from jax_flash.primitives import flash_bwd_p, flash_fwd_p
+from reference import Options, attention
 
 
 def qkv(shape_q=(2, 10, 4, 8), shape_kv=(2, 12, 2, 8), dtype=jnp.float32, seed=0):
@@ -132,6 +136,32 @@ BAD_INPUTS = [
     ("dropout rate", _bad(dropout_rate=1.0, dropout_rng=jax.random.key(0)), ValueError,
      r"dropout_rate must be in \[0, 1\)"),
     ("dropout rng", _bad(dropout_rate=0.1), ValueError, "dropout_rng"),
+    ("window above int64", _bad(local_window_size=10**30), ValueError,
+     "local_window_size must fit in int64"),
+    ("window pair above int64", _bad(local_window_size=(0, 2**63)), ValueError,
+     "local_window_size must fit in int64"),
+    ("window bool", _bad(local_window_size=True), TypeError, "local_window_size"),
+    ("scale above float32", _bad(scale=1e39), ValueError, "scale must be at most"),
+    ("cap above float32", _bad(logits_soft_cap=1e39), ValueError, "logits_soft_cap must be at most"),
+    ("cap below float32 normals", _bad(logits_soft_cap=1e-40), ValueError,
+     "logits_soft_cap must be >= "),
+    ("segments int64 and uint64", _bad(q_segment_ids=np.zeros((2, 10), np.int64),
+                                       kv_segment_ids=np.zeros((2, 12), np.uint64)), TypeError,
+     "common integer type"),
+    ("lengths beyond int64", _bad(query_seq_lengths=[2**70, 1]), TypeError,
+     "query_seq_lengths must have an integer dtype"),
+    ("deterministic type", _bad(deterministic="no"), TypeError, "deterministic must be a bool"),
+] + [
+    # Anything but one key: a jax.random.key(seed) or jax.random.PRNGKey(seed).
+    (f"dropout rng {case}", _bad(dropout_rate=0.1, dropout_rng=rng), error,
+     "dropout_rng must be one PRNG key, from jax.random.key")
+    for case, rng, error in [
+        ("int", 3, TypeError), ("str", "key", TypeError), ("float", jnp.zeros(2), TypeError),
+        ("uint32 (3,)", jnp.zeros(3, jnp.uint32), TypeError),
+        ("uint32 scalar", np.uint32(7), TypeError),
+        ("typed batch", jax.random.split(jax.random.key(0), 2), ValueError),
+        ("raw batch", jax.random.split(jax.random.PRNGKey(0), 2), ValueError),
+    ]
 ]
 
 
@@ -142,6 +172,237 @@ def test_bad_input_raises_before_lowering(args, error, message):
     jax_flash.flash_attention(**args)
   with pytest.raises(error, match=message):  # also while tracing under jit
     jax.jit(lambda: jax_flash.flash_attention(**args)).lower()
+
+
+# -- static arguments given as tracers --------------------------------------------
+
+STATIC_VALUES = {"scale": 0.5, "logits_soft_cap": 2.0, "local_window_size": (3, 2),
+                 "dropout_rate": 0.1, "is_causal": True, "broadcast_dropout": True,
+                 "deterministic": True, "return_residual": True}
+
+
+@pytest.mark.parametrize("name", sorted(STATIC_VALUES))
+def test_traced_static_argument_says_to_make_it_static(name):
+  q, k, v = qkv()
+  extra = dict(dropout_rng=jax.random.key(0)) if name == "dropout_rate" else {}
+  value = STATIC_VALUES[name]
+  f = lambda value: jax_flash.flash_attention(q, k, v, **extra, **{name: value})
+  with pytest.raises(TypeError, match=rf"{name} must be a static Python value, got a traced "
+                     rf"value.*static_argnames=\"{name}\""):
+    jax.jit(f)(value)
+  # What the message says works:
+  jax.jit(jax_flash.flash_attention, static_argnames=name)(q, k, v, **extra, **{name: value})
+
+
+@pytest.mark.parametrize("transform", ["vmap", "grad"])
+def test_static_argument_under_vmap_and_grad(transform):
+  q, k, v = qkv()
+  f = lambda s: jnp.sum(jax_flash.dot_product_attention(q, k, v, scale=s))
+  with pytest.raises(TypeError, match="scale must be a static Python value"):
+    (jax.vmap(f) if transform == "vmap" else jax.grad(f))(jnp.ones(2) if transform == "vmap"
+                                                          else 0.5)
+
+
+def test_concrete_arrays_are_static_values():
+  q, k, v = qkv(dtype=jnp.float64)
+  got = jax_flash.flash_attention(q, k, v, scale=jnp.float64(0.3), is_causal=jnp.bool_(True),
+                                  local_window_size=(np.int64(3), jnp.int32(2)))
+  want = dense(q, k, v, band(10, 12, causal=True, window=(3, 2)), Options(scale=0.3))
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, atol=1e-12)
+
+
+# -- integer operands: exact for every integer dtype ------------------------------
+
+def dense(q, k, v, visible, opts=Options(), bias=None):
+  """The float64 dense output for a visibility mask broadcastable to (B, N, T, S)."""
+  batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+  visible = np.broadcast_to(visible, (batch, 1, seqlen_q, seqlen_k))
+  return attention(q, k, v, jnp.asarray(visible), opts, bias=bias)[0]
+
+
+def band(seqlen_q, seqlen_k, causal=False, window=None):
+  """(T, S) visibility from the definitions, in Python integers (no overflow)."""
+  left, right = window if window is not None else (None, None)
+  return np.array([[(not causal or j <= i) and (left is None or i - left <= j) and
+                    (right is None or j <= i + right) for j in range(seqlen_k)]
+                   for i in range(seqlen_q)])
+
+
+def lengths_visible(q_lengths, kv_lengths, seqlen_q=10, seqlen_k=12):
+  q_lengths = np.clip(np.asarray(q_lengths, object), 0, seqlen_q).astype(np.int64)
+  kv_lengths = np.clip(np.asarray(kv_lengths, object), 0, seqlen_k).astype(np.int64)
+  return ((np.arange(seqlen_q)[None, :, None] < q_lengths[:, None, None]) &
+          (np.arange(seqlen_k)[None, None, :] < kv_lengths[:, None, None]))[:, None]
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint64, np.uint32, np.int8],
+                         ids=lambda d: np.dtype(d).name)
+def test_lengths_of_any_integer_dtype_are_exact(backend, dtype):
+  q, k, v = qkv(dtype=jnp.float64)
+  info = np.iinfo(dtype)
+  # int64: 2**32 + 2 once became 2 in the int32 cast.
+  q_lengths = np.array([info.max, 7], dtype)
+  kv_lengths = np.array([min(2**32 + 2, info.max) if info.bits > 8 else 5,
+                         info.min if info.min < 0 else 11], dtype)
+  want = dense(q, k, v, lengths_visible(q_lengths, kv_lengths))
+  f = lambda a, b: jax_flash.flash_attention(q, k, v, query_seq_lengths=a,
+                                             key_value_seq_lengths=b)
+  for got in (f(q_lengths, kv_lengths), f(jnp.asarray(q_lengths), jnp.asarray(kv_lengths)),
+              jax.jit(f)(q_lengths, kv_lengths)):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, atol=1e-12)
+
+
+# Distinct ids, several of them equal modulo 2**32 (the int32 cast made them one).
+ID_POOL = np.array([0, 2**32, 2**33 + 7, 7, -2**40, 2**63 - 1, -1, -2**63], np.int64)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint64, np.uint32, np.int16],
+                         ids=lambda d: np.dtype(d).name)
+def test_segment_ids_of_any_integer_dtype_are_exact(backend, dtype):
+  q, k, v = qkv(dtype=jnp.float64)
+  rng = np.random.default_rng(5)
+  q_ids = ID_POOL.astype(dtype)[rng.integers(0, len(ID_POOL), (2, 10))]
+  kv_ids = ID_POOL.astype(dtype)[rng.integers(0, len(ID_POOL), (2, 12))]
+  kv_ids[:, 0] = q_ids[:, 0]
+  want = dense(q, k, v, (q_ids[:, :, None] == kv_ids[:, None, :])[:, None])
+  f = lambda q, k, v, a, b: jax_flash.flash_attention(q, k, v, q_segment_ids=a,
+                                                      kv_segment_ids=b)
+  per_example = jax.vmap(lambda *args: f(*(x[None] for x in args))[0])
+  for got in (f(q, k, v, q_ids, kv_ids), f(q, k, v, jnp.asarray(q_ids), jnp.asarray(kv_ids)),
+              jax.jit(f)(q, k, v, q_ids, kv_ids), jax.jit(per_example)(q, k, v, q_ids, kv_ids)):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, atol=1e-12)
+
+
+def test_int64_host_ids_and_lengths_without_x64(backend):
+  """With x64 off, jax would cast int64 numpy arrays to int32 silently."""
+  q, k, v = qkv(dtype=jnp.float64)
+  rng = np.random.default_rng(6)
+  q_ids = ID_POOL[rng.integers(0, len(ID_POOL), (2, 10))]
+  kv_ids = ID_POOL[rng.integers(0, len(ID_POOL), (2, 12))]
+  kv_lengths = np.array([2**32 + 2, 2**40], np.int64)
+  want = dense(q, k, v, (q_ids[:, :, None] == kv_ids[:, None, :])[:, None] &
+               lengths_visible([10, 10], kv_lengths))
+  with jax.enable_x64(False):
+    got = jax_flash.flash_attention(*(jnp.asarray(np.asarray(x), jnp.float32) for x in (q, k, v)),
+                                    q_segment_ids=q_ids, kv_segment_ids=kv_ids,
+                                    key_value_seq_lengths=kv_lengths)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [sys.maxsize, (0, sys.maxsize), (sys.maxsize, 0), (2, 2**62),
+                                    (10, 12), (9, 11)], ids=str)
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_windows_of_any_size_are_exact(backend, window, is_causal):
+  q, k, v = qkv(dtype=jnp.float64)
+  pair = window if isinstance(window, tuple) else (window, window)
+  got = jax_flash.flash_attention(q, k, v, local_window_size=window, is_causal=is_causal)
+  want = dense(q, k, v, band(10, 12, is_causal, pair))
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, atol=1e-12)
+
+
+def test_handler_clamps_windows(backend):
+  """A direct primitive call with int64-max bounds: no overflow in i + right."""
+  q, k, v = qkv(dtype=jnp.float64)
+  operands = [q, k, v] + [jnp.asarray(x) for x in [NO] * 4 + [NO_BIAS.astype(np.float64),
+                                                             NO_MASK, NO_KEY]]
+  big = np.iinfo(np.int64).max
+  for left, right in [(big, big), (0, big), (big, 0)]:
+    out, _ = flash_fwd_p.bind(*operands, **dict(FWD_PARAMS, scale=8**-0.5, window_left=left,
+                                                window_right=right))
+    want = dense(q, k, v, band(10, 12, window=(left, right)))
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-12, atol=1e-12)
+
+
+# -- empty problems -------------------------------------------------------------
+
+@pytest.mark.parametrize("bias_shape", ["full", (1, 1, 1, 1), (1, 4, 1, 1), "keys"])
+@pytest.mark.parametrize("empty", ["no rows", "no keys", "no batch"])
+def test_empty_problems_with_a_bias(backend, empty, bias_shape):
+  """Forward and gradient; the bias's gradient has the bias's shape (zeros)."""
+  batch, seqlen_q, seqlen_k = {"no rows": (2, 0, 12), "no keys": (2, 10, 0),
+                               "no batch": (0, 10, 12)}[empty]
+  q, k, v = qkv((batch, seqlen_q, 4, 8), (batch, seqlen_k, 2, 8))
+  shape = {"full": (batch, 4, seqlen_q, seqlen_k), "keys": (seqlen_k,)}.get(bias_shape, bias_shape)
+  bias = jnp.asarray(np.random.default_rng(1).standard_normal(shape), jnp.float32)
+  dout = jnp.asarray(np.random.default_rng(2).standard_normal(q.shape), jnp.float32)
+  f = jax.jit(lambda q, k, v, b: jax_flash.flash_attention(q, k, v, bias=b, is_causal=True))
+  out, vjp = jax.vjp(f, q, k, v, bias)
+  grads = vjp(dout)
+  # No keys: every row sees nothing and outputs 0; otherwise there is nothing.
+  assert out.shape == q.shape and not np.asarray(out).any()
+  for x, g in zip((q, k, v, bias), grads):
+    assert g.shape == x.shape and g.dtype == x.dtype and not np.asarray(g).any()
+
+
+# -- dropout keys -------------------------------------------------------------------
+
+def test_typed_and_raw_keys_draw_the_same_mask(backend):
+  q, k, v = qkv()
+  f = lambda rng: jax_flash.flash_attention(q, k, v, dropout_rate=0.5, dropout_rng=rng)
+  typed = np.asarray(f(jax.random.key(3)))
+  for raw in (jax.random.PRNGKey(3), np.asarray(jax.random.PRNGKey(3))):
+    np.testing.assert_array_equal(np.asarray(f(raw)), typed)
+  assert not np.array_equal(np.asarray(f(jax.random.key(4))), typed)
+  keys = jax.random.split(jax.random.PRNGKey(3), 2)  # vmap over raw keys
+  batched = jax.vmap(f)(keys)
+  for i in range(2):
+    np.testing.assert_array_equal(np.asarray(batched[i]), np.asarray(f(keys[i])))
+
+
+# -- huge values, threads, repeated calls ----------------------------------------
+
+def test_tiny_soft_cap_is_a_cap_not_off(backend):
+  """1e-300 is a valid float64 cap (logits become about +-1e-300, near uniform
+  attention); rounded to 0 it would have switched the cap off."""
+  q, k, v = qkv(dtype=jnp.float64)
+  got = jax_flash.flash_attention(q, k, v, logits_soft_cap=1e-300)
+  want = dense(q, k, v, np.ones((10, 12), bool), Options(softcap=1e-300))
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, atol=1e-12)
+
+
+def test_concurrent_calls_from_threads(backend):
+  """Calls from 8 Python threads at once (eager, jit and grad, several configs)
+  give the reference's outputs, and gradients bitwise equal to a serial run."""
+  q, k, v = qkv(dtype=jnp.float64)
+  configs = [dict(is_causal=c, local_window_size=w) for c in (False, True)
+             for w in (None, (2, 1), 3, (0, 5))]
+  device = jax.config.jax_default_device
+
+  def run(config):
+    with jax.default_device(device):
+      out = jax_flash.flash_attention(q, k, v, **config)
+      grad = jax.jit(jax.grad(lambda q: jnp.sum(jnp.sin(jax_flash.flash_attention(
+          q, k, v, **config)))))(q)
+      return np.asarray(out), np.asarray(grad)
+
+  with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    results = list(pool.map(run, configs))
+  for config, (out, grad) in zip(configs, results):
+    window = config["local_window_size"]
+    window = (window, window) if isinstance(window, int) else window
+    want = dense(q, k, v, band(10, 12, config["is_causal"], window))
+    np.testing.assert_allclose(out, np.asarray(want), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(grad, run(config)[1])
+
+
+def test_repeated_calls_are_bitwise_identical(backend):
+  q, k, v = qkv(dtype=jnp.bfloat16)
+  rng = np.random.default_rng(7)
+  bias = jnp.asarray(rng.standard_normal((1, 4, 10, 12)), jnp.float32)
+  ids = jnp.asarray(np.sort(rng.integers(0, 3, (2, 12)), axis=-1))
+  kwargs = dict(is_causal=True, q_segment_ids=ids[:, :10], kv_segment_ids=ids,
+                dropout_rate=0.2, dropout_rng=jax.random.key(1), deterministic=True)
+  loss = lambda q, k, v, b: jnp.sum(jax_flash.flash_attention(q, k, v, bias=b, **kwargs)
+                                    .astype(jnp.float32) ** 2)
+  step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
+  first = [np.asarray(x) for x in jax.tree.leaves(step(q, k, v, bias))]
+  for _ in range(3):
+    again = [np.asarray(x) for x in jax.tree.leaves(step(q, k, v, bias))]
+    for a, b in zip(first, again):
+      np.testing.assert_array_equal(a, b)
+  eager = jax.value_and_grad(loss, argnums=(0, 1, 2, 3))(q, k, v, bias)
+  for a, b in zip(first, jax.tree.leaves(eager)):
+    np.testing.assert_array_equal(a, np.asarray(b))
 
 
 def test_dot_product_attention_rejects_rank_5():
