@@ -11,7 +11,7 @@ import pytest
 from jax.test_util import check_grads
 
 import jax_flash
-from reference import Options, make_inputs
+from reference import Options, attention, make_inputs
 
 OPTION_KWARGS = {
     "plain": {},
@@ -107,6 +107,24 @@ def test_vmap_of_grad_wrt_shared_keys(backend):
   got = jax.vmap(grad_k, in_axes=(None, 0))(k, qs)
   want = jnp.stack([grad_k(k, x) for x in qs])
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("bias_shape", [(1, 4, 13, 11), (2, 1, 13, 11), (13, 11), (4, 1, 11)],
+                         ids=lambda shape: "x".join(map(str, shape)))
+def test_vmap_over_a_bias_and_its_gradient(backend, bias_shape):
+  """A mapped bias, broadcast over the batch or heads inside each example: the
+  per-example bias gradient keeps the bias's shape (summed over what it
+  broadcasts along), as the float64 reference's."""
+  x, q, k, v = inputs64(12)
+  biases = jnp.asarray(np.random.default_rng(12).standard_normal((3,) + bias_shape))
+  visible = jnp.ones((1, 1, 13, 11), bool)
+  value_and_grad = lambda f: jax.vmap(jax.value_and_grad(
+      lambda b: jnp.sum(jnp.sin(f(b))) + jnp.sum(f(b) * x.dout)))(biases)
+  got = value_and_grad(lambda b: jax_flash.flash_attention(q, k, v, bias=b))
+  want = value_and_grad(lambda b: attention(q, k, v, visible, Options(), bias=b)[0])
+  for a, b in zip(got, want):
+    assert a.shape == b.shape
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
 
 
 def test_checkpoint(backend):
