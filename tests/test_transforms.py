@@ -127,6 +127,16 @@ def test_vmap_over_a_bias_and_its_gradient(backend, bias_shape):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
 
 
+def test_vmap_over_a_mask(backend):
+  x, q, k, v = inputs64(13)
+  masks = np.random.default_rng(13).random((3, 2, 1, 13, 11)) > 0.4
+  masks[..., 0] = True
+  got = jax.vmap(lambda m: jax_flash.flash_attention(q, k, v, mask=m))(jnp.asarray(masks))
+  for m, g in zip(masks, got):
+    want = attention(q, k, v, jnp.asarray(m), Options())[0]
+    np.testing.assert_allclose(np.asarray(g), np.asarray(want), rtol=1e-12, atol=1e-12)
+
+
 def test_checkpoint(backend):
   _, q, k, v = inputs64(9)
   f = lambda q, k, v: loss(q, k, v, is_causal=True)
