@@ -1,8 +1,12 @@
-"""Loads the compiled extension and registers its FFI targets with XLA, once."""
+"""Loads the compiled extension and registers its FFI targets with XLA, on import.
+
+Registering on import (not at the first lowering) is what lets a function
+serialized with jax.export run in a fresh process after `import jax_flash`:
+deserializing lowers nothing. Registration only records the handlers; it
+initialises no backend (a platform's handlers wait until its plugin loads).
+"""
 
 from __future__ import annotations
-
-import functools
 
 import jax
 import numpy as np
@@ -13,15 +17,14 @@ FWD_TARGET = "jax_flash_fwd"
 BWD_TARGET = "jax_flash_bwd"
 
 
-@functools.cache
-def register_targets() -> tuple[str, ...]:
-  """Registers every compiled handler; returns the platforms registered."""
-  registered = []
+def _register_targets() -> None:
+  """Registers every compiled handler with XLA, for the platform it was compiled for."""
   for platform, targets in _jax_flash.registrations().items():
     for name, capsule in targets.items():
       jax.ffi.register_ffi_target(name, capsule, platform=platform)
-    registered.append(platform)
-  return tuple(registered)
+
+
+_register_targets()
 
 
 def build_info() -> dict:

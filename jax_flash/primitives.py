@@ -107,7 +107,6 @@ def _lowering(target):
   lower = jax.ffi.ffi_lowering(target)
 
   def rule(ctx, *args, **params):
-    _ffi.register_targets()
     return lower(ctx, *args, **_typed_attributes(**params))
 
   return rule
