@@ -1,18 +1,21 @@
 """Benchmark jax_flash against jax.nn.dot_product_attention: ``python -m jax_flash.bench``.
 
-On the default device, for each shape and mask, every implementation runs
-forward and forward+backward; the table gives time, TFLOP/s, speed-up over
-the alternatives measured in the same process, compiled memory, and the
-forward output's max error against a float64 reference.
+On the default device, for each shape and mask, every implementation that can
+run there (cudnn needs an NVIDIA GPU) runs forward and forward+backward; the
+table gives time, TFLOP/s, speed-up over the alternatives measured in the same
+process, compiled memory, and the forward output's max error against a float64
+reference. A line on stderr says what each measurement is as it starts.
 
 FLOP convention (FlashAttention papers): forward = 4*B*H*Sq*Sk*D, halved when
 causal; backward = 2.5x forward, so forward+backward = 3.5x forward.
 
-Presets: ``cpu`` (the CPU target of the issue), ``fa3`` (FlashAttention-3
-paper shapes: B*S = 16k tokens, hidden 2048, bf16) and ``quick`` (tiny, for
-tests). ``--memory`` measures the peak memory of one forward+backward in a
-fresh process per implementation. Every row is a plain dict (``--json``), so
-other tools (a later ``--plot``) can read the same numbers.
+Presets: ``cpu`` (the CPU speed target's shapes), ``fa3`` (FlashAttention-3
+paper shapes: B*S = 16k tokens, hidden 2048, bf16), ``memory`` (the memory
+target's shape on this device) and ``quick`` (tiny). ``--memory`` also
+measures the peak memory of one forward+backward of every (shape, impl), each
+in a fresh process, before the timing. Every row is a plain dict (``--json``,
+``jax_flash.plots``). Target verdicts are printed for the shapes the targets
+are defined for.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -48,21 +50,33 @@ ROTATE_SETS = 3
 BWD_FLOP_FACTOR = 2.5  # FlashAttention convention: backward = 2.5x forward FLOPs.
 
 PRESETS = {
-    # The issue's CPU target: jax_flash >= 1.5x xla (>= 2.5x causal), fwd and fwd+bwd.
+    # The CPU speed target: jax_flash >= 1.5x xla (>= 2.5x causal), fwd and fwd+bwd.
     "cpu": dict(seqlens=[1024, 4096], head_dims=[64], batch=1, heads=8, dtype="float32"),
     # FlashAttention-3 paper: B*S = 16k tokens, hidden 2048 -> H = 2048 / D.
     "fa3": dict(seqlens=[512, 1024, 2048, 4096, 8192, 16384], head_dims=[64, 128, 256],
                 batch=None, heads=None, dtype="bfloat16"),
     "quick": dict(seqlens=[128, 256], head_dims=[32], batch=1, heads=2, dtype="float32"),
 }
+# The memory targets' shapes, by platform (the "memory" preset): CPU fwd+bwd
+# within 1 GiB beyond the inputs; GPU peak within 1.2x of inputs + outputs +
+# gradients.
+MEMORY_PRESETS = {
+    "cpu": dict(seqlens=[16384], head_dims=[64], batch=1, heads=8, dtype="float32"),
+    "gpu": dict(seqlens=[32768], head_dims=[128], batch=1, heads=16, dtype="bfloat16")}
 FA3_TOKENS, FA3_HIDDEN = 16384, 2048
-# --memory targets: CPU fwd+bwd within 1 GiB beyond the inputs; GPU peak within
-# 1.2x of inputs + outputs + gradients.
-MEMORY_SHAPES = {"cpu": dict(seqlen=16384, batch=1, heads=8, head_dim=64, dtype="float32"),
-                 "gpu": dict(seqlen=32768, batch=1, heads=16, head_dim=128, dtype="bfloat16")}
 CPU_MEMORY_TARGET_BEYOND_INPUTS = 1 * GiB
 GPU_MEMORY_TARGET_RATIO = 1.2
 CPU_SPEEDUP_TARGET = {False: 1.5, True: 2.5}  # by causal
+# A compiled call is not run when XLA's plan for it exceeds this share of the
+# free memory: on a CPU it would swap or be killed, not fail.
+MAX_SHARE_OF_FREE_MEMORY = 0.7
+# The fields of a row filled by --memory (None without it).
+MEMORY_FIELDS = ("memory_status", "runtime_peak", "runtime_beyond_inputs", "runtime_source")
+
+
+def preset_shapes(name: str, platform: str) -> dict:
+  return MEMORY_PRESETS["cpu" if platform == "cpu" else "gpu"] if name == "memory" \
+      else PRESETS[name]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +109,16 @@ class Case:
 # -- the implementations -------------------------------------------------------
 
 
+def why_unavailable(impl: str, platform: str) -> str | None:
+  """Why `impl` cannot run on this platform at all, or None."""
+  if impl == "cudnn" and platform != "gpu":
+    return (f"jax.nn.dot_product_attention(implementation='cudnn') needs an NVIDIA GPU "
+            f"(this run is on {platform})")
+  if impl == "jax_flash" and platform != "cpu" and not jax_flash.build_info()["cuda"]:
+    return "this jax_flash was built without CUDA kernels (README.md, Install)"
+  return None
+
+
 def attention_fn(impl: str, causal: bool):
   if impl == "jax_flash":
     return lambda q, k, v: jax_flash.flash_attention(q, k, v, is_causal=causal)
@@ -123,6 +147,31 @@ def memory_of(compiled) -> dict | None:
                 outputs=int(m.output_size_in_bytes), temp=int(m.temp_size_in_bytes))
   except Exception:  # Not every backend implements it.
     return None
+
+
+def free_memory_bytes(dev) -> int | None:
+  if dev.platform == "cpu":
+    try:
+      return next(int(l.split()[1]) * 1024 for l in open("/proc/meminfo")
+                  if l.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+      return None
+  stats = dev.memory_stats() or {}
+  return stats["bytes_limit"] - stats.get("bytes_in_use", 0) if "bytes_limit" in stats else None
+
+
+def too_big(compiled) -> str | None:
+  """A reason not to run `compiled` here (its plan exceeds the free memory), or None."""
+  needed = (memory_of(compiled) or {}).get("total", 0)
+  free = free_memory_bytes(jax.devices()[0])
+  if free is not None and needed > MAX_SHARE_OF_FREE_MEMORY * free:
+    return f"not run: needs ~{needed / GiB:.1f} GiB, {free / GiB:.1f} GiB free"
+  return None
+
+
+def progress(case: "Case", impl: str, what: str) -> None:
+  """One line on stderr as a measurement starts: a long shape shows what it is doing."""
+  print(f"… {case.label()} | {impl} | {what}", file=sys.stderr, flush=True)
 
 
 # -- inputs, reference, timing -------------------------------------------------
@@ -195,15 +244,21 @@ def run_case(case: Case, impls, repeats, seed: int) -> list[dict]:
   arg_sets = [make_inputs(case, seed + i) for i in range(n_sets)]
   reference = None
   if case.batch * case.heads * case.seqlen ** 2 <= REFERENCE_MAX_SCORES:
+    progress(case, "numpy", "float64 reference forward")
     reference = reference_fwd(*arg_sets[0][:3], case.causal)
   rows = []
   for impl in impls:
     row = dict(dataclasses.asdict(case), impl=impl, status="ok", fwd_ms=None, fwdbwd_ms=None,
                bwd_ms=None, fwd_tflops=None, bwd_tflops=None, fwdbwd_tflops=None,
-               memory=None, memory_beyond_inputs=None, max_err=None, rel_err=None, repeats=None)
+               memory=None, memory_beyond_inputs=None, max_err=None, rel_err=None, repeats=None,
+               **dict.fromkeys(MEMORY_FIELDS))
     rows.append(row)
     try:
+      progress(case, impl, "forward: compile, error against float64, time")
       fwd = compile_fn(attention_fn(impl, case.causal), case, 3)
+      if reason := too_big(fwd):
+        row["status"] = reason
+        continue
       out = np.asarray(jax.block_until_ready(fwd(*arg_sets[0][:3]))).astype(np.float64)
       if reference is not None:
         row["max_err"] = float(np.max(np.abs(out - reference)))
@@ -212,14 +267,18 @@ def run_case(case: Case, impls, repeats, seed: int) -> list[dict]:
       t, row["repeats"] = time_call(fwd, [a[:3] for a in arg_sets], repeats, on_cpu)
       row["fwd_ms"], row["fwd_tflops"] = 1e3 * t, case.fwd_flops / t / 1e12
       del fwd
-    except Exception as e:  # cudnn on CPU, an unsupported shape or dtype, out of memory
+    except Exception as e:  # an unsupported shape or dtype, out of memory
       row["status"] = f"n/a ({short_error(e)})"
       continue
     try:
+      progress(case, impl, "forward+backward: compile, time")
       fwd_bwd = compile_fn(fwd_bwd_fn(impl, case.causal), case, 4)
       mem = memory_of(fwd_bwd)
       if mem:
         row["memory"], row["memory_beyond_inputs"] = mem["total"], mem["total"] - mem["arguments"]
+      if reason := too_big(fwd_bwd):
+        row["status"] = f"fwd only (fwd+bwd {reason})"
+        continue
       t, _ = time_call(fwd_bwd, arg_sets, repeats, on_cpu)
       row["fwdbwd_ms"] = 1e3 * t
       row["fwdbwd_tflops"] = (1 + BWD_FLOP_FACTOR) * case.fwd_flops / t / 1e12
@@ -274,9 +333,13 @@ def header_info() -> dict:
               date=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"))
 
 
-def header_lines(meta: dict) -> list[str]:
-  return [f"jax_flash {meta['jax_flash']} ({meta['build']}) | jax {meta['jax']} | "
-          f"{meta['platform']}: {meta['device']} | {meta['date']}"]
+def header_line(meta: dict) -> str:
+  return (f"jax_flash {meta['jax_flash']} ({meta['build']}) | jax {meta['jax']} | "
+          f"{meta['platform']}: {meta['device']} | {meta['date']}")
+
+
+def _case_of(row: dict) -> Case:
+  return Case(*(row[f.name] for f in dataclasses.fields(Case)))
 
 
 def table_columns(show_cudnn: bool):
@@ -287,19 +350,17 @@ def table_columns(show_cudnn: bool):
   return cols + [("mem MiB", 9), ("+in MiB", 9), ("max err", 9)]
 
 
-def table_header(meta: dict) -> str:
-  return "\n".join(header_lines(meta) + [
-      "median times after warm-up; TF/s: fwd 4·B·H·S²·D (/2 causal), bwd 2.5× fwd; "
-      "f+b = jit(grad) incl. fwd, bwd = f+b − fwd; ×impl = its time / this row's time;",
-      "mem: XLA memory_analysis of jit(fwd+bwd) (arguments + outputs + temporaries, not run; "
-      "FFI scratch not counted), +in = beyond inputs; max err: fwd output vs float64 numpy."])
+TIMING_LEGEND = (
+    "Timing: median times after warm-up; TF/s: fwd 4·B·H·S²·D (/2 causal), bwd 2.5× fwd; "
+    "f+b = jit(grad) incl. fwd, bwd = f+b − fwd; ×impl = its time / this row's time;\n"
+    "mem: XLA memory_analysis of jit(fwd+bwd) (arguments + outputs + temporaries, not run; "
+    "FFI scratch not counted), +in = beyond inputs; max err: fwd output vs float64 numpy.")
 
 
 def table_block(rows: list[dict], show_cudnn: bool) -> str:
   """The rows of one (shape, causal): a title line, column names, one line per impl."""
   cols = table_columns(show_cudnn)
-  r0 = rows[0]
-  case = Case(r0["batch"], r0["heads"], r0["seqlen"], r0["head_dim"], r0["dtype"], r0["causal"])
+  case = _case_of(rows[0])
   lines = ["", f"{case.label()}   (fwd {fmt(case.fwd_flops / 1e9)} GFLOP)",
            "  " + " ".join(f"{name:>{w}}" if i else f"{name:<{w}}"
                            for i, (name, w) in enumerate(cols))]
@@ -320,120 +381,42 @@ def table_block(rows: list[dict], show_cudnn: bool) -> str:
   return "\n".join(lines)
 
 
-def format_cpu_targets(rows: list[dict]) -> str:
-  """The issue's CPU target: jax_flash >= 1.5x xla without mask, >= 2.5x causal."""
+def _is_case(case: Case, shapes: dict) -> bool:
+  return (case.seqlen in shapes["seqlens"] and case.head_dim in shapes["head_dims"] and
+          (case.batch, case.heads, case.dtype) ==
+          (shapes["batch"], shapes["heads"], shapes["dtype"]))
+
+
+def format_targets(rows: list[dict], platform: str) -> str:
+  """Verdicts for jax_flash, only on the shapes each target is defined for.
+
+  CPU speed (the cpu preset's shapes): fwd and fwd+bwd >= 1.5x xla, >= 2.5x
+  causal. Memory (the memory preset's shape, with --memory): CPU fwd+bwd within
+  1 GiB beyond the inputs; GPU peak within 1.2x inputs + outputs + gradients.
+  """
   lines = []
   for r in rows:
-    if r["impl"] != "jax_flash" or r["fwd_vs_xla"] is None:
+    if r["impl"] != "jax_flash":
       continue
-    target = CPU_SPEEDUP_TARGET[r["causal"]]
-    parts = []
-    for name, key in (("fwd", "fwd_vs_xla"), ("fwd+bwd", "fwdbwd_vs_xla")):
-      x = r[key]
-      parts.append(f"{name} {fmt(x)}× {'ok' if x is not None and x >= target else 'MISS'}")
-    lines.append(f"  S={r['seqlen']} causal={'yes' if r['causal'] else 'no':<3} "
-                 f"(target ≥{target}×): " + ", ".join(parts))
-  return "\nCPU target, jax_flash vs xla:\n" + "\n".join(lines) if lines else ""
-
-
-# -- --memory: one forward+backward per fresh process ----------------------------
-
-
-def _rss_bytes(field: str) -> int:
-  for line in open("/proc/self/status"):
-    if line.startswith(field + ":"):
-      return int(line.split()[1]) * 1024
-  raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def memory_child(spec: dict) -> dict:
-  """Runs in a fresh process: compile, place inputs, run fwd+bwd once, report peaks."""
-  case = Case(**spec["case"])
-  result = dict(dataclasses.asdict(case), impl=spec["impl"], status="ok")
-  dev = jax.devices()[0]
-  try:
-    compiled = compile_fn(fwd_bwd_fn(spec["impl"], case.causal), case, 4)
-  except Exception as e:
-    return dict(result, status=f"n/a ({short_error(e)})")
-  result["static"] = memory_of(compiled)
-  rng = np.random.default_rng(0)  # Inputs from the host: no device temporaries.
-  host = [rng.standard_normal(case.shape, np.float32).astype(case.dtype) for _ in range(4)]
-  if dev.platform == "cpu":
-    available = next(int(l.split()[1]) * 1024 for l in open("/proc/meminfo")
-                     if l.startswith("MemAvailable:"))
-  else:
-    stats = dev.memory_stats() or {}
-    available = stats.get("bytes_limit", 0) - stats.get("bytes_in_use", 0)
-  needed = (result["static"] or {}).get("total", 0)
-  if needed > 0.7 * available:
-    return dict(result, status=f"not run: needs ~{needed / GiB:.1f} GiB, "
-                               f"{available / GiB:.1f} GiB available")
-  args = [jax.device_put(x, dev) for x in host]
-  del host
-  jax.block_until_ready(args)
-  if dev.platform == "cpu":
-    with open("/proc/self/clear_refs", "w") as f:
-      f.write("5")  # Resets VmHWM (peak RSS) to the current RSS.
-    before = _rss_bytes("VmRSS")
-    jax.block_until_ready(compiled(*args))
-    result["runtime_beyond_inputs"] = _rss_bytes("VmHWM") - before
-    result["runtime_source"] = "peak RSS growth during the call (VmHWM)"
-  else:
-    stats = dev.memory_stats()
-    before, peak_before = stats["bytes_in_use"], stats["peak_bytes_in_use"]
-    jax.block_until_ready(compiled(*args))
-    peak = dev.memory_stats()["peak_bytes_in_use"]
-    result["runtime_peak"] = peak
-    result["runtime_beyond_inputs"] = peak - before
-    result["runtime_source"] = "device peak_bytes_in_use"
-    if peak == peak_before:  # Compile-time autotuning set the peak: an upper bound.
-      result["runtime_source"] += " (upper bound: peak set before the call)"
-  return result
-
-
-def run_memory(cases, impls, meta) -> tuple[list[dict], str]:
-  rows = []
-  for case in cases:
-    for impl in impls:
-      spec = json.dumps(dict(case=dataclasses.asdict(case), impl=impl))
-      proc = subprocess.run([sys.executable, "-m", "jax_flash.bench", "--memory-child", spec],
-                            capture_output=True, text=True)
-      marker = [l for l in proc.stdout.splitlines() if l.startswith("MEMORY_RESULT ")]
-      if marker:
-        rows.append(json.loads(marker[-1][len("MEMORY_RESULT "):]))
-      else:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:100]
-        rows.append(dict(dataclasses.asdict(case), impl=impl,
-                         status=f"n/a (child exit {proc.returncode}: {tail})"))
-  gpu = meta["platform"] != "cpu"
-  lines = header_lines(meta) + [
-      "peak memory of one jit(fwd+bwd) call, one fresh process per row; static = XLA "
-      "memory_analysis (arguments + outputs + temporaries);",
-      "runtime = " + ("device peak_bytes_in_use" if gpu else "peak RSS growth during the call")
-      + "; ideal = q, k, v, dout + out + dq, dk, dv.",
-      "target: " + (f"runtime peak ≤ {GPU_MEMORY_TARGET_RATIO}× ideal" if gpu else
-                    f"runtime beyond inputs ≤ {CPU_MEMORY_TARGET_BEYOND_INPUTS / GiB:g} GiB")]
-  for r in rows:
-    case = Case(r["batch"], r["heads"], r["seqlen"], r["head_dim"], r["dtype"], r["causal"])
-    inputs, ideal = 4 * case.tensor_bytes, 8 * case.tensor_bytes
-    static = (r.get("static") or {}).get("total")
-    parts = [f"inputs {inputs / MiB:.0f} MiB", f"ideal {ideal / MiB:.0f} MiB",
-             f"static {fmt(static / MiB if static else None)} MiB"]
-    verdict = ""
-    if gpu and r.get("runtime_peak") is not None:
-      ratio = r["runtime_peak"] / ideal
-      parts.append(f"runtime peak {r['runtime_peak'] / MiB:.0f} MiB = {ratio:.2f}× ideal")
-      verdict = "ok" if ratio <= GPU_MEMORY_TARGET_RATIO else "MISS"
-    elif r.get("runtime_beyond_inputs") is not None:
-      beyond = r["runtime_beyond_inputs"]
-      parts.append(f"runtime beyond inputs {beyond / MiB:.0f} MiB")
-      verdict = "ok" if beyond <= CPU_MEMORY_TARGET_BEYOND_INPUTS else "MISS"
-    if "upper bound" in r.get("runtime_source", ""):
-      verdict += " (upper bound)"
-    status = "" if r["status"] == "ok" else "  " + r["status"]
-    lines.append(f"  {case.label()}  {r['impl']:<10} " + ", ".join(parts) +
-                 (f"  {verdict}" if verdict else "") + status)
-  return rows, "\n".join(lines)
+    case = _case_of(r)
+    if platform == "cpu" and _is_case(case, PRESETS["cpu"]) and r["fwd_vs_xla"] is not None:
+      target = CPU_SPEEDUP_TARGET[case.causal]
+      parts = [f"{name} {fmt(r[key])}× xla {'ok' if (r[key] or 0) >= target else 'MISS'}"
+               for name, key in (("fwd", "fwd_vs_xla"), ("fwd+bwd", "fwdbwd_vs_xla"))]
+      lines.append(f"  {case.label()}: " + ", ".join(parts) + f" (target ≥ {target}× xla)")
+    if _is_case(case, preset_shapes("memory", platform)):
+      if platform == "cpu" and r.get("runtime_beyond_inputs") is not None:
+        beyond, target = r["runtime_beyond_inputs"], CPU_MEMORY_TARGET_BEYOND_INPUTS
+        ok = "ok" if beyond <= target else "MISS"
+        lines.append(f"  {case.label()}: fwd+bwd {beyond / MiB:.0f} MiB beyond the inputs {ok} "
+                     f"(target ≤ {target / GiB:g} GiB)")
+      elif platform != "cpu" and r.get("runtime_peak") is not None:
+        ratio = r["runtime_peak"] / (8 * case.tensor_bytes)
+        ok = "ok" if ratio <= GPU_MEMORY_TARGET_RATIO else "MISS"
+        bound = " (upper bound)" if "upper bound" in r["runtime_source"] else ""
+        lines.append(f"  {case.label()}: fwd+bwd peak {ratio:.2f}× ideal{bound} {ok} "
+                     f"(target ≤ {GPU_MEMORY_TARGET_RATIO}× ideal)")
+  return "\nTargets, jax_flash:\n" + "\n".join(lines) if lines else ""
 
 
 # -- command line --------------------------------------------------------------
@@ -453,76 +436,119 @@ def _impls(text: str) -> list[str]:
   return impls
 
 
-def parse_args(argv):
-  p = argparse.ArgumentParser(prog="python -m jax_flash.bench", description=__doc__.split("\n")[0])
-  p.add_argument("--preset", choices=sorted(PRESETS),
-                 help="shapes to run (default: fa3 on GPU, cpu on CPU)")
-  p.add_argument("--seqlens", nargs="+", type=_size, help="sequence lengths, e.g. 1024 4k")
-  p.add_argument("--head-dims", nargs="+", type=int)
-  p.add_argument("--batch", type=int, help="batch (fa3 default: 16384 // S)")
-  p.add_argument("--heads", type=int, help="heads (fa3 default: 2048 // D)")
-  p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"])
-  p.add_argument("--causal", choices=["yes", "no", "both"], default="both")
-  p.add_argument("--impls", type=_impls, default=list(IMPLS),
-                 help="comma list of jax_flash,xla,cudnn (default: all)")
-  p.add_argument("--repeats", type=int, help="timed samples (default: by time, 3..30)")
+def make_parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(
+      prog="python -m jax_flash.bench",
+      description="Benchmark jax_flash against jax.nn.dot_product_attention on the default "
+                  "device: time, TFLOP/s, speed-ups, memory, error against float64.",
+      epilog="A line on stderr names each measurement as it starts. Target verdicts are "
+             "printed for the shapes the targets are defined for (the cpu preset on a CPU; "
+             "the memory preset with --memory).")
+  p.add_argument("--preset", choices=sorted([*PRESETS, "memory"]),
+                 help="shapes to run: cpu (B=1 H=8 D=64 float32, S=1k 4k), fa3 (bfloat16, "
+                      "S=512..16k, D=64 128 256, B=16k/S, H=2048/D), memory (CPU: S=16k B=1 H=8 "
+                      "D=64 float32; GPU: S=32k B=1 H=16 D=128 bfloat16), quick (tiny); default: "
+                      "memory with --memory, else fa3 on a GPU, cpu on a CPU")
+  p.add_argument("--seqlens", nargs="+", type=_size, metavar="S",
+                 help="sequence lengths, replacing the preset's, e.g. 1024 4k")
+  p.add_argument("--head-dims", nargs="+", type=int, metavar="D",
+                 help="head dimensions, replacing the preset's, e.g. 64 128")
+  p.add_argument("--batch", type=int, help="batch size (fa3 default: 16384 // S)")
+  p.add_argument("--heads", type=int, help="number of heads (fa3 default: 2048 // D)")
+  p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"],
+                 help="input dtype, replacing the preset's")
+  p.add_argument("--causal", choices=["yes", "no", "both"], default="both",
+                 help="causal mask, no mask, or each in turn (default: both)")
+  p.add_argument("--impls", type=_impls, metavar="LIST",
+                 help=f"comma list of {','.join(IMPLS)} (default: those that can run on the "
+                      "device; cudnn needs an NVIDIA GPU)")
+  p.add_argument("--repeats", type=int,
+                 help="timed samples per measurement (default: by time, 3 to 30)")
   p.add_argument("--memory", action="store_true",
-                 help="peak memory of fwd+bwd in a fresh process per impl (CPU: S=16k, "
-                      "B=1, H=8, D=64; GPU: S=32k, B=1, H=16, D=128)")
+                 help="also measure the peak memory of one fwd+bwd of each shape and impl, in a "
+                      "fresh process each, before the timing")
   p.add_argument("--json", metavar="PATH", help="also write every row as JSON")
   p.add_argument("--plot", metavar="PATH",
                  help="also draw TFLOP/s and memory against sequence length (needs matplotlib)")
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--memory-child", help=argparse.SUPPRESS)
-  return p.parse_args(argv)
+  p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+  return p
+
+
+def parse_args(argv):
+  p = make_parser()
+  args = p.parse_args(argv)
+  if args.plot:  # Before anything runs: the plot is drawn after the whole run.
+    from jax_flash import plots
+    try:
+      plots.require_matplotlib()
+    except ImportError as e:
+      p.error(f"--plot: {e}")
+  return args
 
 
 def build_cases(args, platform: str) -> list[Case]:
   causals = {"yes": [True], "no": [False], "both": [False, True]}[args.causal]
-  if args.memory:
-    shape = MEMORY_SHAPES["cpu" if platform == "cpu" else "gpu"]
-    seqlens, head_dims = args.seqlens or [shape["seqlen"]], args.head_dims or [shape["head_dim"]]
-    batch, heads = args.batch or shape["batch"], args.heads or shape["heads"]
-    dtype = args.dtype or shape["dtype"]
-    if args.causal == "both":
-      causals = [False]
-  else:
-    preset = PRESETS[args.preset or ("cpu" if platform == "cpu" else "fa3")]
-    seqlens, head_dims = args.seqlens or preset["seqlens"], args.head_dims or preset["head_dims"]
-    batch, heads, dtype = args.batch or preset["batch"], args.heads or preset["heads"], \
-        args.dtype or preset["dtype"]
+  name = args.preset or ("memory" if args.memory else "cpu" if platform == "cpu" else "fa3")
+  preset = preset_shapes(name, platform)
+  seqlens, head_dims = args.seqlens or preset["seqlens"], args.head_dims or preset["head_dims"]
+  batch, heads = args.batch or preset["batch"], args.heads or preset["heads"]
+  dtype = args.dtype or preset["dtype"]
   return [Case(batch=batch or max(1, FA3_TOKENS // s), heads=heads or max(1, FA3_HIDDEN // d),
                seqlen=s, head_dim=d, dtype=dtype, causal=c)
           for d in head_dims for s in seqlens for c in causals]
 
 
+def choose_impls(requested, platform: str) -> list[str]:
+  """The implementations to run: those requested (default: all) that can run here.
+
+  One requested by name that cannot run here is named once, with the reason.
+  """
+  impls = []
+  for impl in requested or IMPLS:
+    reason = why_unavailable(impl, platform)
+    if reason is None:
+      impls.append(impl)
+    elif requested:
+      print(f"{impl}: not run: {reason}", flush=True)
+  if not impls:
+    raise SystemExit("none of the requested implementations can run here")
+  return impls
+
+
 def main(argv=None) -> list[dict]:
   args = parse_args(argv)
-  if args.memory_child:
-    print("MEMORY_RESULT " + json.dumps(memory_child(json.loads(args.memory_child))))
-    return []
   if args.memory:  # Children measure the device: the parent must not take its memory.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   meta = header_info()
-  cases = build_cases(args, meta["platform"])
-  if args.memory:
-    rows, text = run_memory(cases, args.impls, meta)
-    print(text, flush=True)
-  else:
-    show_cudnn = meta["platform"] != "cpu" and "cudnn" in args.impls
-    print(table_header(meta), flush=True)
-    rows = []
-    for i, case in enumerate(cases):  # Print each block as it is measured: fa3 takes minutes.
-      case_rows = run_case(case, args.impls, args.repeats, seed=args.seed + 10 * i)
-      print(table_block(case_rows, show_cudnn), flush=True)
-      rows += case_rows
-    if meta["platform"] == "cpu" and (args.preset or "cpu") == "cpu":
-      print(format_cpu_targets(rows), flush=True)
+  platform = meta["platform"]
+  cases = build_cases(args, platform)
+  print(header_line(meta), flush=True)
+  impls = choose_impls(args.impls, platform)
+  memory = {}
+  if args.memory:  # First, while this process holds no device memory of its own.
+    from jax_flash import bench_memory
+    print("\n" + bench_memory.legend(platform), flush=True)
+    for case in cases:
+      for impl in impls:
+        memory[case, impl] = bench_memory.measure(case, impl)
+        print(bench_memory.line(case, impl, memory[case, impl]), flush=True)
+  show_cudnn = "cudnn" in impls
+  print("\n" + TIMING_LEGEND, flush=True)
+  rows = []
+  for i, case in enumerate(cases):  # Print each block as it is measured: fa3 takes minutes.
+    case_rows = run_case(case, impls, args.repeats, seed=args.seed + 10 * i)
+    for row in case_rows:
+      row.update(memory.get((case, row["impl"]), {}))
+    print(table_block(case_rows, show_cudnn), flush=True)
+    rows += case_rows
+  targets = format_targets(rows, platform)
+  if targets:
+    print(targets, flush=True)
   if args.json:
     with open(args.json, "w") as f:
       json.dump(dict(meta=meta, rows=rows), f, indent=1)
   if args.plot:
-    from jax_flash import plots  # matplotlib only when asked for
+    from jax_flash import plots
     plots.plot(rows, args.plot)
     print(f"plot written to {args.plot}")
   return rows

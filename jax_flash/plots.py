@@ -1,17 +1,18 @@
 """Figures of ``python -m jax_flash.bench`` results, in the FlashAttention papers' style.
 
-``plot(rows, path)`` draws, for each (head dim, causal) measured, one row of
-panels: forward TFLOP/s, forward+backward TFLOP/s (grouped bars: sequence
-length on x, one bar per implementation) and peak memory against sequence
-length. ``rows`` are the bench's row dicts (``main(argv)`` returns them;
-``--json PATH`` writes ``{"meta": ..., "rows": [...]}``, which is accepted too).
+``plot(rows, path)`` draws, for each (head dim, causal, dtype) measured, one
+row of panels: forward TFLOP/s, forward+backward TFLOP/s (grouped bars:
+sequence length on x, one bar per implementation) and peak memory against
+sequence length (measured with ``--memory``, else XLA's plan). ``rows`` are
+the bench's row dicts (``main(argv)`` returns them; ``--json PATH`` writes
+``{"meta": ..., "rows": [...]}``, which is accepted too).
 
 From the command line::
 
-    python -m jax_flash.bench --json bench.json
+    python -m jax_flash.bench --preset quick --json bench.json
     python -m jax_flash.plots bench.json bench.png
 
-matplotlib is imported only when drawing (it is the ``plots`` extra).
+matplotlib is imported only when drawing (the ``plots`` extra).
 """
 
 from __future__ import annotations
@@ -42,12 +43,20 @@ def _rows_of(rows_or_json) -> list[dict]:
 
 
 def peak_memory(row: dict) -> float | None:
-  """The best memory number a row has: measured peak, else XLA's static plan."""
-  for value in (row.get("runtime_peak"), (row.get("static") or {}).get("total"),
-                row.get("memory")):
+  """The best memory number a row has: the peak --memory measured, else XLA's plan."""
+  for value in (row.get("runtime_peak"), row.get("memory")):
     if value:
       return float(value)
   return None
+
+
+def require_matplotlib() -> None:
+  """Raises ImportError, saying how to install it, where matplotlib is missing."""
+  try:
+    import matplotlib  # noqa: F401
+  except ImportError:
+    raise ImportError('jax_flash.plots needs matplotlib: pip install matplotlib (or, in the '
+                      'jax_flash checkout, pip install ".[plots]")') from None
 
 
 def _groups(rows):
@@ -68,8 +77,8 @@ def _impls(rows) -> list[str]:
 
 def _bars(ax, rows, key, impls, label):
   """Grouped bars: one group per sequence length, one bar per implementation."""
-  # Only lengths and implementations with a number in this panel: failed rows
-  # and --memory rows (no speed) leave no empty slots.
+  # Only lengths and implementations with a number in this panel: rows that
+  # failed or were not run leave no empty slots.
   rows = [r for r in rows if r.get(key)]
   impls = [i for i in impls if any(r["impl"] == i for r in rows)]
   seqlens = sorted({r["seqlen"] for r in rows})
@@ -127,11 +136,8 @@ def plot(rows, path: str, *, title: str | None = None):
 
   Returns the matplotlib Figure.
   """
-  try:
-    from matplotlib.figure import Figure  # No pyplot: no GUI backend, no global state.
-  except ImportError:
-    raise ImportError("jax_flash.plots needs matplotlib: pip install matplotlib "
-                      "(or jax_flash[plots])") from None
+  require_matplotlib()
+  from matplotlib.figure import Figure  # No pyplot: no GUI backend, no global state.
   rows = _rows_of(rows)
   if not rows:
     raise ValueError("no rows to plot")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -19,13 +20,14 @@ def _rows():
         rows.append(dict(batch=1, heads=2, seqlen=seqlen, head_dim=64, dtype="float32",
                          causal=causal, impl=impl, status="ok",
                          fwd_tflops=speed * seqlen / 1024, fwdbwd_tflops=speed / 2,
-                         memory=seqlen * (1 if impl == "jax_flash" else seqlen) * 1024))
-  # A failed row (no numbers) and a --memory row (measured peak, no speed).
+                         memory=seqlen * (1 if impl == "jax_flash" else seqlen) * 1024,
+                         # as --memory measures on a GPU; absent (None) on a CPU
+                         runtime_peak=seqlen * 1000 if causal else None))
+  # A row that failed (no numbers) and one not run (too big: no speed, no peak).
   rows.append(dict(batch=1, heads=2, seqlen=4096, head_dim=64, dtype="float32", causal=False,
                    impl="cudnn", status="n/a (no GPU)"))
-  rows.append(dict(batch=1, heads=2, seqlen=4096, head_dim=64, dtype="float32", causal=False,
-                   impl="jax_flash", status="ok", static=dict(total=3 << 20),
-                   runtime_peak=4 << 20))
+  rows.append(dict(batch=1, heads=2, seqlen=4096, head_dim=64, dtype="float32", causal=True,
+                   impl="xla", status="not run: needs ~9 GiB", memory=9 << 30))
   return rows
 
 
@@ -34,8 +36,10 @@ def test_plot_writes_a_png(tmp_path):
   fig = plots.plot(_rows(), str(path))
   assert path.stat().st_size > 10_000
   assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-  # One row of three panels (fwd, fwd+bwd, memory) per (head dim, causal).
+  # One row of three panels (fwd, fwd+bwd, memory) per (head dim, causal), each with data.
   assert len(fig.axes) == 2 * 3
+  assert not [ax.get_title() for ax in fig.axes if any(t.get_text() == "no data"
+                                                       for t in ax.texts)]
 
 
 def test_cli_reads_the_bench_json(tmp_path):
@@ -47,10 +51,15 @@ def test_cli_reads_the_bench_json(tmp_path):
 
 
 def test_peak_memory_prefers_the_measured_peak():
-  assert plots.peak_memory(dict(runtime_peak=5, static=dict(total=3), memory=2)) == 5
-  assert plots.peak_memory(dict(static=dict(total=3), memory=2)) == 3
-  assert plots.peak_memory(dict(memory=2)) == 2
+  assert plots.peak_memory(dict(runtime_peak=5, memory=2)) == 5
+  assert plots.peak_memory(dict(runtime_peak=None, memory=2)) == 2
   assert plots.peak_memory(dict(status="n/a")) is None
+
+
+def test_without_matplotlib_the_error_says_how_to_install_it(monkeypatch, tmp_path):
+  monkeypatch.setitem(sys.modules, "matplotlib", None)
+  with pytest.raises(ImportError, match=r'pip install "\.\[plots\]"'):
+    plots.plot(_rows(), str(tmp_path / "x.png"))
 
 
 def test_rows_that_are_not_bench_rows_are_a_clear_error(tmp_path):

@@ -42,7 +42,8 @@ try:
   import optax
 except ImportError as e:  # Fail with the fix, not a bare ImportError.
   raise SystemExit(f"jax_flash.examples.gpt needs Flax and optax ({e}); "
-                   "install them with `pip install jax_flash[examples]`") from None
+                   "install them with `pip install flax optax` (or, in the jax_flash "
+                   "checkout, `pip install \".[examples]\"`)") from None
 
 import jax_flash.flax
 
