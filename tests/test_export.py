@@ -53,7 +53,11 @@ def test_exported_call_runs_in_a_fresh_process(tmp_path):
   args = [jnp.asarray(x, jnp.float32) for x in (inputs.q, inputs.k, inputs.v, inputs.dout)]
   checks = [jax.export.DisabledSafetyCheck.custom_call(target)
             for target in (_ffi.FWD_TARGET, _ffi.BWD_TARGET)]
-  exported = jax.export.export(jax.jit(fwd_bwd), disabled_checks=checks)(*args)
+  # With CUDA kernels built, one export for both platforms (README, Export); the
+  # fresh process runs the one of its default device.
+  platforms = ("cpu", "cuda") if jax_flash.build_info()["cuda"] else None
+  exported = jax.export.export(jax.jit(fwd_bwd), platforms=platforms,
+                               disabled_checks=checks)(*args)
   blob, data = tmp_path / "attention.jax_export", tmp_path / "inputs.npz"
   blob.write_bytes(exported.serialize())
   np.savez(data, **{name: np.asarray(x) for name, x in zip(("q", "k", "v", "dout"), args)})

@@ -10,8 +10,9 @@
 #   kernels  standalone kernel drivers against float64 host references:
 #            exact kernels (base and bias/mask/dropout), tensor-core kernels,
 #            then compute-sanitizer memcheck and racecheck on small cases
-#   bench    python -m jax_flash.bench (fa3 preset) and --memory
+#   bench    python -m jax_flash.bench (fa3 preset), then --memory (memory preset)
 #   gpt      the GPT example, jax_flash vs Flax attention, a few steps
+# Every command runs from the repository root, as README.md shows it.
 # Environment: JAX_FLASH_CUDA_ARCHS (default 90a), PYTHON (default python3),
 # PYTEST_K (a -k filter), PYTEST_WORKERS (pytest-xdist processes, default 4).
 set -uo pipefail
@@ -43,8 +44,8 @@ if has pytest; then
     workers=(-n "${PYTEST_WORKERS:-4}")
     export XLA_PYTHON_CLIENT_PREALLOCATE=false
   fi
-  (cd tests && $PYTHON -m pytest -q -p no:cacheprovider --tb=short -rfE "${workers[@]}" \
-      ${PYTEST_K:+-k "$PYTEST_K"} . > "$LOG_DIR/pytest.log" 2>&1) || status=1
+  $PYTHON -m pytest -q -p no:cacheprovider --tb=short -rfE "${workers[@]}" \
+      ${PYTEST_K:+-k "$PYTEST_K"} tests > "$LOG_DIR/pytest.log" 2>&1 || status=1
   grep -E "^(FAILED|ERROR)| passed| failed" "$LOG_DIR/pytest.log" | tail -n 30
 fi
 
@@ -76,16 +77,16 @@ fi
 
 if has bench; then
   step "bench"
-  (cd /tmp && $PYTHON -m jax_flash.bench --json "$LOG_DIR/bench.json") > "$LOG_DIR/bench.log" 2>&1 \
-      || status=1
-  cut -c1-170 "$LOG_DIR/bench.log"
-  (cd /tmp && $PYTHON -m jax_flash.bench --memory) > "$LOG_DIR/memory.log" 2>&1 || status=1
-  tail -n 8 "$LOG_DIR/memory.log"
+  # Lines starting with "… " are the bench's progress (stderr); the logs keep them.
+  $PYTHON -m jax_flash.bench --json "$LOG_DIR/bench.json" > "$LOG_DIR/bench.log" 2>&1 || status=1
+  grep -v "^… " "$LOG_DIR/bench.log" | cut -c1-170
+  $PYTHON -m jax_flash.bench --memory > "$LOG_DIR/memory.log" 2>&1 || status=1
+  grep -v "^… " "$LOG_DIR/memory.log" | cut -c1-170
 fi
 
 if has gpt; then
   step "gpt example"
-  (cd /tmp && $PYTHON -m jax_flash.examples.gpt --preset gpt3-small --steps 10 --compare) \
+  $PYTHON -m jax_flash.examples.gpt --preset gpt3-small --steps 10 --compare \
       > "$LOG_DIR/gpt.log" 2>&1 || status=1
   tail -n 12 "$LOG_DIR/gpt.log"
 fi
