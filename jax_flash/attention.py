@@ -20,11 +20,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_flash import _supported
-from jax_flash.primitives import MASK_OPERANDS, accumulation_dtype, flash_bwd_p, flash_fwd_p
+from jax_flash.primitives import (MASK_OPERANDS, accumulation_dtype, flash_bwd_p, flash_fwd_p,
+                                  match_varying)
 
 _NO_INT_OPERAND = np.zeros((0,), np.int32)
 _NO_MASK = np.zeros((0,), np.bool_)
 _NO_KEY = np.zeros((0,), np.uint32)
+NO_OFFSETS = np.zeros((0,), np.int32)  # a whole problem: positions and indices start at 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -472,10 +474,10 @@ def flash_attention(query, key, value, *, bias=None, mask=None,
       *_segment_ids(q_segment_ids, kv_segment_ids, batch_shape, seqlen_q, seqlen_k),
       _bias(bias, batch_shape, dense_full, acc_dtype),
       _mask(mask, batch_shape, dense_full),
-      dropout_key,
+      dropout_key, NO_OFFSETS,
   )
-  out, lse = _attention_with_vjp(config)(to_kernel(query), to_kernel(key), to_kernel(value),
-                                         *kernel_mask)
+  operands = match_varying(to_kernel(query), to_kernel(key), to_kernel(value), *kernel_mask)
+  out, lse = _attention_with_vjp(config)(*operands)
   out = out.reshape(query.shape)
   if not return_residual:
     return out

@@ -1,7 +1,9 @@
 """The two JAX primitives behind jax_flash: ``flash_fwd_p`` and ``flash_bwd_p``.
 
-Each has an abstract evaluation (shapes and dtypes of the results), a lowering
-to the XLA FFI custom call of its platform, and a batching rule that folds
+Each has an abstract evaluation (shapes, dtypes and, under shard_map, the
+varying manual axes of the results), a lowering to the XLA FFI custom call of
+its platform wrapped in a sharding rule (jax_flash/sharding/partitioning.py:
+sharded inputs run locally on each device), and a batching rule that folds
 vmapped axes into the kernel's batch (or, for a forward vmapped over the query
 alone, into its heads) so that ``vmap`` never loops.
 
@@ -11,7 +13,9 @@ Operands (all arrays; optional ones have shape ``(0,)`` when absent):
   bwd: q, k, v, out, lse, dout, *mask_operands -> dq, dk, dv, dbias
   mask_operands: q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids (int32),
        bias (accumulation dtype, 4-d, broadcastable to (B, Hq, Sq, Sk)),
-       mask (bool, likewise), dropout_key (uint32 (Bkey, 2)).
+       mask (bool, likewise), dropout_key (uint32 (Bkey, 2)), offsets (int32
+       (4,): positions of the first query row and key, global batch and head
+       index of the first element; for shards and ring-attention chunks).
   dbias has the bias's shape, or (0,) without a bias.
 Parameters (static): scale, softcap, is_causal, window_left, window_right,
 dropout_rate, broadcast_dropout; the backward adds deterministic. The C++
@@ -27,8 +31,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_flash import _ffi
+from jax_flash.sharding import partitioning
 
 flash_fwd_p = Primitive("flash_fwd")
 flash_fwd_p.multiple_results = True
@@ -42,8 +48,9 @@ flash_bwd_p.multiple_results = True
 _LOWERING_PLATFORMS = ("cpu", "cuda")
 
 MASK_OPERANDS = ("q_seqlens", "kv_seqlens", "q_segment_ids", "kv_segment_ids", "bias", "mask",
-                 "dropout_key")
-_BIAS, _MASK, _KEY = (MASK_OPERANDS.index(name) for name in ("bias", "mask", "dropout_key"))
+                 "dropout_key", "offsets")
+_BIAS, _MASK, _KEY, _OFFSETS = (MASK_OPERANDS.index(name)
+                                for name in ("bias", "mask", "dropout_key", "offsets"))
 
 
 def accumulation_dtype(dtype) -> np.dtype:
@@ -54,23 +61,60 @@ def accumulation_dtype(dtype) -> np.dtype:
 # -- abstract evaluation -------------------------------------------------------
 
 
+def _varying(avals) -> frozenset:
+  """Manual mesh axes (shard_map) that any operand varies over."""
+  return frozenset().union(*(a.mat.varying for a in avals))
+
+
+def _result(like, avals, shape=None, dtype=None, dims=None):
+  """A result typed like the operand `like`, with its dims permuted by `dims`.
+
+  It varies over every manual axis (shard_map) that some operand varies
+  over: dropping that type is what made gradients under shard_map fail.
+  """
+  varying = _varying(avals)
+  sharding = like.sharding
+  if dims is not None:
+    spec = tuple(sharding.spec) + (None,) * like.ndim
+    sharding = sharding.update(spec=PartitionSpec(*(spec[d] for d in dims)))
+  if varying and sharding.mesh.empty:
+    sharding = NamedSharding(jax.sharding.get_abstract_mesh(),
+                             PartitionSpec(*(None,) * len(shape or like.shape)))
+  return like.update(shape=shape, dtype=dtype, sharding=sharding,
+                     manual_axis_type=like.mat.update(varying=varying))
+
+
 def _fwd_abstract_eval(q, k, v, *mask_operands, **params):
-  del k, v, mask_operands, params
+  del params
+  avals = (q, k, v, *mask_operands)
   batch, seqlen_q, num_heads, _ = q.shape
-  out = jax.core.ShapedArray(q.shape, q.dtype)
-  lse = jax.core.ShapedArray((batch, num_heads, seqlen_q), accumulation_dtype(q.dtype))
+  out = _result(q, avals)
+  lse = _result(q, avals, (batch, num_heads, seqlen_q), accumulation_dtype(q.dtype), (0, 2, 1))
   return out, lse
 
 
 def _bwd_abstract_eval(q, k, v, out, lse, dout, *mask_operands, **params):
-  del out, lse, dout, params
-  bias = mask_operands[_BIAS]
-  return (jax.core.ShapedArray(q.shape, q.dtype), jax.core.ShapedArray(k.shape, k.dtype),
-          jax.core.ShapedArray(v.shape, v.dtype), jax.core.ShapedArray(bias.shape, bias.dtype))
+  del params
+  avals = (q, k, v, out, lse, dout, *mask_operands)
+  return tuple(_result(x, avals) for x in (q, k, v, mask_operands[_BIAS]))
 
 
 flash_fwd_p.def_abstract_eval(_fwd_abstract_eval)
 flash_bwd_p.def_abstract_eval(_bwd_abstract_eval)
+
+
+def match_varying(*arrays):
+  """Casts arrays to vary over the same manual axes (inside shard_map).
+
+  Call it on a primitive's operands before any autodiff rule sees them:
+  then every gradient has the type of its primal (an operand replicated over
+  an axis gets, through pcast's transpose, its gradient summed over it).
+  """
+  avals = [jax.typeof(x) for x in arrays]
+  varying = _varying(avals)
+  return [x if a.mat.varying == varying else
+          jax.lax.pcast(x, tuple(sorted(varying - a.mat.varying)), to="varying")
+          for x, a in zip(arrays, avals)]
 
 
 # -- eager execution: compile the primitive on its own, once per parameters ----
@@ -134,10 +178,78 @@ def _cuda_bwd_lowering():
   return rule
 
 
-for _platform in _LOWERING_PLATFORMS:
-  mlir.register_lowering(flash_fwd_p, _lowering(_ffi.FWD_TARGET), platform=_platform)
-mlir.register_lowering(flash_bwd_p, _lowering(_ffi.BWD_TARGET), platform="cpu")
-mlir.register_lowering(flash_bwd_p, _cuda_bwd_lowering(), platform="cuda")
+# -- sharding: what each operand and result dimension is -----------------------
+
+
+def _mask_roles(mask_operands) -> list[tuple]:
+  """Roles (see sharding/partitioning.py) of the MASK_OPERANDS' dimensions."""
+  dense = ("b", "h", "s", "t")
+  roles = [("b",), ("b",), ("b", "s"), ("b", "t"), dense, dense, (None, None), (None,)]
+  return [(None,) if _is_absent(x) else
+          tuple(None if x.shape[i] == 1 else r for i, r in enumerate(role))
+          for x, role in zip(mask_operands, roles)]
+
+
+# With dropout, a chunk's positions are multiples of the 16 x 16 blocks of
+# draws (cpp/include/jax_flash/dropout.h).
+DROPOUT_BLOCK = 16
+
+_QUERY_ROLES = ("b", "s", "h", "d")
+_KEY_ROLES = ("b", "t", "k", "d")
+
+
+def _layout(name, per_row_names, per_row_roles, result_roles, mask_operands, params):
+  mask_roles = _mask_roles(mask_operands)
+  window = params["window_left"] >= 0 or params["window_right"] >= 0
+  dropout = params["dropout_rate"] > 0
+  lengths = not _is_absent(mask_operands[0])
+  return partitioning.Layout(
+      name=name,
+      operand_names=per_row_names + MASK_OPERANDS,
+      operand_roles=per_row_roles + tuple(mask_roles),
+      result_roles=result_roles(mask_roles),
+      offsets_index=len(per_row_names) + _OFFSETS,
+      needs_positions=params["is_causal"] or window or dropout or lengths,
+      needs_ids=dropout,
+      batch_shardable=not dropout or mask_operands[_KEY].shape[0] == 1,
+      position_multiple=DROPOUT_BLOCK if dropout else 1)
+
+
+def _fwd_layout(avals_in, params):
+  return _layout("flash_attention (forward)", ("query", "key", "value"),
+                 (_QUERY_ROLES, _KEY_ROLES, _KEY_ROLES),
+                 lambda mask_roles: (_QUERY_ROLES, ("b", "h", "s")), avals_in[3:], params)
+
+
+def _bwd_layout(avals_in, params):
+  return _layout("flash_attention (backward)", ("query", "key", "value", "out", "lse", "dout"),
+                 (_QUERY_ROLES, _KEY_ROLES, _KEY_ROLES, _QUERY_ROLES, ("b", "h", "s"),
+                  _QUERY_ROLES),
+                 lambda mask_roles: (_QUERY_ROLES, _KEY_ROLES, _KEY_ROLES, mask_roles[_BIAS]),
+                 avals_in[6:], params)
+
+
+def _define_lowering(prim, abstract_eval, platform_rules, layout_of):
+  """Lowers `prim` through the sharding rule to a kernel primitive of its own.
+
+  The kernel primitive (same operands, same abstract evaluation) lowers to
+  the FFI call of each platform; `prim` lowers to its custom-partitioned
+  call, which runs it on each device's shard. Any new primitive over the
+  same operands reuses this with its own layout.
+  """
+  kernel = Primitive(prim.name + "_kernel")
+  kernel.multiple_results = prim.multiple_results
+  kernel.def_abstract_eval(abstract_eval)
+  for platform, rule in platform_rules.items():
+    mlir.register_lowering(kernel, rule, platform=platform)
+  mlir.register_lowering(prim, partitioning.sharded_lowering(prim, kernel, layout_of))
+  return kernel
+
+
+_define_lowering(flash_fwd_p, _fwd_abstract_eval,
+                 {p: _lowering(_ffi.FWD_TARGET) for p in _LOWERING_PLATFORMS}, _fwd_layout)
+_define_lowering(flash_bwd_p, _bwd_abstract_eval,
+                 {"cpu": _lowering(_ffi.BWD_TARGET), "cuda": _cuda_bwd_lowering()}, _bwd_layout)
 
 
 # -- batching ------------------------------------------------------------------
@@ -164,6 +276,14 @@ def _fold_into_batch(args, dims, axis_size, batch, num_leading):
   bias_was_broadcast = False
   for index, (x, d) in enumerate(zip(args, dims)):
     name = MASK_OPERANDS[index - num_leading] if index >= num_leading else None
+    if name == "offsets":
+      # One chunk's offsets hold for every example folded into its batch.
+      if d is not _NOT_MAPPED:
+        raise NotImplementedError(
+            "jax_flash: vmap over the offsets operand (one position per mapped example) is "
+            "not supported; map over the batch instead")
+      folded.append(x)
+      continue
     if _is_absent(x) and d is _NOT_MAPPED:
       folded.append(x)
       continue

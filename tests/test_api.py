@@ -433,7 +433,7 @@ FWD_PARAMS = dict(scale=1.0, softcap=0.0, is_causal=False, window_left=-1, windo
                                   "dropout key batch"])
 def test_handler_rejects_bad_operands(backend, case):
   q, k, v = qkv()
-  operands = [q, k, v, NO, NO, NO, NO, NO_BIAS, NO_MASK, NO_KEY]
+  operands = [q, k, v, NO, NO, NO, NO, NO_BIAS, NO_MASK, NO_KEY, NO]
   params = dict(FWD_PARAMS)
   if case == "lengths shape":
     operands[3] = np.zeros((5,), np.int32)
@@ -467,7 +467,7 @@ def test_bwd_handler_rejects_bad_lse(backend):
   bad_lse = jnp.zeros((2, 4, 10), jnp.float64)  # must be float32 for float32 inputs
   with pytest.raises(Exception, match="lse must be float32"):
     jax.block_until_ready(flash_bwd_p.bind(q, k, v, q, bad_lse, q,
-                                           *map(jnp.asarray, [NO] * 4 + [NO_BIAS, NO_MASK, NO_KEY]),
+                                           *map(jnp.asarray, [NO] * 4 + [NO_BIAS, NO_MASK, NO_KEY, NO]),
                                            deterministic=False, **FWD_PARAMS))
 
 

@@ -70,13 +70,14 @@ ffi::Error FwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
                   ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
                   ffi::AnyBuffer q_segment_ids, ffi::AnyBuffer kv_segment_ids, ffi::AnyBuffer bias,
                   ffi::AnyBuffer mask, ffi::AnyBuffer dropout_key,
+                  ffi::AnyBuffer offsets,
                   ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
                   double scale, double softcap, bool is_causal, int64_t window_left,
                   int64_t window_right, double dropout_rate, bool broadcast_dropout) {
   const ScoreAndMaskAttrs attrs{scale,        softcap,      is_causal,        window_left,
                                 window_right, dropout_rate, broadcast_dropout};
   const ffi_decode::MaskOperands ops{q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids,
-                                     bias,      mask,       dropout_key};
+                                     bias,      mask,       dropout_key, offsets};
   FwdParams p;
   if (auto e = ffi_decode::DecodeFwd(attrs, q, k, v, ops, out->dimensions(),
                                      out->element_type(), lse->dimensions(),
@@ -94,6 +95,7 @@ ffi::Error BwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
                   ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
                   ffi::AnyBuffer q_segment_ids, ffi::AnyBuffer kv_segment_ids, ffi::AnyBuffer bias,
                   ffi::AnyBuffer mask, ffi::AnyBuffer dropout_key,
+                  ffi::AnyBuffer offsets,
                   ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                   ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dbias,
                   double scale, double softcap, bool is_causal, int64_t window_left,
@@ -103,7 +105,7 @@ ffi::Error BwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   const ScoreAndMaskAttrs attrs{scale,        softcap,      is_causal,        window_left,
                                 window_right, dropout_rate, broadcast_dropout};
   const ffi_decode::MaskOperands ops{q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids,
-                                     bias,      mask,       dropout_key};
+                                     bias,      mask,       dropout_key, offsets};
   BwdParams p;
   if (auto e = ffi_decode::DecodeBwd(attrs, q, k, v, out, lse, dout, ops, dq, dk, dv, dbias, &p);
       e.failure())

@@ -15,6 +15,9 @@
 //   dropout_key: uint32 (Bkey, 2), Bkey dividing B; or (0,) when off. Batch
 //   element b uses key b / (B / Bkey) and counter batch index b % (B / Bkey)
 //   (vmap over keys folds into the batch and stays exact).
+//   offsets: int32 (4,), mask.h's Offset (positions of this chunk's first query
+//   row and key, global batch and query-head index of its first element), or
+//   (0,) for a whole problem. Read on the kernel's device.
 //   Forward results: out like q; lse (B, Hq, Sq) in the accumulation type.
 //   Backward operands add out, lse, dout after v; results dq, dk, dv, dbias
 //   (bias's shape and dtype, or (0,) without a bias).
@@ -65,10 +68,11 @@ auto AddScoreAndMaskAttrs(Binding binding) {
 
 // The operands that follow q, k, v (fwd) or q, k, v, out, lse, dout (bwd).
 struct MaskOperands {
-  ffi::AnyBuffer q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids, bias, mask, dropout_key;
+  ffi::AnyBuffer q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids, bias, mask, dropout_key,
+      offsets;
 };
 
-// Appends the seven MaskOperands to a binding.
+// Appends the eight MaskOperands to a binding.
 template <typename Binding>
 auto AddMaskOperands(Binding binding) {
   return std::move(binding)
@@ -78,7 +82,8 @@ auto AddMaskOperands(Binding binding) {
       .template Arg<ffi::AnyBuffer>()   // kv_segment_ids int32 (B, Sk) or (0,)
       .template Arg<ffi::AnyBuffer>()   // bias, accumulation type, 4-d broadcastable, or (0,)
       .template Arg<ffi::AnyBuffer>()   // mask bool, 4-d broadcastable, or (0,)
-      .template Arg<ffi::AnyBuffer>();  // dropout_key uint32 (Bkey, 2) or (0,)
+      .template Arg<ffi::AnyBuffer>()   // dropout_key uint32 (Bkey, 2) or (0,)
+      .template Arg<ffi::AnyBuffer>();  // offsets int32 (4,) or (0,)
 }
 
 inline std::string DimsToString(ffi::AnyBuffer::Dimensions dims) {
@@ -184,17 +189,32 @@ inline ffi::Error DecodeDense(const char* name, const ffi::AnyBuffer& buf,
   return ffi::Error::Success();
 }
 
+// The offsets operand -> its pointer (null when absent).
+inline ffi::Error DecodeOffsets(const ffi::AnyBuffer& offsets, const int32_t** out) {
+  if (IsAbsent(offsets)) return ffi::Error::Success();
+  auto dims = offsets.dimensions();
+  if (offsets.element_type() != ffi::DataType::S32 || dims.size() != 1 || dims[0] != kNumOffsets)
+    return Invalid("offsets must be int32 (" + std::to_string(kNumOffsets) + ",) or (0,), got " +
+                   DimsToString(dims));
+  *out = static_cast<const int32_t*>(offsets.untyped_data());
+  return ffi::Error::Success();
+}
+
 // Lengths, segment ids and the dense mask -> mask pointers; checks shapes
 // and dtypes.
 inline ffi::Error DecodeMask(const AttentionShape& s, const ScoreAndMaskAttrs& a,
                              const MaskOperands& ops, MaskParams* m) {
   m->causal = a.is_causal;
-  // A bound at least the length it limits admits every key (0 <= i < Sq,
-  // 0 <= j < Sk), so clamping changes nothing, and it keeps i + right and
-  // i - left in mask.h far from int64 overflow whatever the caller passed
-  // (jax_flash.attention clamps too; this covers a direct primitive call).
-  m->window_left = a.window_left < 0 ? -1 : std::min(a.window_left, s.seqlen_q);
-  m->window_right = a.window_right < 0 ? -1 : std::min(a.window_right, s.seqlen_k);
+  // A bound at least the length it limits, plus the largest distance between
+  // a chunk's query and key positions (int32 offsets: under 2^32), admits
+  // every key, so clamping changes nothing, and it keeps i + diagonal + right
+  // and i + diagonal - left in mask.h far from int64 overflow whatever the
+  // caller passed (jax_flash.attention clamps too; this covers a direct
+  // primitive call).
+  constexpr int64_t kPositionSpan = int64_t{1} << 32;
+  m->window_left = a.window_left < 0 ? -1 : std::min(a.window_left, s.seqlen_q + kPositionSpan);
+  m->window_right =
+      a.window_right < 0 ? -1 : std::min(a.window_right, s.seqlen_k + kPositionSpan);
   struct Named { const char* name; const ffi::AnyBuffer* buf; };
   for (Named n : {Named{"q_seqlens", &ops.q_seqlens}, Named{"kv_seqlens", &ops.kv_seqlens},
                   Named{"q_segment_ids", &ops.q_segment_ids},
@@ -219,6 +239,7 @@ inline ffi::Error DecodeMask(const AttentionShape& s, const ScoreAndMaskAttrs& a
     m->q_segment_ids = static_cast<const int32_t*>(ops.q_segment_ids.untyped_data());
     m->kv_segment_ids = static_cast<const int32_t*>(ops.kv_segment_ids.untyped_data());
   }
+  if (auto e = DecodeOffsets(ops.offsets, &m->offsets); e.failure()) return e;
   if (!IsAbsent(ops.mask)) {
     if (ops.mask.element_type() != ffi::DataType::PRED) return Invalid("mask must be bool");
     int64_t dims[4];
@@ -261,6 +282,7 @@ inline ffi::Error DecodeDropout(const AttentionShape& s, const ScoreAndMaskAttrs
     return Invalid("dropout_key must be uint32 (Bkey, 2) with Bkey dividing the batch " +
                    std::to_string(s.batch) + ", got " + DimsToString(dims));
   d->keys = static_cast<const uint32_t*>(ops.dropout_key.untyped_data());
+  if (auto e = DecodeOffsets(ops.offsets, &d->offsets); e.failure()) return e;
   d->key_batch = dims[0];
   return ffi::Error::Success();
 }

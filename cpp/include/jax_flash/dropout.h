@@ -20,6 +20,12 @@
 //
 // Counter words: {J, I, (r * 4 + p) << 24 | head, batch}; the draw of (i, j) is
 // half c of word 2 a + b.
+//
+// The indices are global: a call that holds one shard or chunk of the problem
+// adds its offsets (mask.h's Offset) to batch, head, I and J, so a sharded run
+// drops what the unsharded one does. Its query and key positions must be
+// multiples of 16 (whole blocks), which keeps i % 16 and j % 16, hence every
+// kernel's grouping of draws, the same as in the whole problem.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +44,8 @@ struct DropoutParams {
   int64_t key_batch = 0;
   // Flax's broadcast_dropout: one mask shared by every batch element and head.
   bool broadcast_batch_and_heads = false;
+  // mask.h's offsets operand (kNumOffsets,), on the kernel's device, or null.
+  const int32_t* offsets = nullptr;
 
   JAX_FLASH_HOST_DEVICE bool enabled() const { return rate > 0; }
   // An element is kept when its 16-bit draw is >= this threshold: the rate
@@ -91,6 +99,7 @@ JAX_FLASH_HOST_DEVICE void Philox4x32(const uint32_t counter[4], const uint32_t 
 struct HeadDropout {
   uint32_t key[2];
   uint32_t batch_word, head_word;  // head_word < 2^24: the call lane takes the top byte
+  uint32_t row_block, col_block;   // the chunk's first 16 x 16 block (its offsets / 16)
   uint32_t threshold;
   bool enabled;
 
@@ -102,8 +111,13 @@ struct HeadDropout {
     const int64_t period = batch / d.key_batch;
     r.key[0] = d.keys[2 * (b / period)];
     r.key[1] = d.keys[2 * (b / period) + 1];
-    r.batch_word = d.broadcast_batch_and_heads ? 0u : static_cast<uint32_t>(b % period);
-    r.head_word = d.broadcast_batch_and_heads ? 0u : static_cast<uint32_t>(h);
+    const int32_t* o = d.offsets;
+    const int64_t batch_offset = o ? o[kBatchOffset] : 0, head_offset = o ? o[kHeadOffset] : 0;
+    r.batch_word = d.broadcast_batch_and_heads ? 0u
+                                               : static_cast<uint32_t>(b % period + batch_offset);
+    r.head_word = d.broadcast_batch_and_heads ? 0u : static_cast<uint32_t>(h + head_offset);
+    r.row_block = o ? static_cast<uint32_t>(o[kQueryPosition]) >> 4 : 0u;
+    r.col_block = o ? static_cast<uint32_t>(o[kKeyPosition]) >> 4 : 0u;
     r.threshold = d.threshold();
     return r;
   }
@@ -116,9 +130,10 @@ struct HeadDropout {
     return static_cast<int>((((i >> 3) & 1) * 2 + ((j >> 3) & 1)) * 2 + (j & 1));
   }
 
-  // The 8 draws of the call that holds element (i, j), as 4 words.
+  // The 8 draws of the call that holds element (i, j) of this chunk, as 4 words.
   JAX_FLASH_HOST_DEVICE void Call(int64_t i, int64_t j, uint32_t words[4]) const {
-    const uint32_t counter[4] = {static_cast<uint32_t>(j >> 4), static_cast<uint32_t>(i >> 4),
+    const uint32_t counter[4] = {static_cast<uint32_t>(j >> 4) + col_block,
+                                 static_cast<uint32_t>(i >> 4) + row_block,
                                  (CallLane(i, j) << 24) | head_word, batch_word};
     philox::Philox4x32(counter, key, words);
   }

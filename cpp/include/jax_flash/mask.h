@@ -1,12 +1,16 @@
 // The one definition of "may query i attend key j".
 //
 // Every kernel (CPU, CUDA) asks this header, so the semantics cannot drift
-// between backends. Conventions follow jax.nn.dot_product_attention:
-//   causal:  j <= i                          (top-left aligned, also for Sq != Sk)
-//   window:  i - window_left <= j <= i + window_right   (a bound < 0 is unbounded)
-//   lengths: i < q_seqlen[b] and j < kv_seqlen[b]
-//   segments: q_segment_ids[b, i] == kv_segment_ids[b, j]
-//   dense:   mask[b, h, i, j] (a boolean array broadcast to (B, Hq, Sq, Sk))
+// between backends. Conventions follow jax.nn.dot_product_attention, in
+// positions: query row i is at position P + i and key j at position K + j,
+// where P and K are the chunk's position offsets (0 for a whole sequence;
+// under sharding or ring attention the chunk's place in the full sequence):
+//   causal:  K + j <= P + i                  (top-left aligned, also for Sq != Sk)
+//   window:  P + i - window_left <= K + j <= P + i + window_right  (a bound < 0 is unbounded)
+//   lengths: P + i < q_seqlen[b] and K + j < kv_seqlen[b]
+//   segments: q_segment_ids[b, i] == kv_segment_ids[b, j]   (this chunk's ids)
+//   dense:   mask[b, h, i, j] (this chunk's mask, broadcast to (B, Hq, Sq, Sk))
+// Causal and window depend on P - K only: the diagonal, key j <= i + diagonal.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +22,17 @@
 #endif
 
 namespace jax_flash {
+
+// The optional int32 offsets operand (4,): where this call's chunk sits in the
+// whole problem. Read on the kernel's device (they are traced values under
+// shard_map), by BatchMask::For and HeadDropout::For alone.
+enum Offset : int {
+  kQueryPosition = 0,  // position of query row 0 (a multiple of 16 with dropout)
+  kKeyPosition = 1,    // position of key 0 (a multiple of 16 with dropout)
+  kBatchOffset = 2,    // global index of batch element 0 (dropout)
+  kHeadOffset = 3,     // global index of query head 0 (dropout)
+  kNumOffsets = 4,
+};
 
 // Element strides of an array broadcast to (B, Hq, Sq, Sk); a broadcast
 // dimension has stride 0.
@@ -39,6 +54,7 @@ struct MaskParams {
   const int32_t* kv_segment_ids = nullptr;  // (B, Sk), contiguous
   const uint8_t* dense = nullptr;           // boolean, broadcast to (B, Hq, Sq, Sk)
   DenseStrides dense_strides;
+  const int32_t* offsets = nullptr;         // (kNumOffsets,), or null: all 0
 };
 
 // The mask for one (batch element, query head), with its lengths resolved.
@@ -46,8 +62,9 @@ struct BatchMask {
   bool causal;
   int64_t window_left;
   int64_t window_right;
-  int64_t q_len;   // rows i >= q_len see nothing
-  int64_t kv_len;  // keys j >= kv_len are never seen
+  int64_t diagonal;  // query position - key position of (0, 0): j <= i + diagonal is causal
+  int64_t q_len;   // rows i >= q_len see nothing (in this chunk's rows)
+  int64_t kv_len;  // keys j >= kv_len are never seen (in this chunk's keys)
   const int32_t* q_seg;   // null if no segments
   const int32_t* kv_seg;
   const uint8_t* dense;  // this head's (Sq, Sk) view, or null
@@ -60,12 +77,16 @@ struct BatchMask {
     r.causal = m.causal;
     r.window_left = m.window_left;
     r.window_right = m.window_right;
+    const int64_t q_position = m.offsets ? m.offsets[kQueryPosition] : 0;
+    const int64_t kv_position = m.offsets ? m.offsets[kKeyPosition] : 0;
+    r.diagonal = q_position - kv_position;
     r.q_len = seqlen_q;
     r.kv_len = seqlen_k;
-    // Lengths are clamped to [0, seqlen]: a negative length hides everything,
-    // one past the end changes nothing.
-    if (m.q_seqlens != nullptr) r.q_len = Clamp(m.q_seqlens[b], seqlen_q);
-    if (m.kv_seqlens != nullptr) r.kv_len = Clamp(m.kv_seqlens[b], seqlen_k);
+    // Lengths count from the start of the sequence; clamped to this chunk's
+    // [0, seqlen]: a negative length hides everything, one past the end
+    // changes nothing.
+    if (m.q_seqlens != nullptr) r.q_len = Clamp(m.q_seqlens[b] - q_position, seqlen_q);
+    if (m.kv_seqlens != nullptr) r.kv_len = Clamp(m.kv_seqlens[b] - kv_position, seqlen_k);
     r.q_seg = m.q_segment_ids ? m.q_segment_ids + b * seqlen_q : nullptr;
     r.kv_seg = m.kv_segment_ids ? m.kv_segment_ids + b * seqlen_k : nullptr;
     r.dense = m.dense ? m.dense + b * m.dense_strides.batch + h * m.dense_strides.head : nullptr;
@@ -86,9 +107,10 @@ struct BatchMask {
   // The exact predicate.
   JAX_FLASH_HOST_DEVICE bool Visible(int64_t i, int64_t j) const {
     if (i >= q_len || j >= kv_len) return false;
-    if (causal && j > i) return false;
-    if (window_left >= 0 && j < i - window_left) return false;
-    if (window_right >= 0 && j > i + window_right) return false;
+    const int64_t d = i + diagonal;  // the key on this row's diagonal
+    if (causal && j > d) return false;
+    if (window_left >= 0 && j < d - window_left) return false;
+    if (window_right >= 0 && j > d + window_right) return false;
     if (q_seg != nullptr && q_seg[i] != kv_seg[j]) return false;
     if (dense != nullptr && !dense[i * dense_row_stride + j * dense_col_stride]) return false;
     return true;
@@ -103,9 +125,9 @@ struct BatchMask {
     int64_t lo = 0, hi = kv_len;
     if (i1 > q_len) i1 = q_len;
     if (i0 >= i1) { *begin = 0; *end = 0; return; }
-    if (causal) hi = Min(hi, i1);  // j <= i1 - 1
-    if (window_right >= 0) hi = Min(hi, i1 - 1 + window_right + 1);
-    if (window_left >= 0) lo = Max(lo, i0 - window_left);
+    if (causal) hi = Min(hi, i1 + diagonal);  // j <= i1 - 1 + diagonal
+    if (window_right >= 0) hi = Min(hi, i1 + diagonal + window_right);
+    if (window_left >= 0) lo = Max(lo, i0 + diagonal - window_left);
     *begin = lo;
     *end = hi > lo ? hi : lo;
   }
@@ -117,9 +139,9 @@ struct BatchMask {
     int64_t lo = 0, hi = q_len;
     if (j1 > kv_len) j1 = kv_len;
     if (j0 >= j1) { *begin = 0; *end = 0; return; }
-    if (causal) lo = Max(lo, j0);  // i >= j
-    if (window_right >= 0) lo = Max(lo, j0 - window_right);  // i >= j - right
-    if (window_left >= 0) hi = Min(hi, j1 - 1 + window_left + 1);  // i <= j + left
+    if (causal) lo = Max(lo, j0 - diagonal);  // i >= j - diagonal
+    if (window_right >= 0) lo = Max(lo, j0 - diagonal - window_right);  // i >= j - d - right
+    if (window_left >= 0) hi = Min(hi, j1 - diagonal + window_left);  // i <= j - d + left
     *begin = lo;
     *end = hi > lo ? hi : lo;
   }
@@ -131,9 +153,9 @@ struct BatchMask {
                                         int64_t j1) const {
     if (q_seg != nullptr || dense != nullptr) return false;
     if (i1 > q_len || j1 > kv_len) return false;
-    if (causal && j1 - 1 > i0) return false;
-    if (window_left >= 0 && j0 < i1 - 1 - window_left) return false;
-    if (window_right >= 0 && j1 - 1 > i0 + window_right) return false;
+    if (causal && j1 - 1 > i0 + diagonal) return false;
+    if (window_left >= 0 && j0 < i1 - 1 + diagonal - window_left) return false;
+    if (window_right >= 0 && j1 - 1 > i0 + diagonal + window_right) return false;
     return true;
   }
 
