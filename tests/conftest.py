@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-import jax
+import os
+
+# Four CPU devices for the many-device tests (test_sharding.py, test_ring.py);
+# XLA reads this once, when jax starts, so it is set before jax is imported.
+# Everything else runs on the first device as before.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_force_host_platform_device_count=4").strip()
+
+import jax  # noqa: E402
 import numpy as np
 import pytest
 

@@ -255,14 +255,15 @@ def _shardy_rule(local_prim, layout, params, mesh, operand_types, result_types):
 
   Query heads are the compound factor (g r) of key/value heads g and the
   group r, so that a sharding of the heads goes to g, splitting query and
-  key/value heads together.
+  key/value heads together (with one key/value head, h and g are apart).
   """
   del local_prim, params, mesh, result_types
   shapes = [tuple(t.shape) for t in operand_types]
   num_heads, num_kv_heads = layout.size(shapes, "h"), layout.size(shapes, "k")
   group = num_heads // num_kv_heads if num_kv_heads else 1
+  compound = group > 1 and num_kv_heads > 1  # (Shardy allows no factor of size 1 in one)
   factors = {"b": "b", "s": "s", "t": "t", "d": "d", "k": "g",
-             "h": "(g r)" if group > 1 else "g"}
+             "h": "(g r)" if compound else "h" if group > 1 else "g"}
   fresh = iter(f"x{i}" for i in range(10_000))
 
   def mapping(roles):
@@ -270,7 +271,7 @@ def _shardy_rule(local_prim, layout, params, mesh, operand_types, result_types):
 
   rule = (", ".join(map(mapping, layout.operand_roles)) + " -> " +
           ", ".join(map(mapping, layout.result_roles)))
-  return rule, ({"r": group} if group > 1 else {})
+  return rule, ({"r": group} if compound else {})
 
 
 def _local_call(local_prim, layout, params, *args):
