@@ -1,4 +1,5 @@
-"""ring_attention on four CPU devices against attention on the gathered sequence.
+"""ring_attention on four CPU devices (and on every GPU, given two or more)
+against attention on the gathered sequence.
 
 The float64 dense reference sees the whole sequence in order; the ring sees
 it in chunks (contiguous or zigzag), forward and gradient. Plus the
@@ -29,15 +30,28 @@ from reference import attention_and_grads as dense_attention_and_grads
 # XLA may keep excess precision, which would make them a different yardstick.)
 attention_and_grads = jax.jit(dense_attention_and_grads, static_argnums=5)
 
-NUM_DEVICES = 4
+def devices_of(platform):
+  try:
+    return jax.devices(platform)
+  except RuntimeError:
+    return []
 
 
 @pytest.fixture(scope="module")
-def mesh():
-  cpus = jax.devices("cpu")
-  if len(cpus) < NUM_DEVICES:
+def cpu_mesh():
+  cpus = devices_of("cpu")
+  if len(cpus) < 4:
     pytest.skip("needs 4 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=4)")
-  return jax.make_mesh((NUM_DEVICES,), ("seq",), devices=cpus[:NUM_DEVICES])
+  return jax.make_mesh((4,), ("seq",), devices=cpus[:4])
+
+
+@pytest.fixture(scope="module", params=["cpu"] + (["gpu"] if len(devices_of("gpu")) > 1 else []))
+def mesh(request, cpu_mesh):
+  """Four CPU devices; and every GPU, when there are at least two."""
+  if request.param == "cpu":
+    return cpu_mesh
+  gpus = devices_of("gpu")
+  return jax.make_mesh((len(gpus),), ("seq",), devices=gpus)
 
 
 def ring_and_grads(mesh, layout, spec=P(None, "seq"), axis_name="seq", **kwargs):
@@ -57,8 +71,9 @@ def ring_and_grads(mesh, layout, spec=P(None, "seq"), axis_name="seq", **kwargs)
 
 def run_ring(mesh, inputs, layout, dtype, spec=P(None, "seq"), **kwargs):
   """The ring's (out, dq, dk, dv), tokens back in sequence order."""
-  order = lambda x: jax_flash.to_zigzag(x, NUM_DEVICES) if layout == "zigzag" else x
-  unorder = lambda x: jax_flash.from_zigzag(x, NUM_DEVICES) if layout == "zigzag" else x
+  n = mesh.size
+  order = lambda x: jax_flash.to_zigzag(x, n) if layout == "zigzag" else x
+  unorder = lambda x: jax_flash.from_zigzag(x, n) if layout == "zigzag" else x
   args = [jax.device_put(order(jnp.asarray(x, dtype)), NamedSharding(mesh, spec))
           for x in (inputs.q, inputs.k, inputs.v, inputs.dout)]
   return [unorder(x) for x in ring_and_grads(mesh, layout, spec, **kwargs)(*args)]
@@ -81,7 +96,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_ring_matches_attention_on_the_whole_sequence(mesh, case):
   layout, length, heads, kv_heads, opts = CASES[case]
-  seqlen = NUM_DEVICES * length
+  seqlen = mesh.size * length
   inputs = make_inputs(np.random.default_rng(len(case)), 2, seqlen, seqlen, heads, kv_heads, 16)
   got = run_ring(mesh, inputs, layout, jnp.float64, is_causal=opts.is_causal, scale=opts.scale,
                  local_window_size=opts.window, logits_soft_cap=opts.softcap)
@@ -94,7 +109,8 @@ def test_ring_matches_attention_on_the_whole_sequence(mesh, case):
 def test_ring_in_bfloat16_meets_the_flash_rule(mesh):
   """Partial results merge in float32: no worse than a plain bf16 attention."""
   opts = Options(is_causal=True)
-  inputs = make_inputs(np.random.default_rng(7), 1, 96, 96, 4, 2, 32)
+  seqlen = 24 * mesh.size
+  inputs = make_inputs(np.random.default_rng(7), 1, seqlen, seqlen, 4, 2, 32)
   got = run_ring(mesh, inputs, "zigzag", jnp.bfloat16, is_causal=True)
   visible = visible_mask(opts, inputs)
   ref = attention_and_grads(inputs.q, inputs.k, inputs.v, inputs.dout, visible, opts)
@@ -105,13 +121,10 @@ def test_ring_in_bfloat16_meets_the_flash_rule(mesh):
     assert_flash_close(name, g, r, p, jnp.bfloat16)
 
 
-def test_ring_with_data_parallel_batch():
+def test_ring_with_data_parallel_batch(cpu_mesh):
   """Batch over one mesh axis, sequence over the other: the ring runs on
   each batch shard, and the gradient type-checks over both axes."""
-  cpus = jax.devices("cpu")
-  if len(cpus) < 4:
-    pytest.skip("needs 4 CPU devices")
-  mesh = jax.make_mesh((2, 2), ("data", "seq"), devices=cpus[:4])
+  mesh = jax.make_mesh((2, 2), ("data", "seq"), devices=cpu_mesh.devices.flat)
   opts = Options(is_causal=True)
   inputs = make_inputs(np.random.default_rng(8), 2, 36, 36, 2, 1, 8)
   args = [jax.device_put(jnp.asarray(x), NamedSharding(mesh, P("data", "seq")))
@@ -123,7 +136,8 @@ def test_ring_with_data_parallel_batch():
     assert_flash_close(name, g, r, r, jnp.float64)
 
 
-def test_keys_and_values_travel_and_are_never_gathered(mesh):
+def test_keys_and_values_travel_and_are_never_gathered(cpu_mesh):
+  mesh = cpu_mesh
   inputs = make_inputs(np.random.default_rng(9), 1, 32, 32, 2, 2, 8)
   args = [jax.device_put(jnp.asarray(x), NamedSharding(mesh, P(None, "seq")))
           for x in (inputs.q, inputs.k, inputs.v, inputs.dout)]
@@ -149,7 +163,8 @@ def test_zigzag_helpers():
     jax_flash.to_zigzag(jnp.zeros((1, 12, 1, 1)), 4)
 
 
-def test_ring_argument_errors(mesh):
+def test_ring_argument_errors(cpu_mesh):
+  mesh = cpu_mesh
   q = jnp.zeros((1, 8, 2, 8))
   with pytest.raises(ValueError, match="inside shard_map"):
     jax_flash.ring_attention(q, q, q, axis_name="seq")
@@ -170,7 +185,7 @@ def test_ring_argument_errors(mesh):
     call(put(q), put(q), is_causal="yes")
 
 
-def test_multi_gpu_bench_smoke(mesh, capsys):
+def test_multi_gpu_bench_smoke(cpu_mesh, capsys):
   """tests/gpu/multi_gpu_bench.py end to end with tiny shapes on CPU devices."""
   path = pathlib.Path(__file__).parent / "gpu" / "multi_gpu_bench.py"
   spec = importlib.util.spec_from_file_location("multi_gpu_bench", path)
