@@ -107,22 +107,22 @@ def _ring_attention(query, key, value, *, axis_name, is_causal, scale, local_win
   if layout == "zigzag" and query.shape[-3] % 2:
     raise ValueError("layout='zigzag' needs an even local sequence length (two chunks per "
                      f"device), got {query.shape[-3]}")
-  if not isinstance(is_causal, (bool, np.bool_)):
-    raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
   try:
     num_devices = jax.lax.axis_size(axis_name)
   except NameError:
     raise ValueError(f"ring_attention must run inside shard_map (or another map) that binds "
                      f"axis_name={axis_name!r}") from None
-  head_dim = query.shape[-1]
-  window_left, window_right = _attention._window(local_window_size)
+  acc_dtype = accumulation_dtype(query.dtype)
+  seqlen = num_devices * query.shape[-3]  # the whole sequence, which windows refer to
+  window_left, window_right = _attention._window(local_window_size, seqlen, seqlen)
   config = _attention._Config(
-      scale=1.0 / math.sqrt(head_dim) if scale is None else _attention._static_float(
-          "scale", scale),
+      scale=1.0 / math.sqrt(query.shape[-1]) if scale is None else _attention._static_float(
+          "scale", scale, dtype=acc_dtype),
       softcap=0.0 if logits_soft_cap is None else _attention._static_float(
-          "logits_soft_cap", logits_soft_cap, positive=True),
-      is_causal=bool(is_causal), window_left=window_left, window_right=window_right,
-      dropout_rate=0.0, broadcast_dropout=False, deterministic=False)
+          "logits_soft_cap", logits_soft_cap, dtype=acc_dtype, positive=True),
+      is_causal=_attention._static_bool("is_causal", is_causal), window_left=window_left,
+      window_right=window_right, dropout_rate=0.0, broadcast_dropout=False,
+      deterministic=False)
   axis_name = tuple(axis_name) if isinstance(axis_name, list) else axis_name
   batch_shape = query.shape[:-3]
   flat = lambda x: x.reshape((math.prod(batch_shape),) + x.shape[-3:])
