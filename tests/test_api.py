@@ -304,7 +304,7 @@ def test_handler_clamps_windows(backend):
   """A direct primitive call with int64-max bounds: no overflow in i + right."""
   q, k, v = qkv(dtype=jnp.float64)
   operands = [q, k, v] + [jnp.asarray(x) for x in [NO] * 4 + [NO_BIAS.astype(np.float64),
-                                                             NO_MASK, NO_KEY]]
+                                                             NO_MASK, NO_KEY, NO]]
   big = np.iinfo(np.int64).max
   for left, right in [(big, big), (0, big), (big, 0)]:
     out, _ = flash_fwd_p.bind(*operands, **dict(FWD_PARAMS, scale=8**-0.5, window_left=left,
