@@ -341,3 +341,22 @@ def test_shard_map_forward_and_gradient(devices, layout):
     return (out,) + vjp(dout)
 
   check_against_reference(f(q, k, v, dout), inputs, opts)
+
+
+def test_sharded_program_exports(devices):
+  """jax.export cannot serialize the sharding rule (custom_partitioning runs
+  Python): an exported sharded call lowers without it, XLA gathers, and the
+  result stays exact after a serialization round trip."""
+  pytest.importorskip("flatbuffers")
+  mesh = jax.make_mesh((4,), ("x",), devices=devices)
+  inputs = make_inputs(np.random.default_rng(15), 4, 21, 21, 2, 1, 8)
+  opts = Options(is_causal=True)
+  q, k, v = put(mesh, P("x"), inputs.q, inputs.k, inputs.v)
+  checks = [jax.export.DisabledSafetyCheck.custom_call(t)
+            for t in ("jax_flash_fwd", "jax_flash_bwd")]
+  causal = jax.jit(lambda q, k, v: jax_flash.flash_attention(q, k, v, is_causal=True))
+  exported = jax.export.deserialize(
+      jax.export.export(causal, disabled_checks=checks)(q, k, v).serialize())
+  out = exported.call(q, k, v)
+  ref = attention(inputs.q, inputs.k, inputs.v, visible_mask(opts, inputs), opts)[0]
+  assert_flash_close("out", out, ref, ref, jnp.float64)

@@ -297,6 +297,11 @@ def sharded_lowering(prim, local_prim, layout_of: Callable[..., Layout]):
   dispatch.prim_requires_devices_during_lowering.add(prim)
 
   def rule(ctx, *args, **params):
+    if ctx.module_context.lowering_parameters.for_export:
+      # jax.export cannot serialize custom_partitioning (its callbacks are
+      # Python): an exported sharded program has no rule, so XLA gathers.
+      return mlir.lower_fun(lambda *a: local_prim.bind(*a, **params),
+                            multiple_results=True)(ctx, *args)
     layout = layout_of(ctx.avals_in, params)
     static = tuple(sorted(params.items()))
     call = functools.partial(_partitioned_call, local_prim, layout, static)
