@@ -13,7 +13,8 @@ Presets: ``cpu`` (the CPU speed target's shapes), ``fa3`` (FlashAttention-3
 paper shapes: B*S = 16k tokens, hidden 2048, bf16), ``memory`` (the memory
 target's shape on this device) and ``quick`` (tiny). ``--memory`` also
 measures the peak memory of one forward+backward of every (shape, impl), each
-in a fresh process, before the timing. Every row is a plain dict (``--json``,
+in a fresh process, before the timing. ``--features`` adds the problems users
+run (``jax_flash.bench_features``). Every row is a plain dict (``--json``,
 ``jax_flash.plots``). Target verdicts are printed for the shapes the targets
 are defined for.
 """
@@ -35,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_flash
+from jax_flash import bench_features
 
 IMPLS = ("jax_flash", "xla", "cudnn")
 MiB = 1 << 20
@@ -119,22 +121,16 @@ def why_unavailable(impl: str, platform: str) -> str | None:
   return None
 
 
-def attention_fn(impl: str, causal: bool):
-  if impl == "jax_flash":
-    return lambda q, k, v: jax_flash.flash_attention(q, k, v, is_causal=causal)
-  return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal,
-                                                      implementation=impl)
+def grad_fn(fwd):
+  """(q, k, v, dout, *extras) -> d/d(q, k, v) of sum(fwd(q, k, v, *extras) * dout)."""
+  return lambda q, k, v, dout, *extras: jax.vjp(lambda q, k, v: fwd(q, k, v, *extras),
+                                                q, k, v)[1](dout)
 
 
-def fwd_bwd_fn(impl: str, causal: bool):
-  """q, k, v, dout -> (dq, dk, dv): the gradient of sum(attention(q, k, v) * dout)."""
-  fwd = attention_fn(impl, causal)
-  return lambda q, k, v, dout: jax.vjp(fwd, q, k, v)[1](dout)
-
-
-def compile_fn(fn, case: Case, num_args: int):
+def compile_fn(fn, case: Case, num_args: int, extras=()):
+  """fn for num_args arrays of the case's shape, then `extras` (arguments, not constants)."""
   spec = jax.ShapeDtypeStruct(case.shape, case.dtype)
-  return jax.jit(fn).lower(*([spec] * num_args)).compile()
+  return jax.jit(fn).lower(*([spec] * num_args), *extras).compile()
 
 
 def memory_of(compiled) -> dict | None:
@@ -183,8 +179,10 @@ def make_inputs(case: Case, seed: int):
   return tuple(jax.random.normal(k, case.shape, case.dtype) for k in keys)
 
 
-def reference_fwd(q, k, v, causal: bool) -> np.ndarray:
-  """Dense float64 softmax(q k^T / sqrt(D)) v in numpy, in query-row blocks."""
+def reference_fwd(q, k, v, causal: bool, bias=None, mask=None) -> np.ndarray:
+  """Dense float64 softmax(q k^T / sqrt(D) + bias) v in numpy, in query-row blocks;
+  bias, mask: (B|1, N|1, Sq, Sk) or None. Rows that see no key are NaN (jax_flash
+  gives 0 there, jax.nn the mean of v): errors are taken over the other rows."""
   q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k, v))
   batch, seqlen_q, heads, head_dim = q.shape
   seqlen_k = k.shape[1]
@@ -196,12 +194,26 @@ def reference_fwd(q, k, v, causal: bool) -> np.ndarray:
     for r0 in range(0, seqlen_q, block):
       r1 = min(seqlen_q, r0 + block)
       s = qh[:, r0:r1] @ kh.transpose(0, 2, 1) * scale  # (H, rows, Sk)
+      if bias is not None:
+        s = s + bias[b % bias.shape[0], :, r0:r1]
       if causal:  # Top-left aligned, as in jax.nn: query i sees keys j <= i.
         s = np.where(np.arange(seqlen_k)[None, :] <= np.arange(r0, r1)[:, None], s, -np.inf)
-      p = np.exp(s - s.max(axis=-1, keepdims=True))
-      p /= p.sum(axis=-1, keepdims=True)
-      out[b, r0:r1] = (p @ vh).transpose(1, 0, 2)
+      if mask is not None:
+        s = np.where(mask[b % mask.shape[0], :, r0:r1], s, -np.inf)
+      m = s.max(axis=-1, keepdims=True)
+      p = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+      with np.errstate(invalid="ignore", divide="ignore"):  # 0 / 0: a row that sees nothing
+        out[b, r0:r1] = ((p @ vh) / p.sum(axis=-1, keepdims=True)).transpose(1, 0, 2)
   return out
+
+
+def errors(out: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
+  """Max and relative (Frobenius) error over the rows the reference defines."""
+  seen = ~np.isnan(reference)
+  diff = out[seen] - reference[seen]
+  norm = np.linalg.norm(reference[seen])
+  rel = float(np.linalg.norm(diff) / norm) if norm else 0.0
+  return float(np.max(np.abs(diff), initial=0.0)), rel
 
 
 def time_call(fn, arg_sets, repeats: int | None, on_cpu: bool) -> tuple[float, int]:
@@ -238,48 +250,55 @@ def short_error(e: Exception) -> str:
 # -- one shape -----------------------------------------------------------------
 
 
-def run_case(case: Case, impls, repeats, seed: int) -> list[dict]:
+def empty_row(case: Case, impl: str, feature: str, given: str | None, status="ok") -> dict:
+  return dict(dataclasses.asdict(case), impl=impl, feature=feature, given=given, status=status,
+              fwd_ms=None, fwdbwd_ms=None, bwd_ms=None, fwd_tflops=None, bwd_tflops=None,
+              fwdbwd_tflops=None, memory=None, memory_beyond_inputs=None, max_err=None,
+              rel_err=None, repeats=None, fwd_vs_plain=None, fwdbwd_vs_plain=None,
+              **dict.fromkeys(MEMORY_FIELDS))
+
+
+def run_case(case: Case, impls, repeats, seed: int, feature: str = "plain") -> list[dict]:
+  """One row per impl of `feature` ("plain", or one of jax_flash.bench_features) on `case`."""
   on_cpu = jax.default_backend() == "cpu"
+  what = "" if feature == "plain" else f"{feature}: "
   n_sets = ROTATE_SETS if 4 * case.tensor_bytes <= ROTATE_MAX_BYTES else 1
   arg_sets = [make_inputs(case, seed + i) for i in range(n_sets)]
-  reference = None
-  if case.batch * case.heads * case.seqlen ** 2 <= REFERENCE_MAX_SCORES:
-    progress(case, "numpy", "float64 reference forward")
-    reference = reference_fwd(*arg_sets[0][:3], case.causal)
+  found, reference_ops, skipped = bench_features.problems(case, impls, feature)
+  reference = None  # dropout has none; large shapes neither
+  if reference_ops is not None and case.batch * case.heads * case.seqlen**2 <= REFERENCE_MAX_SCORES:
+    progress(case, "numpy", f"{what}float64 reference forward")
+    reference = reference_fwd(*arg_sets[0][:3], case.causal, **reference_ops)
   rows = []
-  for impl in impls:
-    row = dict(dataclasses.asdict(case), impl=impl, status="ok", fwd_ms=None, fwdbwd_ms=None,
-               bwd_ms=None, fwd_tflops=None, bwd_tflops=None, fwdbwd_tflops=None,
-               memory=None, memory_beyond_inputs=None, max_err=None, rel_err=None, repeats=None,
-               **dict.fromkeys(MEMORY_FIELDS))
+  for impl, (fwd_of, extras, given) in found.items():
+    row = empty_row(case, impl, feature, given)
     rows.append(row)
     try:
-      progress(case, impl, "forward: compile, error against float64, time")
-      fwd = compile_fn(attention_fn(impl, case.causal), case, 3)
+      progress(case, impl, what + "forward: compile, error against float64, time")
+      fwd = compile_fn(fwd_of, case, 3, extras)
       if reason := too_big(fwd):
         row["status"] = reason
         continue
-      out = np.asarray(jax.block_until_ready(fwd(*arg_sets[0][:3]))).astype(np.float64)
+      out = np.asarray(jax.block_until_ready(fwd(*arg_sets[0][:3], *extras)))
       if reference is not None:
-        row["max_err"] = float(np.max(np.abs(out - reference)))
-        row["rel_err"] = float(np.linalg.norm(out - reference) / np.linalg.norm(reference))
+        row["max_err"], row["rel_err"] = errors(out.astype(np.float64), reference)
       del out
-      t, row["repeats"] = time_call(fwd, [a[:3] for a in arg_sets], repeats, on_cpu)
+      t, row["repeats"] = time_call(fwd, [a[:3] + extras for a in arg_sets], repeats, on_cpu)
       row["fwd_ms"], row["fwd_tflops"] = 1e3 * t, case.fwd_flops / t / 1e12
       del fwd
     except Exception as e:  # an unsupported shape or dtype, out of memory
       row["status"] = f"n/a ({short_error(e)})"
       continue
     try:
-      progress(case, impl, "forward+backward: compile, time")
-      fwd_bwd = compile_fn(fwd_bwd_fn(impl, case.causal), case, 4)
+      progress(case, impl, what + "forward+backward: compile, time")
+      fwd_bwd = compile_fn(grad_fn(fwd_of), case, 4, extras)
       mem = memory_of(fwd_bwd)
       if mem:
         row["memory"], row["memory_beyond_inputs"] = mem["total"], mem["total"] - mem["arguments"]
       if reason := too_big(fwd_bwd):
         row["status"] = f"fwd only (fwd+bwd {reason})"
         continue
-      t, _ = time_call(fwd_bwd, arg_sets, repeats, on_cpu)
+      t, _ = time_call(fwd_bwd, [a + extras for a in arg_sets], repeats, on_cpu)
       row["fwdbwd_ms"] = 1e3 * t
       row["fwdbwd_tflops"] = (1 + BWD_FLOP_FACTOR) * case.fwd_flops / t / 1e12
       bwd_s = t - row["fwd_ms"] / 1e3
@@ -289,6 +308,8 @@ def run_case(case: Case, impls, repeats, seed: int) -> list[dict]:
       del fwd_bwd
     except Exception as e:
       row["status"] = f"fwd only (fwd+bwd: {short_error(e)})"
+  rows += [empty_row(case, impl, feature, None, f"not run: {why}")
+           for impl, why in skipped.items()]
   for row in rows:  # Ratios against the alternatives measured in this process.
     for base in ("xla", "cudnn"):
       ref_row = next((r for r in rows if r["impl"] == base), None)
@@ -342,12 +363,15 @@ def _case_of(row: dict) -> Case:
   return Case(*(row[f.name] for f in dataclasses.fields(Case)))
 
 
-def table_columns(show_cudnn: bool):
-  cols = [("impl", 10), ("fwd ms", 9), ("fwd TF/s", 9), ("f+b ms", 9), ("bwd ms", 9),
-          ("bwd TF/s", 9), ("fwd×xla", 8), ("f+b×xla", 8)]
-  if show_cudnn:
-    cols += [("fwd×cudnn", 10), ("f+b×cudnn", 10)]
-  return cols + [("mem MiB", 9), ("+in MiB", 9), ("max err", 9)]
+def table_columns(show_cudnn: bool, show_plain: bool = False):
+  """(name, width, row key) of the number columns."""
+  cols = [("fwd ms", 9, "fwd_ms"), ("fwd TF/s", 9, "fwd_tflops"), ("f+b ms", 9, "fwdbwd_ms"),
+          ("bwd ms", 9, "bwd_ms"), ("bwd TF/s", 9, "bwd_tflops"), ("fwd×xla", 8, "fwd_vs_xla"),
+          ("f+b×xla", 8, "fwdbwd_vs_xla")]
+  for base, shown in (("cudnn", show_cudnn), ("plain", show_plain)):
+    if shown:
+      cols += [(f"fwd×{base}", 10, f"fwd_vs_{base}"), (f"f+b×{base}", 10, f"fwdbwd_vs_{base}")]
+  return cols + [("mem MiB", 9, "memory"), ("+in MiB", 9, "memory_beyond_inputs")]
 
 
 TIMING_LEGEND = (
@@ -358,27 +382,27 @@ TIMING_LEGEND = (
 
 
 def table_block(rows: list[dict], show_cudnn: bool) -> str:
-  """The rows of one (shape, causal): a title line, column names, one line per impl."""
-  cols = table_columns(show_cudnn)
+  """The rows of one (shape, causal, feature): a title line, column names, one line per
+  impl; under a feature, what each impl was given."""
+  feature = rows[0].get("feature", "plain")
+  cols = table_columns(show_cudnn, show_plain=feature != "plain")
   case = _case_of(rows[0])
-  lines = ["", f"{case.label()}   (fwd {fmt(case.fwd_flops / 1e9)} GFLOP)",
-           "  " + " ".join(f"{name:>{w}}" if i else f"{name:<{w}}"
-                           for i, (name, w) in enumerate(cols))]
+  title = case.label()
+  if feature != "plain":
+    title += f" | {feature}: {bench_features.FEATURES[feature].summary}"
+  lines = ["", f"{title}   (fwd {fmt(case.fwd_flops / 1e9)} GFLOP)",
+           f"  {'impl':<10} " + " ".join(f"{name:>{w}}" for name, w, _ in cols) + "   max err"]
   for r in rows:
     if not r["fwd_ms"]:
       lines.append(f"  {r['impl']:<10} {r['status']}")
       continue
-    vals = [r["fwd_ms"], r["fwd_tflops"], r["fwdbwd_ms"], r["bwd_ms"], r["bwd_tflops"],
-            r["fwd_vs_xla"], r["fwdbwd_vs_xla"]]
-    if show_cudnn:
-      vals += [r["fwd_vs_cudnn"], r["fwdbwd_vs_cudnn"]]
-    vals += [m / MiB if m is not None else None
-             for m in (r["memory"], r["memory_beyond_inputs"])]
-    cells = [f"{r['impl']:<10}"] + [f"{fmt(v):>{w}}" for v, (_, w) in zip(vals, cols[1:])]
+    cells = [fmt(r[key] / MiB if key.startswith("memory") and r[key] is not None else r[key])
+             for _, _, key in cols]
     err = f"{r['max_err']:.1e}" if r["max_err"] is not None else "–"
     note = "" if r["status"] == "ok" else "  " + r["status"]
-    lines.append("  " + " ".join(cells) + f" {err:>9}" + note)
-  return "\n".join(lines)
+    lines.append(f"  {r['impl']:<10} " + " ".join(f"{c:>{w}}" for c, (_, w, _) in
+                                                   zip(cells, cols)) + f" {err:>9}" + note)
+  return "\n".join(lines + bench_features.given_lines(rows))
 
 
 def _is_case(case: Case, shapes: dict) -> bool:
@@ -393,10 +417,11 @@ def format_targets(rows: list[dict], platform: str) -> str:
   CPU speed (the cpu preset's shapes): fwd and fwd+bwd >= 1.5x xla, >= 2.5x
   causal. Memory (the memory preset's shape, with --memory): CPU fwd+bwd within
   1 GiB beyond the inputs; GPU peak within 1.2x inputs + outputs + gradients.
+  On a GPU also the feature and head-dim targets (bench_features.target_lines).
   """
   lines = []
   for r in rows:
-    if r["impl"] != "jax_flash":
+    if r["impl"] != "jax_flash" or r.get("feature", "plain") != "plain":
       continue
     case = _case_of(r)
     if platform == "cpu" and _is_case(case, PRESETS["cpu"]) and r["fwd_vs_xla"] is not None:
@@ -416,6 +441,8 @@ def format_targets(rows: list[dict], platform: str) -> str:
         bound = " (upper bound)" if "upper bound" in r["runtime_source"] else ""
         lines.append(f"  {case.label()}: fwd+bwd peak {ratio:.2f}× ideal{bound} {ok} "
                      f"(target ≤ {GPU_MEMORY_TARGET_RATIO}× ideal)")
+  if platform != "cpu":
+    lines += bench_features.target_lines(rows, lambda r: _case_of(r).label())
   return "\nTargets, jax_flash:\n" + "\n".join(lines) if lines else ""
 
 
@@ -443,7 +470,8 @@ def make_parser() -> argparse.ArgumentParser:
                   "device: time, TFLOP/s, speed-ups, memory, error against float64.",
       epilog="A line on stderr names each measurement as it starts. Target verdicts are "
              "printed for the shapes the targets are defined for (the cpu preset on a CPU; "
-             "the memory preset with --memory).")
+             "the memory preset with --memory; on a GPU, bfloat16 at S=1k..16k: --features "
+             "against cudnn and plain, D=96/192/256 plain against cudnn).")
   p.add_argument("--preset", choices=sorted([*PRESETS, "memory"]),
                  help="shapes to run: cpu (B=1 H=8 D=64 float32, S=1k 4k), fa3 (bfloat16, "
                       "S=512..16k, D=64 128 256, B=16k/S, H=2048/D), memory (CPU: S=16k B=1 H=8 "
@@ -462,6 +490,13 @@ def make_parser() -> argparse.ArgumentParser:
   p.add_argument("--impls", type=_impls, metavar="LIST",
                  help=f"comma list of {','.join(IMPLS)} (default: those that can run on the "
                       "device; cudnn needs an NVIDIA GPU)")
+  features = list(bench_features.FEATURES)
+  p.add_argument("--features", nargs="+", metavar="F", choices=["all", *features],
+                 help=f"also measure these problems on each shape, after its plain rows: "
+                      f"{' '.join(features)}, or all (bias: ALiBi (1,N,S,S); mask: causal as a "
+                      "dense mask, causal shapes only; padding: Flax's padding mask; lengths: the "
+                      "same as seq lengths; dropout 0.1, against jax_flash without; segments: 4 "
+                      "packed sequences, jax.nn given the dense mask)")
   p.add_argument("--repeats", type=int,
                  help="timed samples per measurement (default: by time, 3 to 30)")
   p.add_argument("--memory", action="store_true",
@@ -477,6 +512,8 @@ def make_parser() -> argparse.ArgumentParser:
 def parse_args(argv):
   p = make_parser()
   args = p.parse_args(argv)
+  if args.features and "all" in args.features:
+    args.features = list(bench_features.FEATURES)
   if args.plot:  # Before anything runs: the plot is drawn after the whole run.
     from jax_flash import plots
     try:
@@ -533,14 +570,22 @@ def main(argv=None) -> list[dict]:
         memory[case, impl] = bench_memory.measure(case, impl)
         print(bench_memory.line(case, impl, memory[case, impl]), flush=True)
   show_cudnn = "cudnn" in impls
-  print("\n" + TIMING_LEGEND, flush=True)
+  print("\n" + TIMING_LEGEND + ("\n" + bench_features.LEGEND if args.features else ""),
+        flush=True)
   rows = []
   for i, case in enumerate(cases):  # Print each block as it is measured: fa3 takes minutes.
-    case_rows = run_case(case, impls, args.repeats, seed=args.seed + 10 * i)
-    for row in case_rows:
+    plain = run_case(case, impls, args.repeats, seed=args.seed + 10 * i)
+    for row in plain:
       row.update(memory.get((case, row["impl"]), {}))
-    print(table_block(case_rows, show_cudnn), flush=True)
-    rows += case_rows
+    print(table_block(plain, show_cudnn), flush=True)
+    rows += plain
+    for feature in args.features or ():  # Same q, k, v as the plain rows (same seed).
+      if not bench_features.applies(feature, case):
+        continue  # mask: the causal mask as a dense mask, on causal shapes only
+      case_rows = run_case(case, impls, args.repeats, seed=args.seed + 10 * i, feature=feature)
+      bench_features.add_plain_ratios(case_rows, plain)
+      print(table_block(case_rows, show_cudnn), flush=True)
+      rows += case_rows
   targets = format_targets(rows, platform)
   if targets:
     print(targets, flush=True)

@@ -17,7 +17,8 @@ import sys
 import jax
 import numpy as np
 
-from jax_flash.bench import (MEMORY_FIELDS, MiB, Case, compile_fn, fmt, fwd_bwd_fn, progress,
+from jax_flash import bench_features
+from jax_flash.bench import (MEMORY_FIELDS, MiB, Case, compile_fn, fmt, grad_fn, progress,
                              short_error, too_big)
 
 
@@ -33,7 +34,8 @@ def child(spec: dict) -> dict:
   case = Case(**spec["case"])
   dev = jax.devices()[0]
   try:
-    compiled = compile_fn(fwd_bwd_fn(spec["impl"], case.causal), case, 4)
+    (fwd, _, _), _ = bench_features.problem("plain", case, spec["impl"], {})
+    compiled = compile_fn(grad_fn(fwd), case, 4)
   except Exception as e:
     return dict(memory_status=f"n/a ({short_error(e)})")
   if reason := too_big(compiled):

@@ -1,8 +1,9 @@
 """Figures of ``python -m jax_flash.bench`` results, in the FlashAttention papers' style.
 
-``plot(rows, path)`` draws, for each (head dim, causal, dtype) measured, one
-row of panels: forward TFLOP/s, forward+backward TFLOP/s (grouped bars:
-sequence length on x, one bar per implementation) and peak memory against
+``plot(rows, path)`` draws, for each (feature, head dim, causal, dtype)
+measured (feature: "plain", or a problem of ``--features``), one row of
+panels: forward TFLOP/s, forward+backward TFLOP/s (grouped bars: sequence
+length on x, one bar per implementation) and peak memory against
 sequence length (measured with ``--memory``, else XLA's plan). ``rows`` are
 the bench's row dicts (``main(argv)`` returns them; ``--json PATH`` writes
 ``{"meta": ..., "rows": [...]}``, which is accepted too).
@@ -59,11 +60,18 @@ def require_matplotlib() -> None:
                       'jax_flash checkout, pip install ".[plots]")') from None
 
 
+def _feature(row) -> str:
+  return row.get("feature") or "plain"  # rows written before --features have none
+
+
 def _groups(rows):
-  """(head_dim, causal, dtype) -> rows, in a stable order."""
+  """(feature, head_dim, causal, dtype) -> rows: plain first, then the features in
+  the order they were measured."""
+  features = ["plain"] + [f for f in dict.fromkeys(map(_feature, rows)) if f != "plain"]
   groups: dict[tuple, list[dict]] = {}
-  for r in sorted(rows, key=lambda r: (r["head_dim"], r["causal"], str(r.get("dtype")))):
-    groups.setdefault((r["head_dim"], r["causal"], r.get("dtype")), []).append(r)
+  for r in sorted(rows, key=lambda r: (features.index(_feature(r)), r["head_dim"], r["causal"],
+                                       str(r.get("dtype")))):
+    groups.setdefault((_feature(r), r["head_dim"], r["causal"], r.get("dtype")), []).append(r)
   return groups
 
 
@@ -145,9 +153,10 @@ def plot(rows, path: str, *, title: str | None = None):
   impls = _impls(rows)
   fig = Figure(figsize=(15, 3.6 * len(groups)), layout="constrained")
   axes = fig.subplots(len(groups), 3, squeeze=False)
-  for (head_dim, causal, dtype), ax_row in zip(groups, axes):
-    group = groups[(head_dim, causal, dtype)]
-    name = f"head dim {head_dim}, {'causal' if causal else 'not causal'}" + (
+  for (feature, head_dim, causal, dtype), ax_row in zip(groups, axes):
+    group = groups[(feature, head_dim, causal, dtype)]
+    name = ("" if feature == "plain" else f"{feature}, ") + (
+        f"head dim {head_dim}, {'causal' if causal else 'not causal'}") + (
         f", {dtype}" if dtype else "")
     for ax, (panel, key, label) in zip(ax_row, SPEED_PANELS):
       _bars(ax, group, key, impls, label)

@@ -174,3 +174,118 @@ def test_reference_matches_jax_nn():
   ref = bench.reference_fwd(q, k, v, causal=True)
   out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
   np.testing.assert_allclose(np.asarray(out), ref, atol=1e-5)
+
+
+# -- feature rows (--features) -------------------------------------------------
+
+
+def test_every_feature_row_runs_and_matches_float64(tmp_path, capsys):
+  path = tmp_path / "rows.json"
+  rows = bench.main(["--preset", "quick", "--seqlens", "48", "--head-dims", "8", "--causal",
+                     "both", "--impls", "jax_flash,xla", "--repeats", "3", "--features", "all",
+                     "--json", str(path)])
+  table = capsys.readouterr().out
+  assert json.loads(path.read_text())["rows"] == rows
+  features = list(bench.bench_features.FEATURES)
+  by_key = {(r["feature"], r["causal"], r["impl"]): r for r in rows}
+  expected = {(f, c, i) for f in ["plain"] + features for c in (False, True)
+              for i in ("jax_flash", "xla") if c or f != "mask"}  # mask: causal only
+  assert set(by_key) == expected and len(rows) == len(expected)
+  for (feature, causal, impl), r in by_key.items():
+    assert (r["batch"], r["heads"], r["seqlen"], r["head_dim"]) == (1, 2, 48, 8)
+    if feature == "dropout" and impl == "xla":  # jax.nn has no dropout: said, not run
+      assert r["status"] == "not run: jax.nn.dot_product_attention has no dropout", r
+      assert r["fwd_ms"] is None
+      continue
+    assert r["status"] == "ok", r
+    assert r["fwd_ms"] > 0 and r["fwdbwd_ms"] > 0 and r["memory"] > 0
+    if feature == "dropout":  # no reference: the kernel draws the mask
+      assert r["max_err"] is None
+    else:  # float32 against float64, over the rows that see a key
+      assert 0 <= r["max_err"] < 1e-5 and r["rel_err"] < 1e-5, r
+    if feature == "plain":
+      assert r["given"] is None and r["fwd_vs_plain"] is None
+    else:
+      plain = by_key[("plain", causal, impl)]
+      assert r["fwd_vs_plain"] == pytest.approx(plain["fwd_ms"] / r["fwd_ms"])
+      assert r["fwdbwd_vs_plain"] == pytest.approx(plain["fwdbwd_ms"] / r["fwdbwd_ms"])
+      assert ("is_causal" in r["given"]) == (causal and feature != "mask")
+  assert by_key[("mask", True, "xla")]["given"] == "mask (1, 1, 48, 48) bool"
+  assert by_key[("segments", True, "jax_flash")]["given"].startswith(
+      "q_segment_ids (1, 48) int32, kv_segment_ids (1, 48) int32")
+  assert "as a dense mask: jax.nn has no segment ids" in by_key[("segments", False, "xla")][
+      "given"]
+  assert "B=1 H=2 S=48 D=8 float32 causal=yes | bias: ALiBi-style bias (1, N, S, S)" in table
+  assert "fwd×plain" in table and "given to jax_flash, xla: bias (1, 2, 48, 48) float32" in table
+  assert "Targets" not in table  # the feature targets are GPU targets
+
+
+def test_feature_reference_matches_jax_nn_and_leaves_unseen_rows_out():
+  import numpy as np
+  from jax_flash import bench_features as bf
+  case = bench.Case(3, 2, 37, 8, "float32", True)
+  q, k, v, _ = bench.make_inputs(case, seed=2)
+  for feature in ("bias", "mask", "padding", "lengths", "segments"):
+    ops = bf.FEATURES[feature].operands(case)
+    ref = bench.reference_fwd(q, k, v, case.causal and bf.FEATURES[feature].uses_is_causal,
+                              **bf.reference_operands(case, ops))
+    nn_ops, _ = bf.jax_nn_operands(ops)
+    out = jax.nn.dot_product_attention(q, k, v, is_causal=case.causal and
+                                       bf.FEATURES[feature].uses_is_causal, **nn_ops)
+    seen = ~np.isnan(ref)
+    np.testing.assert_allclose(np.asarray(out)[seen], ref[seen], atol=2e-5, err_msg=feature)
+    if feature in ("padding", "lengths"):  # rows past each example's length see no key
+      lengths = bf.padding_lengths(case)
+      assert list(lengths) == [37 - 37 // 12, 37 - 2 * 37 // 12, 37 - 3 * 37 // 12]
+      rows_seen = seen[:, :, 0, 0]
+      assert (rows_seen == (np.arange(37)[None, :] < lengths[:, None])).all()
+    else:
+      assert seen.all()
+  assert bf.packed_segment_ids(case)[0].tolist() == sorted(bf.packed_segment_ids(case)[0])
+  assert len(set(bf.packed_segment_ids(case)[0].tolist())) == bf.PACKED_SEGMENTS
+
+
+def _gpu_row(impl, feature="plain", causal=True, seqlen=2048, head_dim=128, fwd=1.0, fwdbwd=3.0,
+             dtype="bfloat16", status="ok"):
+  return dict(batch=4, heads=16, seqlen=seqlen, head_dim=head_dim, dtype=dtype, causal=causal,
+              impl=impl, feature=feature, status=status, fwd_ms=fwd, fwdbwd_ms=fwdbwd,
+              bwd_ms=None if fwd is None or fwdbwd is None else fwdbwd - fwd,
+              **dict.fromkeys(bench.MEMORY_FIELDS))
+
+
+def test_feature_target_verdicts_on_a_gpu():
+  label = "B=4 H=16 S=2048 D=128 bfloat16 causal=yes"
+  rows = [_gpu_row("jax_flash", fwd=1.0, fwdbwd=3.0), _gpu_row("cudnn", fwd=0.6, fwdbwd=2.0),
+          _gpu_row("jax_flash", "bias", fwd=1.0, fwdbwd=3.0),
+          _gpu_row("cudnn", "bias", fwd=0.9, fwdbwd=2.0),
+          _gpu_row("jax_flash", "dropout", fwd=1.1, fwdbwd=3.6),
+          _gpu_row("cudnn", "dropout", fwd=None, fwdbwd=None, status="not run: no dropout"),
+          _gpu_row("jax_flash", "segments", fwd=0.5, fwdbwd=2.5),
+          _gpu_row("cudnn", "segments", fwd=2.0, fwdbwd=None, status="fwd only (OOM)"),
+          _gpu_row("jax_flash", "padding", fwd=None, fwdbwd=None, status="n/a (Error: x)"),
+          _gpu_row("cudnn", "padding", fwd=1.0, fwdbwd=3.0),
+          # out of scope: float32, S=512, D=32; no cudnn row at all
+          _gpu_row("jax_flash", "bias", dtype="float32"),
+          _gpu_row("cudnn", "bias", dtype="float32"),
+          _gpu_row("jax_flash", "mask", seqlen=512), _gpu_row("cudnn", "mask", seqlen=512),
+          _gpu_row("jax_flash", "mask", head_dim=32), _gpu_row("cudnn", "mask", head_dim=32),
+          _gpu_row("jax_flash", "mask", seqlen=4096),
+          # the head-dim target: plain D=96, fwd and bwd against cudnn
+          _gpu_row("jax_flash", head_dim=96, causal=False, fwd=1.0, fwdbwd=3.0),
+          _gpu_row("cudnn", head_dim=96, causal=False, fwd=0.9, fwdbwd=2.3)]
+  lines = bench.format_targets(rows, "gpu").strip().splitlines()
+  assert lines[0] == "Targets, jax_flash:"
+  assert lines[1:] == [
+      f"  bias {label}: fwd 0.90× cudnn ok, fwd+bwd 0.67× cudnn MISS "
+      "(target ≥ 0.8× cudnn given the same problem)",
+      f"  dropout {label}: fwd 1.10× the time without dropout ok, fwd+bwd 1.20× the time "
+      "without dropout MISS (target ≤ 1.15×)",
+      f"  segments {label}: fwd 4.00× cudnn ok (target ≥ 0.8× cudnn given the same problem)",
+      f"  segments {label}: fwd 0.83× the time of plain causal (cudnn) ok, fwd+bwd 1.25× the "
+      "time of plain causal (cudnn) MISS (target < 1×: 4 packed sequences faster than plain "
+      "causal, the fastest measured)",
+      f"  padding {label}: fwd MISS (jax_flash: n/a (Error: x)), fwd+bwd MISS (jax_flash: n/a "
+      "(Error: x)) (target ≥ 0.8× cudnn given the same problem)",
+      "  plain B=4 H=16 S=2048 D=96 bfloat16 causal=no: fwd 0.90× cudnn ok, bwd 0.70× cudnn MISS "
+      "(target ≥ 0.8× cudnn)"]
+  assert bench.format_targets(rows, "cpu") == ""  # GPU targets

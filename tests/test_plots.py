@@ -31,6 +31,18 @@ def _rows():
   return rows
 
 
+def _feature_rows():
+  """--features rows: the same shapes as _rows's, a group of their own."""
+  rows = []
+  for seqlen in (512, 1024):
+    rows.append(dict(batch=1, heads=2, seqlen=seqlen, head_dim=64, dtype="float32", causal=True,
+                     impl="jax_flash", feature="dropout", status="ok", fwd_tflops=1.5,
+                     fwdbwd_tflops=0.8, memory=seqlen * 1024))
+    rows.append(dict(batch=1, heads=2, seqlen=seqlen, head_dim=64, dtype="float32", causal=True,
+                     impl="xla", feature="dropout", status="not run: no dropout in jax.nn"))
+  return rows
+
+
 def test_plot_writes_a_png(tmp_path):
   path = tmp_path / "bench.png"
   fig = plots.plot(_rows(), str(path))
@@ -40,6 +52,20 @@ def test_plot_writes_a_png(tmp_path):
   assert len(fig.axes) == 2 * 3
   assert not [ax.get_title() for ax in fig.axes if any(t.get_text() == "no data"
                                                        for t in ax.texts)]
+
+
+def test_feature_rows_get_their_own_panels(tmp_path):
+  rows = [dict(r, feature="plain") for r in _rows()] + _feature_rows()
+  fig = plots.plot(rows, str(tmp_path / "bench.png"))
+  titles = [ax.get_title() for ax in fig.axes]
+  assert len(fig.axes) == 3 * 3  # plain: not causal, causal; dropout: causal
+  assert titles[:3] == ["forward: head dim 64, not causal, float32",
+                        "forward + backward: head dim 64, not causal, float32",
+                        "memory of fwd+bwd: head dim 64, not causal, float32"]
+  assert titles[6] == "forward: dropout, head dim 64, causal, float32"
+  # The dropout group's bars are its own rows' numbers, not the plain rows'.
+  heights = sorted(round(p.get_height(), 6) for p in fig.axes[6].patches if p.get_height())
+  assert heights == [1.5, 1.5]
 
 
 def test_cli_reads_the_bench_json(tmp_path):
