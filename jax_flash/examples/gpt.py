@@ -8,13 +8,19 @@ the ``attention_fn`` of ``flax.linen.MultiHeadDotProductAttention``:
 * ``--attention jax_flash``: ``jax_flash.flax.make_attention_fn(is_causal=True)``
   and no mask tensor, so the kernel skips the blocks above the diagonal;
 * ``--attention flax``: Flax's default attention with
-  ``flax.linen.make_causal_mask``, which forms the full score matrix.
+  ``flax.linen.make_causal_mask``, which forms the full score matrix;
+* ``--attention cudnn``: ``jax.nn.dot_product_attention(implementation=
+  "cudnn")`` with ``is_causal=True`` and no mask (``cudnn_attention_fn``):
+  an NVIDIA GPU and bfloat16 or float16 only, and no dropout (jax.nn's cuDNN
+  path has none, and Flax's dropout on the attention weights needs the
+  weights, which cuDNN never forms), so ``--dropout`` above 0 is refused.
 
 Defaults are tiny so that it finishes in seconds on a CPU. ``--preset
 gpt3-small`` is GPT-3 Small's shape (12 layers, d_model 768, 12 heads,
-context 2048; bfloat16 compute) for a GPU. ``--compare`` trains with both
-attentions, each in a fresh process (peak memory is per process), and prints
-step time, tokens/s and peak memory side by side.
+context 2048; bfloat16 compute) for a GPU. ``--compare`` trains with each
+attention that can run here, each in a fresh process (peak memory is per
+process), says which it skipped and why, and prints step time, tokens/s and
+peak memory side by side.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ except ImportError as e:  # Fail with the fix, not a bare ImportError.
 
 import jax_flash.flax
 
+ATTENTIONS = ("jax_flash", "flax", "cudnn")
 CORPUS = pathlib.Path(__file__).parent / "data" / "corpus.txt"
 VOCAB = 256  # byte-level tokens: no tokenizer to ship
 MiB = 1 << 20
@@ -80,6 +87,24 @@ class Config:
 # -- the model -----------------------------------------------------------------
 
 
+CUDNN_NO_DROPOUT = (
+    "jax.nn.dot_product_attention(implementation='cudnn') has no dropout, and Flax's dropout on "
+    "the attention weights needs the weights, which cuDNN never forms")
+
+
+def cudnn_attention_fn(query, key, value, mask=None, dropout_rate: float = 0.0,
+                       deterministic: bool = True):
+  """A Flax attention_fn: causal cuDNN attention through jax.nn, with no mask tensor.
+
+  Flax passes only the keyword arguments in this signature; dropout_rate and
+  deterministic are in it so that dropout is refused, not silently dropped.
+  """
+  if dropout_rate > 0.0 and not deterministic:
+    raise ValueError(f"cudnn attention: {CUDNN_NO_DROPOUT} (dropout_rate={dropout_rate})")
+  return jax.nn.dot_product_attention(query, key, value, mask=mask, is_causal=True,
+                                      implementation="cudnn")
+
+
 class Block(nn.Module):
   """Pre-LayerNorm Transformer block: x + attention(LN(x)), then x + MLP(LN(x))."""
   config: Config
@@ -89,6 +114,8 @@ class Block(nn.Module):
     c = self.config
     if c.attention == "jax_flash":
       attention_fn = jax_flash.flax.make_attention_fn(is_causal=True)
+    elif c.attention == "cudnn":
+      attention_fn = cudnn_attention_fn
     else:
       attention_fn = nn.dot_product_attention  # Flax's default
     h = nn.LayerNorm(dtype=c.dtype)(x)
@@ -114,9 +141,9 @@ class GPT(nn.Module):
                      dtype=c.dtype)
     positions = self.param("positions", nn.initializers.normal(0.01), (c.seq_len, c.d_model))
     x = embed(tokens) + positions[:tokens.shape[-1]].astype(c.dtype)
-    # jax_flash is told "causal" by its attention_fn; Flax's default needs the
-    # (B, 1, T, T) mask tensor.
-    mask = None if c.attention == "jax_flash" else nn.make_causal_mask(tokens)
+    # jax_flash and cudnn are told "causal" by their attention_fn; Flax's
+    # default needs the (B, 1, T, T) mask tensor.
+    mask = nn.make_causal_mask(tokens) if c.attention == "flax" else None
     for _ in range(c.layers):
       x = Block(c)(x, mask, deterministic)
     x = nn.LayerNorm(dtype=c.dtype)(x)
@@ -238,8 +265,26 @@ def train(config: Config, log_every: int = 10, out=print) -> dict:
 # -- comparison ------------------------------------------------------------------
 
 
-def compare(argv: list[str], attentions=("jax_flash", "flax")) -> list[dict]:
-  """Runs each attention in a fresh process (peaks are per process) and prints a table."""
+def why_not(config: Config) -> list[str]:
+  """Why config's attention cannot run here ([] if it can); checked before anything is built."""
+  if config.attention != "cudnn":
+    return []
+  reasons = []
+  if jax.default_backend() != "gpu":
+    reasons.append("jax.nn.dot_product_attention(implementation='cudnn') needs an NVIDIA GPU "
+                   f"(jax's default backend here is {jax.default_backend()})")
+  if config.dtype not in ("bfloat16", "float16"):
+    reasons.append(f"cuDNN attention takes bfloat16 or float16, not {config.dtype} "
+                   "(--dtype bfloat16)")
+  if config.dropout > 0.0:
+    reasons.append(f"{CUDNN_NO_DROPOUT}: use --dropout 0, or --attention jax_flash (dropout "
+                   "inside the kernel) or flax")
+  return reasons
+
+
+def compare(argv: list[str], attentions=ATTENTIONS) -> list[dict]:
+  """Runs each attention in a fresh process (peaks are per process) and prints a table;
+  an attention that cannot run here is skipped, with the reason."""
   results = []
   for attention in attentions:
     with tempfile.TemporaryDirectory() as tmp:
@@ -247,12 +292,12 @@ def compare(argv: list[str], attentions=("jax_flash", "flax")) -> list[dict]:
       cmd = [sys.executable, "-m", "jax_flash.examples.gpt", *argv,
              "--attention", attention, "--result-json", path]
       proc = subprocess.run(cmd)
-      if proc.returncode != 0 or not os.path.exists(path):
+      result = json.load(open(path)) if os.path.exists(path) else None
+      if result is None or (proc.returncode != 0 and "skipped" not in result):
         print(f"{attention}: failed (exit {proc.returncode})", flush=True)
-        results.append(dict(config=dict(attention=attention), failed=True))
-        continue
-      results.append(json.load(open(path)))
-  ok = [r for r in results if not r.get("failed")]
+        result = dict(config=dict(attention=attention), failed=True)
+      results.append(result)
+  ok = [r for r in results if not r.get("failed") and "skipped" not in r]
   base = next((r for r in ok if r["config"]["attention"] == "flax"), None)
   print("\nattention    ms/step   tokens/s   peak MiB   XLA static MiB   vs flax")
   for r in ok:
@@ -262,6 +307,9 @@ def compare(argv: list[str], attentions=("jax_flash", "flax")) -> list[dict]:
                 f"peak memory {r['peak_bytes'] / base['peak_bytes']:.2f}x")
     print(f"{r['config']['attention']:<11} {1e3 * r['step_s']:8.1f} {r['tokens_per_s']:10,.0f} "
           f"{r['peak_bytes'] / MiB:10,.0f} {r.get('static_bytes', 0) / MiB:16,.0f}   {ratios}")
+  for r in results:
+    if "skipped" in r:
+      print(f"{r['config']['attention']:<11} skipped: {r['skipped']}")
   return results
 
 
@@ -274,10 +322,15 @@ def parse_args(argv):
                      ("batch", int), ("steps", int), ("learning-rate", float)):
     p.add_argument(f"--{name}", type=kind)
   p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
-  p.add_argument("--dropout", type=float, default=0.0, help="attention dropout rate")
-  p.add_argument("--attention", choices=["jax_flash", "flax"], default="jax_flash")
+  p.add_argument("--dropout", type=float, default=0.0,
+                 help="attention dropout rate (not with --attention cudnn: jax.nn's cuDNN "
+                      "attention has no dropout)")
+  p.add_argument("--attention", choices=ATTENTIONS, default="jax_flash",
+                 help="jax_flash (make_attention_fn(is_causal=True)), flax (Flax's default with "
+                      "make_causal_mask) or cudnn (jax.nn.dot_product_attention(implementation="
+                      "'cudnn'), is_causal; NVIDIA GPU, bfloat16/float16)")
   p.add_argument("--compare", action="store_true",
-                 help="train with jax_flash and with Flax's attention, one process each")
+                 help="train with each attention that can run here, one process each")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--log-every", type=int, default=10)
   p.add_argument("--result-json", help=argparse.SUPPRESS)  # used by --compare
@@ -312,8 +365,13 @@ def main(argv=None):
       elif not a.startswith("--attention="):
         child.append(a)
     return compare(child)
-  result = train(config_from_args(args), log_every=args.log_every,
-                 out=functools.partial(print, flush=True))
+  config = config_from_args(args)
+  if reasons := why_not(config):  # At once, before the model is built.
+    if args.result_json:  # for --compare: skipped, with the reason
+      with open(args.result_json, "w") as f:
+        json.dump(dict(config=dataclasses.asdict(config), skipped="; ".join(reasons)), f)
+    raise SystemExit(f"--attention {config.attention} cannot run here: " + "; ".join(reasons))
+  result = train(config, log_every=args.log_every, out=functools.partial(print, flush=True))
   if args.result_json:
     with open(args.result_json, "w") as f:
       json.dump(result, f)
