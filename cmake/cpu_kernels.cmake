@@ -13,7 +13,8 @@ if(JAX_FLASH_CPU_MARCH STREQUAL "")
   endif()
 endif()
 
-add_library(jax_flash_cpu_kernels STATIC cpp/cpu/flash_fwd.cc cpp/cpu/flash_bwd.cc)
+add_library(jax_flash_cpu_kernels STATIC cpp/cpu/flash_fwd.cc cpp/cpu/flash_bwd.cc
+            cpp/cpu/flash_jvp.cc)
 target_include_directories(jax_flash_cpu_kernels PUBLIC ${JAX_FLASH_INCLUDES})
 set_target_properties(jax_flash_cpu_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON)
 # -fno-math-errno lets std:: math vectorise; no -ffast-math: the kernels rely

@@ -27,6 +27,7 @@ NB_MODULE(_jax_flash, m) {
     nb::dict cpu;
     cpu["jax_flash_fwd"] = Capsule(JaxFlashFwdCpu);
     cpu["jax_flash_bwd"] = Capsule(JaxFlashBwdCpu);
+    cpu["jax_flash_jvp"] = Capsule(JaxFlashJvpCpu);
     by_platform["cpu"] = cpu;
 #ifdef JAX_FLASH_WITH_CUDA
     nb::dict cuda;

@@ -26,6 +26,10 @@ void FlashFwd(const FwdParams& p, DType dtype, const ParallelFor& parallel_for);
 // Deterministic: every output element is written by exactly one work item.
 void FlashBwd(const BwdParams& p, DType dtype, const ParallelFor& parallel_for);
 
+// out_dot and lse_dot (forward mode, see JvpParams); like the forward, no
+// scratch beyond a few tiles per thread and the packed key-side tensors.
+void FlashJvp(const JvpParams& p, DType dtype, const ParallelFor& parallel_for);
+
 // Facts about how the kernels were compiled, for build_info().
 const char* CompiledMarch();
 int VectorBytes();

@@ -25,6 +25,9 @@ enum class TileLayout {
 template <typename A>
 class PackedTensor {
  public:
+  // Empty: stands for an absent (zero) tensor that is never read.
+  PackedTensor() : heads_(0), num_blocks_(0), tile_elems_(0) {}
+
   template <typename T>
   PackedTensor(const T* src, const SeqStrides& strides, int64_t batch, int64_t seqlen,
                int64_t heads, int64_t head_dim, int64_t block, TileLayout layout,

@@ -21,6 +21,9 @@
 //   Forward results: out like q; lse (B, Hq, Sq) in the accumulation type.
 //   Backward operands add out, lse, dout after v; results dq, dk, dv, dbias
 //   (bias's shape and dtype, or (0,) without a bias).
+//   JVP (forward mode) operands add out, lse after v, and after the mask
+//   operands the tangents q_dot, k_dot, v_dot, bias_dot (each shaped like
+//   its primal, or (0,) when zero); results out_dot like out, lse_dot like lse.
 // Attributes (declared once, in AddScoreAndMaskAttrs):
 //   scale: f64, softcap: f64 (0 = off), is_causal: bool,
 //   window_left, window_right: i64 (< 0 = unbounded),
@@ -385,6 +388,62 @@ inline ffi::Error DecodeBwd(const ScoreAndMaskAttrs& attrs, const ffi::AnyBuffer
   p->dk = dk->untyped_data();
   p->dv = dv->untyped_data();
   p->dbias = p->score.bias != nullptr ? dbias->untyped_data() : nullptr;
+  return ffi::Error::Success();
+}
+
+// A tangent operand: absent (0,) for zero, else the shape and dtype of its
+// primal. Returns its data or null.
+inline ffi::Error DecodeTangent(const char* name, const ffi::AnyBuffer& tangent,
+                                const ffi::AnyBuffer& primal, const void** data) {
+  *data = nullptr;
+  if (IsAbsent(tangent) && tangent.dimensions().size() == 1) return ffi::Error::Success();
+  auto td = tangent.dimensions(), pd = primal.dimensions();
+  bool same = td.size() == pd.size() && tangent.element_type() == primal.element_type();
+  for (size_t i = 0; same && i < td.size(); ++i) same = td[i] == pd[i];
+  if (!same)
+    return Invalid(std::string(name) + " must be (0,) or have the shape and dtype of its primal " +
+                   DimsToString(pd) + ", got " + DimsToString(td));
+  *data = tangent.untyped_data();
+  return ffi::Error::Success();
+}
+
+// Everything the JVP needs, validated: the forward's operands, its results
+// out and lse as inputs, the tangents and the two results.
+inline ffi::Error DecodeJvp(const ScoreAndMaskAttrs& attrs, const ffi::AnyBuffer& q,
+                            const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                            const ffi::AnyBuffer& out, const ffi::AnyBuffer& lse,
+                            const MaskOperands& ops, const ffi::AnyBuffer& q_dot,
+                            const ffi::AnyBuffer& k_dot, const ffi::AnyBuffer& v_dot,
+                            const ffi::AnyBuffer& bias_dot, ffi::Result<ffi::AnyBuffer>& out_dot,
+                            ffi::Result<ffi::AnyBuffer>& lse_dot, JvpParams* p) {
+  if (auto e = DecodeFwd(attrs, q, k, v, ops, out.dimensions(), out.element_type(),
+                         lse.dimensions(), lse.element_type(), p);
+      e.failure())
+    return e;
+  if (auto e = DecodeTangent("q_dot", q_dot, q, &p->q_dot); e.failure()) return e;
+  if (auto e = DecodeTangent("k_dot", k_dot, k, &p->k_dot); e.failure()) return e;
+  if (auto e = DecodeTangent("v_dot", v_dot, v, &p->v_dot); e.failure()) return e;
+  if (auto e = DecodeTangent("bias_dot", bias_dot, ops.bias, &p->bias_dot); e.failure()) return e;
+  if (IsAbsent(ops.bias)) p->bias_dot = nullptr;  // the tangent of an absent bias is absent too
+  const AttentionShape& s = p->shape;
+  if (auto e = ExpectDims("out_dot", out_dot->dimensions(),
+                          {s.batch, s.seqlen_q, s.num_heads_q, s.head_dim});
+      e.failure())
+    return e;
+  if (auto e = ExpectDims("lse_dot", lse_dot->dimensions(), {s.batch, s.num_heads_q, s.seqlen_q});
+      e.failure())
+    return e;
+  if (out_dot->element_type() != q.element_type() ||
+      lse_dot->element_type() != AccumulationType(q.element_type()))
+    return Invalid("out_dot must have the dtype of q, lse_dot the dtype of lse");
+  p->out = const_cast<void*>(out.untyped_data());
+  p->lse = const_cast<void*>(lse.untyped_data());
+  p->out_dot = out_dot->untyped_data();
+  p->lse_dot = lse_dot->untyped_data();
+  p->q_dot_strides = p->q_strides;
+  p->k_dot_strides = p->k_strides;
+  p->v_dot_strides = p->k_strides;
+  p->out_dot_strides = p->q_strides;
   return ffi::Error::Success();
 }
 

@@ -1,7 +1,8 @@
 // The FFI handler symbols the Python module registers.
 //
 // Target names are the same on every platform ("jax_flash_fwd",
-// "jax_flash_bwd"); Python registers each symbol under its platform. The
+// "jax_flash_bwd", "jax_flash_jvp"); Python registers each symbol under its
+// platform. The
 // operand and attribute contract is documented in cpp/ffi/decode.h.
 #pragma once
 
@@ -9,6 +10,8 @@
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxFlashFwdCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxFlashBwdCpu);
+// Forward mode; CPU only for now (on CUDA the primitive lowers to JAX code).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxFlashJvpCpu);
 
 #ifdef JAX_FLASH_WITH_CUDA
 #include <cstddef>

@@ -85,4 +85,24 @@ struct BwdParams : FwdParams {
   SeqStrides dout_strides, dq_strides, dk_strides, dv_strides;
 };
 
+// Forward mode (JVP): given the forward's out and lse (the FwdParams out and
+// lse, read here) and tangents q_dot, k_dot, v_dot, bias_dot of the inputs,
+// produce the tangents of the outputs. With dS = d(logits), the derivative
+// of the (scaled, biased, capped) logits in the direction of the tangents,
+//   lse_dot = rowsum(P o dS),
+//   out_dot = Pd v_dot + (Pd o dS) V - lse_dot o out,
+// where P = exp(logits - lse) and Pd is P after dropout (the forward's mask,
+// kept elements scaled by 1 / (1 - rate)). A null tangent is zero.
+struct JvpParams : FwdParams {
+  const void* q_dot = nullptr;
+  const void* k_dot = nullptr;
+  const void* v_dot = nullptr;
+  // The bias's tangent: the bias's shape, dtype and strides (score.bias_strides).
+  const void* bias_dot = nullptr;
+  void* out_dot = nullptr;  // like out
+  void* lse_dot = nullptr;  // like lse
+
+  SeqStrides q_dot_strides, k_dot_strides, v_dot_strides, out_dot_strides;
+};
+
 }  // namespace jax_flash
