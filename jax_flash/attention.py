@@ -1,4 +1,4 @@
-"""Public attention functions: argument checking, layout, and the custom VJP.
+"""Public attention functions: argument checking, layout, and the call of the primitive.
 
 Everything a user can get wrong is checked here, in Python, before anything
 is traced into a primitive; the messages name the argument, what was
@@ -8,7 +8,6 @@ expected and what came.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import numbers
 import operator
@@ -19,9 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash import _supported
-from jax_flash.primitives import (MASK_OPERANDS, accumulation_dtype, flash_bwd_p, flash_fwd_p,
-                                  match_varying)
+from jax_flash import _supported, autodiff  # noqa: F401 (autodiff registers the rules)
+from jax_flash.primitives import accumulation_dtype, flash_fwd_p, match_varying
 
 _NO_INT_OPERAND = np.zeros((0,), np.int32)
 _NO_MASK = np.zeros((0,), np.bool_)
@@ -41,39 +39,22 @@ class _Config:
   broadcast_dropout: bool
   deterministic: bool
 
-  def fwd_params(self) -> dict[str, Any]:
+  def params(self) -> dict[str, Any]:
+    """The primitives' parameters (primitives.py)."""
     return dict(scale=self.scale, softcap=self.softcap, is_causal=self.is_causal,
                 window_left=self.window_left, window_right=self.window_right,
-                dropout_rate=self.dropout_rate, broadcast_dropout=self.broadcast_dropout)
-
-  def bwd_params(self) -> dict[str, Any]:
-    return dict(self.fwd_params(), deterministic=self.deterministic)
+                dropout_rate=self.dropout_rate, broadcast_dropout=self.broadcast_dropout,
+                deterministic=self.deterministic)
 
 
-@functools.lru_cache(maxsize=None)
-def _attention_with_vjp(config: _Config):
-  """A custom_vjp function of (q, k, v, *mask operands) -> (out, lse)."""
+def _attention(config: _Config, q, k, v, *mask_operands):
+  """(out, lse) of the kernel-layout operands.
 
-  @jax.custom_vjp
-  def attention(q, k, v, *mask_operands):
-    return tuple(flash_fwd_p.bind(q, k, v, *mask_operands, **config.fwd_params()))
-
-  def fwd(q, k, v, *mask_operands):
-    out, lse = flash_fwd_p.bind(q, k, v, *mask_operands, **config.fwd_params())
-    return (out, lse), (q, k, v, out, lse, mask_operands)
-
-  def bwd(residuals, cotangents):
-    q, k, v, out, lse, mask_operands = residuals
-    dout, _ = cotangents  # lse is returned under stop_gradient: its cotangent is 0.
-    dq, dk, dv, dbias = flash_bwd_p.bind(q, k, v, out, lse, dout.astype(q.dtype),
-                                         *mask_operands, **config.bwd_params())
-    cotangents = [None] * len(mask_operands)
-    if mask_operands[MASK_OPERANDS.index("bias")].size:
-      cotangents[MASK_OPERANDS.index("bias")] = dbias
-    return (dq, dk, dv, *cotangents)
-
-  attention.defvjp(fwd, bwd)
-  return attention
+  Differentiable to any order in every mode through the primitives' own
+  rules (autodiff.py): forward mode runs the JVP kernel, reverse mode the
+  backward kernel.
+  """
+  return tuple(flash_fwd_p.bind(q, k, v, *mask_operands, **config.params()))
 
 
 # -- argument checking ---------------------------------------------------------
@@ -477,7 +458,7 @@ def flash_attention(query, key, value, *, bias=None, mask=None,
       dropout_key, NO_OFFSETS,
   )
   operands = match_varying(to_kernel(query), to_kernel(key), to_kernel(value), *kernel_mask)
-  out, lse = _attention_with_vjp(config)(*operands)
+  out, lse = _attention(config, *operands)
   out = out.reshape(query.shape)
   if not return_residual:
     return out

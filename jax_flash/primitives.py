@@ -1,15 +1,20 @@
-"""The two JAX primitives behind jax_flash: ``flash_fwd_p`` and ``flash_bwd_p``.
+"""The JAX primitives behind jax_flash: ``flash_fwd_p``, ``flash_jvp_p``, ``flash_bwd_p``.
 
 Each has an abstract evaluation (shapes, dtypes and, under shard_map, the
 varying manual axes of the results), a lowering to the XLA FFI custom call of
 its platform wrapped in a sharding rule (jax_flash/sharding/partitioning.py:
 sharded inputs run locally on each device), and a batching rule that folds
 vmapped axes into the kernel's batch (or, for a forward vmapped over the query
-alone, into its heads) so that ``vmap`` never loops.
+alone, into its heads) so that ``vmap`` never loops. Their autodiff rules
+(the forward's JVP is ``flash_jvp_p``, whose transpose is ``flash_bwd_p``)
+are in autodiff.py.
 
 Operands (all arrays; optional ones have shape ``(0,)`` when absent):
   fwd: q, k, v, *mask_operands -> out (like q), lse (B, Hq, Sq) in the
        accumulation dtype
+  jvp: q, k, v, out, lse, q_dot, k_dot, v_dot, bias_dot, *mask_operands ->
+       out_dot, lse_dot: the forward's tangents, linear in the four tangent
+       operands (each like its primal, or (0,) when zero)
   bwd: q, k, v, out, lse, dout, *mask_operands -> dq, dk, dv, dbias
   mask_operands: q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids (int32),
        bias (accumulation dtype, 4-d, broadcastable to (B, Hq, Sq, Sk)),
@@ -18,8 +23,9 @@ Operands (all arrays; optional ones have shape ``(0,)`` when absent):
        index of the first element; for shards and ring-attention chunks).
   dbias has the bias's shape, or (0,) without a bias.
 Parameters (static): scale, softcap, is_causal, window_left, window_right,
-dropout_rate, broadcast_dropout; the backward adds deterministic. The C++
-side of this contract is cpp/ffi/decode.h.
+dropout_rate, broadcast_dropout, deterministic. Only the backward kernel reads
+deterministic; the forward and the JVP carry it for the backward that their
+derivatives bind. The C++ side of this contract is cpp/ffi/decode.h.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ flash_fwd_p = Primitive("flash_fwd")
 flash_fwd_p.multiple_results = True
 flash_bwd_p = Primitive("flash_bwd")
 flash_bwd_p.multiple_results = True
+flash_jvp_p = Primitive("flash_jvp")
+flash_jvp_p.multiple_results = True
 
 # Where each platform's handler lives. Lowering rules exist for both; a
 # platform whose handler was not compiled in fails at lowering with an error
@@ -99,8 +107,15 @@ def _bwd_abstract_eval(q, k, v, out, lse, dout, *mask_operands, **params):
   return tuple(_result(x, avals) for x in (q, k, v, mask_operands[_BIAS]))
 
 
+def _jvp_abstract_eval(q, k, v, out, lse, *operands, **params):
+  del params
+  avals = (q, k, v, out, lse, *operands)
+  return _result(out, avals), _result(lse, avals)
+
+
 flash_fwd_p.def_abstract_eval(_fwd_abstract_eval)
 flash_bwd_p.def_abstract_eval(_bwd_abstract_eval)
+flash_jvp_p.def_abstract_eval(_jvp_abstract_eval)
 
 
 def match_varying(*arrays):
@@ -131,6 +146,7 @@ def _impl(prim, *args, **params):
 
 flash_fwd_p.def_impl(functools.partial(_impl, flash_fwd_p))
 flash_bwd_p.def_impl(functools.partial(_impl, flash_bwd_p))
+flash_jvp_p.def_impl(functools.partial(_impl, flash_jvp_p))
 
 
 # -- lowering ------------------------------------------------------------------
@@ -150,10 +166,22 @@ def _typed_attributes(scale, softcap, is_causal, window_left, window_right, drop
 def _lowering(target):
   lower = jax.ffi.ffi_lowering(target)
 
-  def rule(ctx, *args, **params):
-    return lower(ctx, *args, **_typed_attributes(**params))
+  def rule(ctx, *args, deterministic=False, **params):
+    attrs = _typed_attributes(**params)
+    if target == _ffi.BWD_TARGET:  # the one kernel with a deterministic mode
+      attrs["deterministic"] = bool(deterministic)
+    return lower(ctx, *args, **attrs)
 
   return rule
+
+
+def _jvp_as_jax_code(*args, **params):
+  """flash_jvp_p as the blockwise JAX formulation: CUDA's JVP until it has kernels.
+
+  Imported here, not at the top: blockwise.py reads this module's operand names.
+  """
+  from jax_flash import blockwise
+  return blockwise.jvp(*args, **params)
 
 
 def _cuda_bwd_lowering():
@@ -196,6 +224,7 @@ DROPOUT_BLOCK = 16
 
 _QUERY_ROLES = ("b", "s", "h", "d")
 _KEY_ROLES = ("b", "t", "k", "d")
+_DENSE_ROLES = ("b", "h", "s", "t")  # a bias or mask, broadcastable to (B, Hq, Sq, Sk)
 
 
 def _layout(name, per_row_names, per_row_roles, result_roles, mask_operands, params):
@@ -219,6 +248,23 @@ def _fwd_layout(avals_in, params):
   return _layout("flash_attention (forward)", ("query", "key", "value"),
                  (_QUERY_ROLES, _KEY_ROLES, _KEY_ROLES),
                  lambda mask_roles: (_QUERY_ROLES, ("b", "h", "s")), avals_in[3:], params)
+
+
+def _tangent_roles(tangent, roles):
+  """A tangent's roles: its primal's, per dimension (1 where it broadcasts), or absent."""
+  if _is_absent(tangent):
+    return (None,)
+  return tuple(None if tangent.shape[i] == 1 else r for i, r in enumerate(roles))
+
+
+def _jvp_layout(avals_in, params):
+  q_dot, k_dot, v_dot, bias_dot = avals_in[5:9]
+  return _layout("flash_attention (forward mode)",
+                 ("query", "key", "value", "out", "lse", "q_dot", "k_dot", "v_dot", "bias_dot"),
+                 (_QUERY_ROLES, _KEY_ROLES, _KEY_ROLES, _QUERY_ROLES, ("b", "h", "s"),
+                  _tangent_roles(q_dot, _QUERY_ROLES), _tangent_roles(k_dot, _KEY_ROLES),
+                  _tangent_roles(v_dot, _KEY_ROLES), _tangent_roles(bias_dot, _DENSE_ROLES)),
+                 lambda mask_roles: (_QUERY_ROLES, ("b", "h", "s")), avals_in[9:], params)
 
 
 def _bwd_layout(avals_in, params):
@@ -250,6 +296,12 @@ _define_lowering(flash_fwd_p, _fwd_abstract_eval,
                  {p: _lowering(_ffi.FWD_TARGET) for p in _LOWERING_PLATFORMS}, _fwd_layout)
 _define_lowering(flash_bwd_p, _bwd_abstract_eval,
                  {"cpu": _lowering(_ffi.BWD_TARGET), "cuda": _cuda_bwd_lowering()}, _bwd_layout)
+# The JVP has a fused kernel on the CPU. On CUDA it is, for now, the blockwise
+# JAX formulation (exact, O(S * block) memory, but not a fused kernel); fused
+# CUDA JVP kernels come with the restructured cpp/cuda.
+_define_lowering(flash_jvp_p, _jvp_abstract_eval,
+                 {"cpu": _lowering(_ffi.JVP_TARGET),
+                  "cuda": mlir.lower_fun(_jvp_as_jax_code, multiple_results=True)}, _jvp_layout)
 
 
 # -- batching ------------------------------------------------------------------
@@ -263,19 +315,26 @@ def _is_absent(x) -> bool:
   return x.ndim == 1 and x.shape[0] == 0
 
 
-def _fold_into_batch(args, dims, axis_size, batch, num_leading):
+def _operand_names(num_leading, dense_leading=()):
+  """Operand names for _fold_into_batch: per-row tensors (None), then MASK_OPERANDS.
+
+  `dense_leading` marks leading operands that are dense like the bias (its tangent).
+  """
+  return tuple("bias" if i in dense_leading else None for i in range(num_leading)) + MASK_OPERANDS
+
+
+def _fold_into_batch(args, dims, axis_size, batch, names):
   """Moves every vmapped axis to the front and merges it with the batch axis.
 
-  `batch` is the kernel batch of one example; the first `num_leading`
-  operands are per-row tensors, the rest are MASK_OPERANDS. Unbatched
+  `batch` is the kernel batch of one example; `names` (_operand_names) says
+  which operands are per-row tensors and which MASK_OPERANDS. Unbatched
   operands are broadcast, absent optional operands stay absent. Returns the
   folded operands and, for the bias, whether its batch dim was 1 (so that
   dbias can be summed back).
   """
   folded = []
   bias_was_broadcast = False
-  for index, (x, d) in enumerate(zip(args, dims)):
-    name = MASK_OPERANDS[index - num_leading] if index >= num_leading else None
+  for x, d, name in zip(args, dims, names):
     if name == "offsets":
       # One chunk's offsets hold for every example folded into its batch.
       if d is not _NOT_MAPPED:
@@ -332,7 +391,7 @@ def _fwd_batch_rule(args, dims, **params):
       lse = jnp.moveaxis(lse.reshape(batch, num_heads, axis_size, seqlen_q), 2, 0)
       return (out, lse), (0, 0)
   batch = _example_batch(args[0], q_dim)
-  folded, _ = _fold_into_batch(args, dims, axis_size, batch, num_leading=3)
+  folded, _ = _fold_into_batch(args, dims, axis_size, batch, _operand_names(3))
   out, lse = flash_fwd_p.bind(*folded, **params)
   return (_unfold_batch(out, axis_size), _unfold_batch(lse, axis_size)), (0, 0)
 
@@ -340,7 +399,8 @@ def _fwd_batch_rule(args, dims, **params):
 def _bwd_batch_rule(args, dims, **params):
   axis_size = _axis_size(args, dims)
   batch = _example_batch(args[0], dims[0])
-  folded, bias_was_broadcast = _fold_into_batch(args, dims, axis_size, batch, num_leading=6)
+  folded, bias_was_broadcast = _fold_into_batch(args, dims, axis_size, batch,
+                                                 _operand_names(6))
   dq, dk, dv, dbias = flash_bwd_p.bind(*folded, **params)
   grads = [_unfold_batch(g, axis_size) for g in (dq, dk, dv)]
   if _is_absent(dbias):
@@ -352,5 +412,16 @@ def _bwd_batch_rule(args, dims, **params):
   return (*grads, dbias), (0, 0, 0, 0)
 
 
+def _jvp_batch_rule(args, dims, **params):
+  axis_size = _axis_size(args, dims)
+  batch = _example_batch(args[0], dims[0])
+  # q, k, v, out, lse, q_dot, k_dot, v_dot, then bias_dot, dense like the bias.
+  names = _operand_names(9, dense_leading=(8,))
+  folded, _ = _fold_into_batch(args, dims, axis_size, batch, names)
+  out_dot, lse_dot = flash_jvp_p.bind(*folded, **params)
+  return (_unfold_batch(out_dot, axis_size), _unfold_batch(lse_dot, axis_size)), (0, 0)
+
+
 batching.primitive_batchers[flash_fwd_p] = _fwd_batch_rule
 batching.primitive_batchers[flash_bwd_p] = _bwd_batch_rule
+batching.primitive_batchers[flash_jvp_p] = _jvp_batch_rule
