@@ -1,0 +1,327 @@
+"""Every derivative: jvp, linearize, jacfwd, hessian, grad of grad, check_grads with default modes.
+
+First order runs the kernels (forward mode the JVP kernel, reverse mode the
+backward kernel); second order runs the blockwise JAX rules (blockwise.py),
+which are also the GPU's JVP until fused CUDA JVP kernels exist, so they are
+tested here on the CPU as well, through a CPU lowering of the same function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.interpreters import mlir
+from jax.test_util import check_grads
+
+import jax_flash
+from conftest import assert_flash_close
+from jax_flash import _ffi, blockwise, dropout, primitives
+from jax_flash.primitives import flash_fwd_p, flash_jvp_p
+from reference import Options, attention, make_inputs, visible_mask
+
+RATE = 0.3
+# (batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim): small, odd, GQA.
+SMALL = (2, 5, 6, 2, 1, 3)
+# Each option as a function of the problem's (batch, heads, seqlen_q, seqlen_k).
+OPTIONS = {
+    "plain": lambda b, n, t, s: (Options(), 0.0),
+    "causal": lambda b, n, t, s: (Options(is_causal=True), 0.0),
+    "window": lambda b, n, t, s: (Options(window=(2, 1)), 0.0),
+    "lengths": lambda b, n, t, s: (Options(with_lengths=True), 0.0),
+    "segments": lambda b, n, t, s: (Options(with_segments=True), 0.0),
+    "softcap": lambda b, n, t, s: (Options(softcap=1.5, scale=0.8), 0.0),
+    "bias": lambda b, n, t, s: (Options(bias_shape=(b, n, t, s)), 0.0),
+    "bias_broadcast": lambda b, n, t, s: (Options(bias_shape=(1, n, 1, s)), 0.0),
+    "mask": lambda b, n, t, s: (Options(mask_shape=(b, 1, t, s)), 0.0),
+    "dropout": lambda b, n, t, s: (Options(), RATE),
+    "everything": lambda b, n, t, s: (
+        Options(is_causal=True, window=(3, 1), softcap=2.0, with_lengths=True,
+                with_segments=True, bias_shape=(1, n, t, s), mask_shape=(b, n, t, s)), RATE),
+}
+
+
+def seed_of(*parts) -> int:
+  return zlib.crc32(repr(parts).encode())
+
+
+def dropout_rng(inputs):
+  return jax.random.key(inputs.q.size)
+
+
+def kernel_keep(inputs, rate, broadcast=False):
+  """The kernels' dropout mask (B, N, T, S), recovered from jax_flash itself.
+
+  The mask is a function of the key and (b, h, i, j) alone, so a problem of
+  the same sizes with q = k = 0 (every probability 1/S) and one-hot values
+  (V[j] = e_j) shows it: output row i is row i of the dropped probabilities.
+  """
+  batch, seqlen_q, heads = inputs.q.shape[:3]
+  seqlen_k = inputs.k.shape[1]
+  q = jnp.zeros((batch, seqlen_q, heads, seqlen_k))
+  k = jnp.zeros((batch, seqlen_k, heads, seqlen_k))
+  v = jnp.broadcast_to(jnp.eye(seqlen_k)[None, :, None], k.shape)
+  out = jax_flash.flash_attention(q, k, v, dropout_rate=rate, dropout_rng=dropout_rng(inputs),
+                                  broadcast_dropout=broadcast)
+  return np.transpose(np.asarray(out) != 0, (0, 2, 1, 3))
+
+
+class Problem:
+  """One option's flash and dense functions of (q, k, v[, bias])."""
+
+  def __init__(self, option, shape=SMALL, seed=0):
+    batch, seqlen_q, seqlen_k, heads = shape[:4]
+    self.opts, self.rate = OPTIONS[option](batch, heads, seqlen_q, seqlen_k)
+    self.inputs = make_inputs(np.random.default_rng(seed_of(option, shape, seed)), *shape)
+    self.inputs.kv_lengths[0] = max(self.inputs.kv_lengths[0], 2)  # not all rows empty
+    kwargs = self.opts.kwargs(self.inputs)
+    if self.rate:
+      kwargs.update(dropout_rate=self.rate, dropout_rng=dropout_rng(self.inputs))
+    self.kwargs = kwargs
+    self.visible = visible_mask(self.opts, self.inputs)
+    self.keep = kernel_keep(self.inputs, self.rate) if self.rate else None
+    self.bias = self.opts.bias(self.inputs)
+
+  def args(self, dtype=jnp.float64):
+    x = self.inputs
+    args = [jnp.asarray(a, dtype) for a in (x.q, x.k, x.v)]
+    if self.bias is not None:
+      args.append(jnp.asarray(self.bias, jnp.float64 if dtype == jnp.float64 else jnp.float32))
+    return tuple(args)
+
+  def tangents(self, dtype=jnp.float64):
+    rng = np.random.default_rng(seed_of("tangents", self.inputs.q.size))
+    return tuple(jnp.asarray(rng.standard_normal(a.shape), a.dtype) for a in self.args(dtype))
+
+  def flash(self, *args):
+    q, k, v, *bias = args
+    return jax_flash.flash_attention(q, k, v, bias=bias[0] if bias else None, **self.kwargs)
+
+  def dense(self, *args):
+    q, k, v, *bias = args
+    return attention(q, k, v, self.visible, self.opts, bias=bias[0] if bias else None,
+                     keep=self.keep, dropout_rate=self.rate)[0]
+
+
+def loss_of(f):
+  return lambda *args: jnp.sum(jnp.sin(f(*args)))
+
+
+def assert_trees_close(got, want, rtol=1e-9, atol=1e-11):
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=atol)
+
+
+def check_transform(transform, pb, *args):
+  """transform(f)(*args) for jax_flash and for the dense reference, both jitted."""
+  assert_trees_close(jax.jit(transform(pb.flash))(*args), jax.jit(transform(pb.dense))(*args))
+
+
+@contextlib.contextmanager
+def blockwise_jvp_on_cpu():
+  """Lowers flash_jvp_p on the CPU as it is lowered on CUDA (for now): blockwise JAX."""
+  mlir.register_lowering(flash_jvp_p, mlir.lower_fun(blockwise.jvp, multiple_results=True),
+                         platform="cpu")
+  try:
+    yield
+  finally:
+    mlir.register_lowering(flash_jvp_p, primitives._lowering(_ffi.JVP_TARGET), platform="cpu")
+
+
+# -- check_grads with its default modes (fwd and rev), to second order --------
+
+
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_check_grads_order_2(backend, option):
+  pb = Problem(option)
+  check_grads(jax.jit(pb.flash), pb.args(), order=2)
+
+
+def test_check_grads_order_2_public_drop_in(backend):
+  pb = Problem("causal")
+  f = lambda q, k, v: jax_flash.dot_product_attention(q, k, v, is_causal=True)
+  check_grads(jax.jit(f), pb.args(), order=2)
+
+
+# -- forward mode against the float64 reference -------------------------------
+
+
+def check_jvp(pb, dtype, flash_jvp=None):
+  primals, tangents = pb.args(dtype), pb.tangents(dtype)
+  got_out, got = (flash_jvp or jax.jit(lambda p, t: jax.jvp(pb.flash, p, t)))(primals, tangents)
+  f64 = [jnp.asarray(x, jnp.float64) for x in primals]
+  t64 = [jnp.asarray(x, jnp.float64) for x in tangents]
+  dense_jvp = jax.jit(lambda p, t: jax.jvp(pb.dense, p, t))
+  ref_out, ref = dense_jvp(f64, t64)
+  plain_out, plain = dense_jvp(primals, tangents)
+  assert got.dtype == primals[0].dtype
+  assert_flash_close("out", got_out, ref_out, plain_out, dtype)
+  assert_flash_close("out_dot", got, ref, plain, dtype)
+
+
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_jvp_every_option_float64(backend, option):
+  check_jvp(Problem(option, shape=(2, 70, 77, 4, 2, 16)), jnp.float64)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16],
+                         ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("option", ["plain", "everything"])
+def test_jvp_low_precision(backend, dtype, option):
+  check_jvp(Problem(option, shape=(2, 100, 150, 4, 2, 40)), dtype)
+
+
+@pytest.mark.parametrize("option,dtype", [("everything", jnp.float32), ("bias", jnp.float64)],
+                         ids=["everything-float32", "bias-float64"])
+def test_blockwise_jvp_the_gpu_path(backend, option, dtype):
+  """The blockwise JVP (CUDA's lowering, for now) matches the reference too."""
+  pb = Problem(option, shape=(2, 70, 150, 4, 2, 16))  # two key blocks, the second partial
+  with blockwise_jvp_on_cpu():
+    run = jax.jit(lambda p, t: jax.jvp(pb.flash, p, t))  # traced and lowered in here
+    check_jvp(pb, dtype, flash_jvp=run)
+
+
+def test_jvp_of_one_argument_skips_the_rest(backend):
+  """Zero tangents reach the kernel as absent operands (no zeros are made)."""
+  pb = Problem("causal", shape=(1, 40, 50, 2, 1, 8))
+  q, k, v = pb.args()
+  f = lambda q: pb.flash(q, k, v)
+  jaxpr = jax.make_jaxpr(lambda q, t: jax.jvp(f, (q,), (t,)))(q, q)
+  eqn = next(e for e in jaxpr.jaxpr.eqns if e.primitive is flash_jvp_p)
+  tangent_shapes = [tuple(v.aval.shape) for v in eqn.invars[-4:]]
+  assert tangent_shapes == [q.shape, (0,), (0,), (0,)]
+  got = jax.jit(lambda q, t: jax.jvp(f, (q,), (t,))[1])(q, 2 * q + 1)
+  want = jax.jit(lambda q, t: jax.jvp(lambda q: pb.dense(q, k, v), (q,), (t,))[1])(q, 2 * q + 1)
+  assert_trees_close(got, want, 1e-10)
+
+
+# -- the logsumexp: its tangent, and its cotangent (second order sends one) ---
+
+
+def test_lse_tangent_and_cotangent(backend):
+  """(out, lse) of the primitive, differentiated in both modes, against the dense (out, lse).
+
+  The public API returns lse under stop_gradient, but second order uses its
+  tangent (in the JVP of the backward) and so sends a cotangent back to it.
+  """
+  inputs = make_inputs(np.random.default_rng(3), 2, 33, 70, 4, 2, 8)
+  opts = Options(is_causal=True, softcap=2.0, scale=0.35)
+  params = dict(scale=0.35, softcap=2.0, is_causal=True, window_left=-1, window_right=-1,
+                dropout_rate=0.0, broadcast_dropout=False, deterministic=False)
+  absent = [jnp.zeros((0,), t) for t in (jnp.int32,) * 4 + (jnp.float64, bool, jnp.uint32)]
+  flash = lambda q, k, v: tuple(flash_fwd_p.bind(q, k, v, *absent, **params))
+  mask = visible_mask(opts, inputs)
+
+  def dense(q, k, v):
+    out, lse = attention(q, k, v, mask, opts)
+    return out, jnp.swapaxes(lse, 1, 2)
+
+  primals = [jnp.asarray(x) for x in (inputs.q, inputs.k, inputs.v)]
+  rng = np.random.default_rng(4)
+  tangents = [jnp.asarray(rng.standard_normal(x.shape)) for x in primals]
+  cotangents = (jnp.asarray(rng.standard_normal(inputs.q.shape)),
+                jnp.asarray(rng.standard_normal((2, 4, 33))))
+  jvp = lambda f: jax.jit(lambda p, t: jax.jvp(f, p, t)[1])
+  vjp = lambda f: jax.jit(lambda p, c: jax.vjp(f, *p)[1](c))
+  want = jvp(dense)(primals, tangents)
+  assert_trees_close(jvp(flash)(primals, tangents), want, 1e-10)
+  with blockwise_jvp_on_cpu():
+    assert_trees_close(jvp(flash)(primals, tangents), want, 1e-10)
+  assert_trees_close(vjp(flash)(primals, cotangents), vjp(dense)(primals, cotangents), 1e-10)
+
+
+# -- second order and the other transforms -------------------------------------
+
+
+@pytest.mark.parametrize("option", ["plain", "everything"])
+def test_hessian_and_jacfwd(backend, option):
+  pb = Problem(option, shape=(1, 3, 5, 2, 1, 2))
+  args = pb.args()
+  everything = tuple(range(len(args)))
+  check_transform(lambda f: jax.hessian(loss_of(f), argnums=everything), pb, *args)
+  check_transform(lambda f: jax.jacfwd(f, argnums=everything), pb, *args)
+
+
+@pytest.mark.parametrize("option", ["causal", "everything"])
+def test_grad_of_grad_and_linearize(backend, option):
+  pb = Problem(option, shape=(2, 20, 30, 4, 2, 8))
+  args, tangents = pb.args(), pb.tangents()
+  inner = lambda f: jax.grad(loss_of(f), argnums=(0, 1, 2))
+  outer = lambda f: jax.grad(lambda *a: jnp.sum(inner(f)(*a)[0] ** 2), argnums=(0, 1, 2))
+  check_transform(outer, pb, *args)
+  check_transform(lambda f: lambda *t: jax.linearize(f, *args)[1](*t), pb, *tangents)
+
+
+def test_jvp_under_vmap(backend):
+  pb = Problem("everything", shape=(2, 9, 12, 4, 2, 8))
+  args = pb.args()
+  directions = [jnp.stack([t, 2 * t + 1, -t]) for t in pb.tangents()]
+  # over tangents (jacfwd's case), over primals and tangents, and jvp of vmap
+  check_transform(lambda f: jax.vmap(lambda *t: jax.jvp(f, args, t)[1]), pb, *directions)
+  qs = jnp.stack([args[0], 0.5 * args[0]])
+  at_q = lambda f: lambda q: f(q, *args[1:])
+  check_transform(lambda f: jax.vmap(lambda q, t: jax.jvp(at_q(f), (q,), (t,))[1]), pb, qs,
+                  directions[0][:2])
+  check_transform(lambda f: lambda q, t: jax.jvp(jax.vmap(at_q(f)), (q,), (t,))[1], pb, qs,
+                  directions[0][:2])
+
+
+def test_checkpoint_of_forward_and_second_order(backend):
+  pb = Problem("causal", shape=(1, 16, 16, 2, 2, 8))
+  args, tangents = pb.args(), pb.tangents()
+  check_transform(lambda f: lambda *a: jax.jvp(jax.checkpoint(f), a, tangents)[1], pb, *args)
+  hvp = lambda f: lambda q: jax.jvp(jax.grad(lambda q: loss_of(f)(q, *args[1:])), (q,),
+                                    (tangents[0],))[1]
+  check_transform(lambda f: hvp(jax.checkpoint(f)), pb, args[0])
+
+
+# -- reverse mode is exactly the forward and backward kernels -----------------
+
+
+def test_jit_grad_runs_no_jvp():
+  pb = Problem("everything", shape=(2, 20, 30, 4, 2, 8))
+  grad = jax.jit(jax.grad(loss_of(pb.flash), argnums=(0, 1, 2, 3)))
+  hlo = grad.lower(*pb.args(jnp.float32)).compile().as_text()
+  targets = set(re.findall(r'custom_call_target="([^"]+)"', hlo))
+  assert targets == {"jax_flash_fwd", "jax_flash_bwd"}, targets
+  assert not re.search(r"\bdot\(", hlo)  # nor the blockwise formulation's products
+  jaxpr = str(jax.make_jaxpr(jax.grad(loss_of(pb.flash)))(*pb.args()))
+  assert "flash_jvp" not in jaxpr and jaxpr.count("flash_bwd") == 1
+
+
+# -- dropout: the JAX mask is the kernels' mask ---------------------------------
+
+
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_jax_dropout_mask_is_the_kernels(broadcast):
+  inputs = make_inputs(np.random.default_rng(5), 3, 37, 70, 2, 2, 4)
+  want = kernel_keep(inputs, RATE, broadcast)
+  keep = lambda keys, j0, cols: jax.jit(lambda k: dropout.keep_mask(
+      k, RATE, broadcast, keys.shape[0] * (3 // keys.shape[0]), 2, np.arange(37), j0, cols))(keys)
+  key = jax.random.bits(dropout_rng(inputs), (1, 2), jnp.uint32)
+  np.testing.assert_array_equal(np.asarray(keep(key, 0, 72))[..., :70], want)
+  # A key per batch element (vmap over keys folds them into the batch).
+  keys = jax.random.bits(jax.random.key(9), (3, 2), jnp.uint32)
+  one = lambda b: np.asarray(jax.jit(lambda k: dropout.keep_mask(
+      k, RATE, broadcast, 1, 2, np.arange(37), 4, 8))(keys[b:b + 1]))
+  np.testing.assert_array_equal(np.asarray(keep(keys, 4, 8)),
+                                np.concatenate([one(b) for b in range(3)]))
+
+
+def test_philox_words_without_x64():
+  """uint32 arithmetic only: the same draws with x64 off (jax's default)."""
+  counter = [jnp.asarray([0, 1, 0xFFFFFFFF], jnp.uint32)] * 4
+  key = (jnp.uint32(0x12345678), jnp.uint32(0x9ABCDEF0))
+  with_x64 = [np.asarray(w) for w in dropout.philox4x32(counter, key)]
+  with jax.enable_x64(False):
+    without = [np.asarray(w) for w in dropout.philox4x32(counter, key)]
+  for a, b in zip(with_x64, without):
+    np.testing.assert_array_equal(a, b)
+  # Philox-4x32-10 of counter 0, key 0 (Salmon et al., Random123's known answer).
+  zero = dropout.philox4x32([jnp.zeros((), jnp.uint32)] * 4, (jnp.uint32(0),) * 2)
+  assert [int(w) for w in zero] == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
