@@ -2,8 +2,9 @@
 
 Exact attention computed with the FlashAttention-2 algorithm (tiled, online
 softmax, never the full score matrix) in C++ and CUDA kernels called as XLA
-FFI custom calls, with forward and backward primitives that work under
-``jit``, ``grad``, ``vmap`` and ``checkpoint``.
+FFI custom calls, with forward, JVP and backward primitives that work under
+every JAX transformation (``jit``, ``grad``, ``jvp``, ``vmap``,
+``checkpoint``, ``hessian``, ...), to any order.
 """
 
 import importlib.machinery

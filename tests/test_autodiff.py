@@ -235,6 +235,20 @@ def test_lse_tangent_and_cotangent(backend):
   assert_trees_close(vjp(flash)(primals, cotangents), vjp(dense)(primals, cotangents), 1e-10)
 
 
+@pytest.mark.parametrize("bad", ["shape", "dtype"])
+def test_jvp_handler_rejects_a_bad_tangent(bad):
+  q = jnp.zeros((1, 4, 2, 8), jnp.float32)
+  k = jnp.zeros((1, 5, 1, 8), jnp.float32)
+  absent = [jnp.zeros((0,), t) for t in (jnp.int32,) * 4 + (jnp.float32, bool, jnp.uint32)]
+  params = dict(scale=0.5, softcap=0.0, is_causal=False, window_left=-1, window_right=-1,
+                dropout_rate=0.0, broadcast_dropout=False)
+  out, lse = flash_fwd_p.bind(q, k, k, *absent, **params)
+  k_dot = jnp.zeros((1, 4, 1, 8), jnp.float32) if bad == "shape" else k.astype(jnp.float64)
+  with pytest.raises(Exception, match="jax_flash: k_dot must be"):
+    jax.block_until_ready(flash_jvp_p.bind(q, k, k, out, lse, *absent, absent[4], k_dot,
+                                           absent[4], absent[4], **params))
+
+
 # -- second order and the other transforms -------------------------------------
 
 
@@ -283,15 +297,37 @@ def test_checkpoint_of_forward_and_second_order(backend):
 # -- reverse mode is exactly the forward and backward kernels -----------------
 
 
-def test_jit_grad_runs_no_jvp():
+def test_jit_grad_runs_no_jvp(backend):
   pb = Problem("everything", shape=(2, 20, 30, 4, 2, 8))
   grad = jax.jit(jax.grad(loss_of(pb.flash), argnums=(0, 1, 2, 3)))
   hlo = grad.lower(*pb.args(jnp.float32)).compile().as_text()
   targets = set(re.findall(r'custom_call_target="([^"]+)"', hlo))
-  assert targets == {"jax_flash_fwd", "jax_flash_bwd"}, targets
-  assert not re.search(r"\bdot\(", hlo)  # nor the blockwise formulation's products
+  assert {t for t in targets if "jax_flash" in t} == {"jax_flash_fwd", "jax_flash_bwd"}, targets
+  # Nor the blockwise formulation's products (an XLA dot, or a cuBLAS call on GPUs).
+  assert not re.search(r"\bdot\(", hlo) and "cublas" not in hlo
   jaxpr = str(jax.make_jaxpr(jax.grad(loss_of(pb.flash)))(*pb.args()))
   assert "flash_jvp" not in jaxpr and jaxpr.count("flash_bwd") == 1
+
+
+def test_cuda_lowers_the_jvp_to_blockwise_jax():
+  """On CUDA the JVP is, until fused CUDA JVP kernels exist, the blockwise JAX code."""
+  spec = jax.ShapeDtypeStruct((1, 40, 2, 16), jnp.float32)
+  f = lambda q, k, v: jax_flash.flash_attention(q, k, v, is_causal=True)
+  jvp = jax.jit(lambda q, k, v: jax.jvp(f, (q, k, v), (q, k, v)))
+  text = jvp.trace(spec, spec, spec).lower(lowering_platforms=("cuda",)).as_text()
+  assert "custom_call @jax_flash_fwd(" in text
+  assert "jax_flash_jvp" not in text and "stablehlo.while" in text
+
+
+def test_bench_autodiff_runs(capsys):
+  from jax_flash import bench_autodiff
+  rows = bench_autodiff.main(["--seqlens", "64", "--heads", "2", "--head-dim", "16", "--causal",
+                              "yes", "--modes", "jvp,hvp", "--repeats", "2"])
+  assert {(r["mode"], r["impl"]) for r in rows} == {(m, i) for m in ("jvp", "hvp")
+                                                    for i in ("jax_flash", "xla")}
+  for r in rows:
+    assert r["status"] == "ok" and r["ms"] > 0 and r["vs_xla"] > 0, r
+  assert "causal=yes" in capsys.readouterr().out
 
 
 # -- dropout: the JAX mask is the kernels' mask ---------------------------------
