@@ -108,7 +108,7 @@ def parse_args(argv):
 def main(argv=None) -> list[dict]:
   args = parse_args(argv)
   meta = bench.header_info()
-  print("\n".join(bench.header_lines(meta)))
+  print(bench.header_line(meta))
   print("median ms under jit; ×xla = xla's time / this row's; +in MiB = XLA's plan beyond "
         "the inputs")
   causals = {"yes": [True], "no": [False], "both": [False, True]}[args.causal]

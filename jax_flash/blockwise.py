@@ -23,11 +23,9 @@ tensor-core GPUs too, and slower than fused kernels.
 
 from __future__ import annotations
 
-import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from jax_flash import dropout
@@ -66,7 +64,8 @@ class _Problem:
     self.seqlen_k, self.num_kv_heads = k.shape[1], k.shape[2]
     self.group = self.num_heads // self.num_kv_heads
     self.acc = _acc_dtype(q.dtype)
-    self.block = min(BLOCK_N, max(4, -(-self.seqlen_k // 4) * 4))  # whole Philox groups
+    # Whole 16-column tiles of dropout draws (dropout.py) per block.
+    self.block = min(BLOCK_N, max(dropout.TILE, -(-self.seqlen_k // dropout.TILE) * dropout.TILE))
     self.num_blocks = max(1, -(-self.seqlen_k // self.block))
     self.padded = self.num_blocks * self.block
     self.scale = params["scale"]
@@ -155,14 +154,14 @@ class _Problem:
     if not self.rate:
       return None
     keep = dropout.keep_mask(self.keys, self.rate, self.broadcast_dropout, self.batch,
-                             self.num_heads, np.arange(self.seqlen_q), j0, self.block)
+                             self.num_heads, self.seqlen_q, j0, self.block)
     return keep.reshape(self.batch, self.num_kv_heads, self.group, self.seqlen_q, self.block)
 
   def drop(self, x, keep):
     """Dropout as the forward applied it: kept elements scaled by 1 / (1 - rate)."""
     if keep is None:
       return x
-    return jnp.where(keep, x * jnp.asarray(1.0 / (1.0 - self.rate), self.acc), 0)
+    return jnp.where(keep, x * jnp.asarray(dropout.keep_scale(self.rate), self.acc), 0)
 
   # -- the loop over key blocks -----------------------------------------------
 

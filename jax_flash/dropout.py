@@ -1,11 +1,13 @@
 """The kernels' dropout mask in JAX, bit for bit (cpp/include/jax_flash/dropout.h).
 
-Element (b, h, i, j) is kept when draw j % 4 of Philox-4x32-10 at counter
-(j // 4, i, head word, batch word) under the batch element's key is at least
-``rate * 2**32``. The blockwise JAX formulation (blockwise.py) needs the very
-mask the kernels drew, so this mirrors dropout.h exactly. Only uint32
-arithmetic: the high half of a 32 x 32-bit product is assembled from 16-bit
-halves, so it works with x64 off.
+Element (b, h, i, j) is kept when its 16-bit draw is at least the rate's
+16-bit threshold. A Philox-4x32-10 call gives 8 draws, those of the elements
+(16 I + r + 8 a, 16 J + 2 p + c + 8 b) for a, b, c in {0, 1}: counter words
+{J, I, (4 r + p) << 24 | head, batch}, draw (a, b, c) = half c of word 2 a + b.
+The blockwise JAX formulation (blockwise.py) needs the very mask the kernels
+drew, so this mirrors dropout.h exactly. Only uint32 arithmetic: the high
+half of a 32 x 32-bit product is assembled from 16-bit halves, so it works
+with x64 off.
 """
 
 from __future__ import annotations
@@ -17,12 +19,19 @@ _MUL = (np.uint32(0xD2511F53), np.uint32(0xCD9E8D57))
 _WEYL = (np.uint32(0x9E3779B9), np.uint32(0xBB67AE85))
 _ROUNDS = 10
 _LOW16 = np.uint32(0xFFFF)
+DRAW_RANGE = 1 << 16  # DropoutParams::kDrawRange
+TILE = 16  # a call's draws lie in one 16 x 16 block of (i, j)
 
 
 def threshold(rate: float) -> int:
-  """Kept when the draw is >= this (DropoutParams::threshold)."""
-  t = rate * 4294967296.0
-  return 0xFFFFFFFF if t >= 4294967295.0 else int(t)
+  """Kept when the 16-bit draw is >= this (DropoutParams::threshold)."""
+  t = rate * DRAW_RANGE + 0.5
+  return DRAW_RANGE - 1 if t >= DRAW_RANGE - 1 else int(t)
+
+
+def keep_scale(rate: float) -> float:
+  """Kept elements are scaled by this (DropoutParams::keep_scale)."""
+  return DRAW_RANGE / (DRAW_RANGE - threshold(rate))
 
 
 def _mul_hi_lo(a: np.uint32, b):
@@ -48,26 +57,37 @@ def philox4x32(counter, key):
   return c0, c1, c2, c3
 
 
-def keep_mask(keys, rate: float, broadcast: bool, batch: int, num_heads: int, rows, j0,
-              num_cols: int):
-  """Kept elements (B, Hq, len(rows), num_cols) of key columns j0 .. j0 + num_cols.
+def keep_mask(keys, rate: float, broadcast: bool, batch: int, num_heads: int, seqlen_q: int,
+              j0, num_cols: int):
+  """Kept elements (B, Hq, seqlen_q, num_cols) of key columns j0 .. j0 + num_cols.
 
-  keys: uint32 (Bkey, 2), Bkey dividing the batch; rows: int32 query indices;
-  j0 (may be traced) and num_cols multiples of 4.
+  keys: uint32 (Bkey, 2), Bkey dividing the batch; j0 (may be traced) and
+  num_cols multiples of 16. One Philox call per 8 elements, as the kernels.
   """
   period = batch // keys.shape[0]
   b = np.arange(batch)
   key = keys[b // period]  # (B, 2)
-  k0, k1 = (key[:, w].reshape(batch, 1, 1, 1) for w in (0, 1))
+  # Axes of a call: (B, H, I, r, J, p).
+  k0, k1 = (key[:, w].reshape(batch, 1, 1, 1, 1, 1) for w in (0, 1))
+  num_i, num_j = -(-seqlen_q // TILE), num_cols // TILE
   zero = jnp.zeros((), jnp.uint32)
-  batch_word = zero if broadcast else jnp.asarray(b % period, jnp.uint32).reshape(batch, 1, 1, 1)
+  batch_word = zero if broadcast else jnp.asarray(b % period, jnp.uint32).reshape(
+      batch, 1, 1, 1, 1, 1)
   head_word = zero if broadcast else jnp.arange(num_heads, dtype=jnp.uint32).reshape(
-      1, num_heads, 1, 1)
-  row = jnp.asarray(rows, jnp.uint32).reshape(1, 1, -1, 1)
-  group = (jnp.asarray(j0, jnp.uint32) >> 2) + jnp.arange(num_cols // 4, dtype=jnp.uint32)
-  counter = [group.reshape(1, 1, 1, -1), row, head_word, batch_word]
-  shape = (batch, num_heads, row.shape[2], num_cols // 4)
-  draws = philox4x32([jnp.broadcast_to(c, shape) for c in counter], (k0, k1))
-  # Column 4 g + t takes draw t of group g.
-  draws = jnp.stack(draws, axis=-1).reshape(shape[:3] + (num_cols,))
+      1, num_heads, 1, 1, 1, 1)
+  row_tile = jnp.arange(num_i, dtype=jnp.uint32).reshape(1, 1, num_i, 1, 1, 1)
+  r = jnp.arange(8, dtype=jnp.uint32).reshape(1, 1, 1, 8, 1, 1)
+  col_tile = ((jnp.asarray(j0, jnp.uint32) >> 4) +
+              jnp.arange(num_j, dtype=jnp.uint32)).reshape(1, 1, 1, 1, num_j, 1)
+  p = jnp.arange(4, dtype=jnp.uint32).reshape(1, 1, 1, 1, 1, 4)
+  lane_and_head = (((r << 2) | p) << 24) | head_word
+  shape = (batch, num_heads, num_i, 8, num_j, 4)
+  words = philox4x32([jnp.broadcast_to(c, shape) for c in (col_tile, row_tile, lane_and_head,
+                                                            batch_word)], (k0, k1))
+  # Draw (a, b, c) of a call is half c of word 2 a + b.
+  words = jnp.stack(words, axis=-1).reshape(shape + (2, 2))  # (..., a, b)
+  draws = jnp.stack([words & _LOW16, words >> 16], axis=-1)  # (..., a, b, c)
+  # (B, H, I, r, J, p, a, b, c) -> rows 16 I + 8 a + r, columns 16 J + 8 b + 2 p + c.
+  draws = jnp.transpose(draws, (0, 1, 2, 6, 3, 4, 7, 5, 8))
+  draws = draws.reshape(batch, num_heads, num_i * TILE, num_cols)[:, :, :seqlen_q]
   return draws >= np.uint32(threshold(rate))

@@ -26,6 +26,9 @@ from jax_flash.primitives import flash_fwd_p, flash_jvp_p
 from reference import Options, attention, make_inputs, visible_mask
 
 RATE = 0.3
+# The kernels draw 16-bit numbers: the rate they apply is RATE rounded to a
+# multiple of 2^-16, kept values are scaled by 1 / (1 - that rate).
+REALISED = jax_flash.attention.realised_dropout_rate(RATE)
 # (batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim): small, odd, GQA.
 SMALL = (2, 5, 6, 2, 1, 3)
 # Each option as a function of the problem's (batch, heads, seqlen_q, seqlen_k).
@@ -105,7 +108,7 @@ class Problem:
   def dense(self, *args):
     q, k, v, *bias = args
     return attention(q, k, v, self.visible, self.opts, bias=bias[0] if bias else None,
-                     keep=self.keep, dropout_rate=self.rate)[0]
+                     keep=self.keep, dropout_rate=REALISED if self.rate else 0.0)[0]
 
 
 def loss_of(f):
@@ -337,16 +340,16 @@ def test_bench_autodiff_runs(capsys):
 def test_jax_dropout_mask_is_the_kernels(broadcast):
   inputs = make_inputs(np.random.default_rng(5), 3, 37, 70, 2, 2, 4)
   want = kernel_keep(inputs, RATE, broadcast)
-  keep = lambda keys, j0, cols: jax.jit(lambda k: dropout.keep_mask(
-      k, RATE, broadcast, keys.shape[0] * (3 // keys.shape[0]), 2, np.arange(37), j0, cols))(keys)
+  keep = lambda keys, batch, j0, cols: np.asarray(jax.jit(lambda k: dropout.keep_mask(
+      k, RATE, broadcast, batch, 2, 37, j0, cols))(keys))
   key = jax.random.bits(dropout_rng(inputs), (1, 2), jnp.uint32)
-  np.testing.assert_array_equal(np.asarray(keep(key, 0, 72))[..., :70], want)
+  np.testing.assert_array_equal(keep(key, 3, 0, 80)[..., :70], want)
+  # Columns from a later block, as the blockwise formulation asks for them.
+  np.testing.assert_array_equal(keep(key, 3, 48, 32)[..., :22], want[..., 48:])
   # A key per batch element (vmap over keys folds them into the batch).
   keys = jax.random.bits(jax.random.key(9), (3, 2), jnp.uint32)
-  one = lambda b: np.asarray(jax.jit(lambda k: dropout.keep_mask(
-      k, RATE, broadcast, 1, 2, np.arange(37), 4, 8))(keys[b:b + 1]))
-  np.testing.assert_array_equal(np.asarray(keep(keys, 4, 8)),
-                                np.concatenate([one(b) for b in range(3)]))
+  np.testing.assert_array_equal(keep(keys, 3, 16, 16),
+                                np.concatenate([keep(keys[b:b + 1], 1, 16, 16) for b in range(3)]))
 
 
 def test_philox_words_without_x64():

@@ -396,7 +396,7 @@ inline ffi::Error DecodeBwd(const ScoreAndMaskAttrs& attrs, const ffi::AnyBuffer
 inline ffi::Error DecodeTangent(const char* name, const ffi::AnyBuffer& tangent,
                                 const ffi::AnyBuffer& primal, const void** data) {
   *data = nullptr;
-  if (IsAbsent(tangent) && tangent.dimensions().size() == 1) return ffi::Error::Success();
+  if (IsAbsent(tangent)) return ffi::Error::Success();
   auto td = tangent.dimensions(), pd = primal.dimensions();
   bool same = td.size() == pd.size() && tangent.element_type() == primal.element_type();
   for (size_t i = 0; same && i < td.size(); ++i) same = td[i] == pd[i];
