@@ -203,6 +203,27 @@ def test_jvp_of_one_argument_skips_the_rest(backend):
   assert_trees_close(got, want, 1e-10)
 
 
+@pytest.mark.parametrize("where", ["q", "k", "bias"])
+def test_jvp_nan_reaches_exactly_the_rows_it_touches(backend, where):
+  """As the forward (tests/test_nan.py): a NaN makes its rows' tangents NaN, no others."""
+  from test_nan import poisoned_inputs
+  opts = Options(is_causal=True)
+  inputs, bias, touched = poisoned_inputs(where, 40, opts, seed=3)
+  args = [jnp.asarray(x) for x in (inputs.q, inputs.k, inputs.v)]
+  args.append(jnp.asarray(np.zeros((1, 1, 1, 1)) if bias is None else bias))
+  rng = np.random.default_rng(4)
+  tangents = [jnp.asarray(rng.standard_normal(x.shape)) for x in args]
+  mask = visible_mask(opts, inputs)
+  flash = lambda q, k, v, b: jax_flash.flash_attention(q, k, v, bias=b, is_causal=True)
+  dense = lambda q, k, v, b: attention(q, k, v, mask, opts, bias=b)[0]
+  got = np.asarray(jax.jit(lambda p, t: jax.jvp(flash, p, t)[1])(args, tangents))
+  want = np.asarray(jax.jvp(dense, args, tangents)[1])
+  rows = np.transpose(touched, (0, 2, 1))  # (B, T, N)
+  assert rows.any() and not rows.all()
+  assert np.isnan(got[rows]).all()
+  np.testing.assert_allclose(got[~rows], want[~rows], rtol=1e-10, atol=1e-11)
+
+
 # -- the logsumexp: its tangent, and its cotangent (second order sends one) ---
 
 
