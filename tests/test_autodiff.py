@@ -261,6 +261,12 @@ def test_lse_tangent_and_cotangent(backend):
 
 @pytest.mark.parametrize("bad", ["shape", "dtype"])
 def test_jvp_handler_rejects_a_bad_tangent(bad):
+  """The CPU handler checks its operands again (on CUDA the JVP is JAX code for now)."""
+  with jax.default_device(jax.devices("cpu")[0]):
+    _bind_jvp_with_a_bad_tangent(bad)
+
+
+def _bind_jvp_with_a_bad_tangent(bad):
   q = jnp.zeros((1, 4, 2, 8), jnp.float32)
   k = jnp.zeros((1, 5, 1, 8), jnp.float32)
   absent = [jnp.zeros((0,), t) for t in (jnp.int32,) * 4 + (jnp.float32, bool, jnp.uint32)]
