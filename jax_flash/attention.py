@@ -39,12 +39,16 @@ class _Config:
   broadcast_dropout: bool
   deterministic: bool
 
-  def params(self) -> dict[str, Any]:
-    """The primitives' parameters (primitives.py)."""
+  def fwd_params(self) -> dict[str, Any]:
+    """The forward's parameters; deterministic rides along for the backward
+    that differentiating it binds (only the backward kernel reads it)."""
     return dict(scale=self.scale, softcap=self.softcap, is_causal=self.is_causal,
                 window_left=self.window_left, window_right=self.window_right,
                 dropout_rate=self.dropout_rate, broadcast_dropout=self.broadcast_dropout,
                 deterministic=self.deterministic)
+
+  def bwd_params(self) -> dict[str, Any]:
+    return self.fwd_params()  # the same set now; ring.py's backward asks by this name
 
 
 def _attention(config: _Config, q, k, v, *mask_operands):
@@ -54,7 +58,7 @@ def _attention(config: _Config, q, k, v, *mask_operands):
   rules (autodiff.py): forward mode runs the JVP kernel, reverse mode the
   backward kernel.
   """
-  return tuple(flash_fwd_p.bind(q, k, v, *mask_operands, **config.params()))
+  return tuple(flash_fwd_p.bind(q, k, v, *mask_operands, **config.fwd_params()))
 
 
 # -- argument checking ---------------------------------------------------------

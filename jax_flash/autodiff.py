@@ -45,12 +45,12 @@ def _fwd_jvp(primals, tangents, **params):
   bias = mask_operands[_BIAS]
   operands = [_tangent_operand(t, x) for t, x in zip(tangents[:3], (q, k, v))]
   operands.append(_tangent_operand(tangents[3 + _BIAS], bias))
-  out_dot, lse_dot = flash_jvp_p.bind(q, k, v, out, lse, *mask_operands, *operands, **params)
+  out_dot, lse_dot = flash_jvp_p.bind(q, k, v, out, lse, *operands, *mask_operands, **params)
   return (out, lse), (out_dot, lse_dot)
 
 
 def _jvp_transpose(cotangents, q, k, v, out, lse, *rest, **params):
-  mask_operands, tangents = rest[:_NUM_MASK], rest[_NUM_MASK:]
+  tangents, mask_operands = rest[:4], rest[4:]
   assert not any(ad.is_undefined_primal(x) for x in (q, k, v, out, lse, *mask_operands)), (
       "flash_jvp is linear in its tangent operands only")
   out_ct, lse_ct = cotangents
@@ -61,10 +61,10 @@ def _jvp_transpose(cotangents, q, k, v, out, lse, *rest, **params):
     extra = blockwise.bwd(q, k, v, out, lse, _absent_like(q), *mask_operands,
                           lse_cotangent=lse_ct, **params)
     grads = extra if grads is None else [g + e for g, e in zip(grads, extra)]
-  results = [None] * (5 + _NUM_MASK)
+  results = [None] * 5
   for tangent, grad in zip(tangents, grads or [None] * 4):
     results.append(grad if ad.is_undefined_primal(tangent) else None)
-  return results
+  return results + [None] * _NUM_MASK
 
 
 def _differentiable(x, tangent) -> bool:

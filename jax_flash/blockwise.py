@@ -29,9 +29,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_flash import dropout
+from jax_flash.primitives import MASK_OPERANDS, match_varying
 
 BLOCK_N = 128  # keys per step: (B, H, Sq, 128) tiles
-_NUM_MASK_OPERANDS = 7
 _HIGHEST = lax.Precision.HIGHEST
 
 
@@ -54,12 +54,20 @@ class _Problem:
 
   Per-row tensors are grouped by KV head: q (B, Sq, Hkv, G, D), tiles
   (B, Hkv, G, Sq, n), row statistics (B, Hkv, G, Sq). Key-side tensors are
-  padded to whole blocks (padded keys are hidden).
+  padded to whole blocks (padded keys are hidden). Positions and indices are
+  the chunk's (the offsets operand, mask.h's Offset), as in the kernels.
   """
 
   def __init__(self, q, k, mask_operands, params):
-    (self.q_seqlens, self.kv_seqlens, q_seg, kv_seg, bias, mask,
-     self.keys) = mask_operands
+    ops = dict(zip(MASK_OPERANDS, mask_operands, strict=True))
+    self.q_seqlens, self.kv_seqlens, self.keys = (
+        ops["q_seqlens"], ops["kv_seqlens"], ops["dropout_key"])
+    q_seg, kv_seg, bias, mask = (ops[name] for name in (
+        "q_segment_ids", "kv_segment_ids", "bias", "mask"))
+    # Query and key positions of row and key 0, global batch and head of element 0.
+    offsets = ops["offsets"]
+    self.q_position, self.kv_position, self.batch_offset, self.head_offset = (
+        (0, 0, 0, 0) if _absent(offsets) else tuple(offsets[n] for n in range(4)))
     self.batch, self.seqlen_q, self.num_heads, self.head_dim = q.shape
     self.seqlen_k, self.num_kv_heads = k.shape[1], k.shape[2]
     self.group = self.num_heads // self.num_kv_heads
@@ -114,18 +122,19 @@ class _Problem:
     i = jnp.arange(self.seqlen_q)[:, None]
     j = j0 + jnp.arange(self.block)[None, :]
     vis = j < self.seqlen_k
+    diagonal = i + (self.q_position - self.kv_position)  # the key on row i's diagonal
     if self.is_causal:
-      vis &= j <= i
+      vis &= j <= diagonal
     left, right = self.window
     if left >= 0:
-      vis &= j >= i - left
+      vis &= j >= diagonal - left
     if right >= 0:
-      vis &= j <= i + right
+      vis &= j <= diagonal + right
     vis = vis[None, None, None]
-    if not _absent(self.q_seqlens):
-      vis &= i < self.q_seqlens[:, None, None, None, None]
+    if not _absent(self.q_seqlens):  # lengths count from the start of the sequence
+      vis &= i + self.q_position < self.q_seqlens[:, None, None, None, None]
     if not _absent(self.kv_seqlens):
-      vis &= j < self.kv_seqlens[:, None, None, None, None]
+      vis &= j + self.kv_position < self.kv_seqlens[:, None, None, None, None]
     if self.q_seg is not None:
       vis &= self.q_seg == self.key_block(self.kv_seg, j0)[:, None, None, None, :]
     if self.mask is not None:
@@ -154,7 +163,9 @@ class _Problem:
     if not self.rate:
       return None
     keep = dropout.keep_mask(self.keys, self.rate, self.broadcast_dropout, self.batch,
-                             self.num_heads, self.seqlen_q, j0, self.block)
+                             self.num_heads, self.seqlen_q, j0 + self.kv_position, self.block,
+                             row0=self.q_position, batch_offset=self.batch_offset,
+                             head_offset=self.head_offset)
     return keep.reshape(self.batch, self.num_kv_heads, self.group, self.seqlen_q, self.block)
 
   def drop(self, x, keep):
@@ -165,8 +176,15 @@ class _Problem:
 
   # -- the loop over key blocks -----------------------------------------------
 
-  def scan(self, step, init):
-    """Runs carry, y = carry + inc, y for inc, y = step(j0) over the key blocks."""
+  def scan(self, step, init, operands):
+    """Runs carry, y = carry + inc, y for inc, y = step(j0) over the key blocks.
+
+    The carry starts varying over the manual axes (shard_map) of `operands`,
+    as the increments computed from them do.
+    """
+    leaves, tree = jax.tree.flatten(init)
+    leaves = match_varying(*leaves, *[x for x in operands if x is not None])[:len(leaves)]
+    init = jax.tree.unflatten(tree, leaves)
     step = jax.checkpoint(step, prevent_cse=False)
 
     def body(carry, j0):
@@ -183,15 +201,9 @@ class _Problem:
     return lax.slice_in_dim(ys.reshape(shape), 0, self.seqlen_k, axis=axis)
 
 
-def _split(operands, num_leading):
-  leading = operands[:num_leading]
-  mask_operands = operands[num_leading:num_leading + _NUM_MASK_OPERANDS]
-  return leading, mask_operands, operands[num_leading + _NUM_MASK_OPERANDS:]
-
-
 def jvp(*operands, **params):
   """flash_jvp_p's operands -> (out_dot, lse_dot); see JvpParams in params.h."""
-  (q, k, v, out, lse), mask_operands, tangents = _split(operands, 5)
+  (q, k, v, out, lse), tangents, mask_operands = operands[:5], operands[5:9], operands[9:]
   q_dot, k_dot, v_dot, bias_dot = (None if _absent(t) else t for t in tangents)
   pb = _Problem(q, k, mask_operands, params)
   if pb.bias is None:
@@ -233,7 +245,7 @@ def jvp(*operands, **params):
     return (acc, lse_inc), None
 
   init = (jnp.zeros(qg.shape, pb.acc), jnp.zeros(lse_rows.shape, pb.acc))
-  (acc, lse_dot), _ = pb.scan(step, init)
+  (acc, lse_dot), _ = pb.scan(step, init, operands)
   acc = acc.reshape(q.shape)
   lse_dot = pb.ungroup_rows(lse_dot)
   # out = Pd V, so the softmax's -lse_dot P term of the output is -lse_dot out.
@@ -248,7 +260,7 @@ def bwd(*operands, lse_cotangent=None, **params):
   absent ((0,)) when only lse has a cotangent.
   """
   params.pop("deterministic", None)
-  (q, k, v, out, lse, dout), mask_operands, _ = _split(operands, 6)
+  (q, k, v, out, lse, dout), mask_operands = operands[:6], operands[6:]
   pb = _Problem(q, k, mask_operands, params)
   dout = None if _absent(dout) else dout
   qg = pb.grouped(q)
@@ -286,11 +298,11 @@ def bwd(*operands, lse_cotangent=None, **params):
 
   init = (jnp.zeros(qg.shape, pb.acc),
           None if bias_per_key or dbias_shape is None else jnp.zeros(dbias_shape, pb.acc))
-  (dq, dbias_sum), (dk, dv, dbias_blocks) = pb.scan(step, init)
+  (dq, dbias_sum), (dk, dv, dbias_blocks) = pb.scan(step, init, (*operands, lse_cotangent))
   dq = dq.reshape(q.shape).astype(q.dtype)
   dk = pb.unblock(dk, 1).astype(k.dtype)
   dv = pb.unblock(dv, 1).astype(v.dtype)
-  bias = mask_operands[4]
+  bias = mask_operands[MASK_OPERANDS.index("bias")]
   if dbias_shape is None:
     dbias = jnp.zeros((0,), bias.dtype)
   else:

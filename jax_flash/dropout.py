@@ -58,11 +58,13 @@ def philox4x32(counter, key):
 
 
 def keep_mask(keys, rate: float, broadcast: bool, batch: int, num_heads: int, seqlen_q: int,
-              j0, num_cols: int):
-  """Kept elements (B, Hq, seqlen_q, num_cols) of key columns j0 .. j0 + num_cols.
+              j0, num_cols: int, *, row0=0, batch_offset=0, head_offset=0):
+  """Kept elements (B, Hq, seqlen_q, num_cols) of rows row0 + i, key columns j0 + j.
 
-  keys: uint32 (Bkey, 2), Bkey dividing the batch; j0 (may be traced) and
-  num_cols multiples of 16. One Philox call per 8 elements, as the kernels.
+  keys: uint32 (Bkey, 2), Bkey dividing the batch; row0, j0 and num_cols
+  multiples of 16; batch_offset and head_offset are the global indices of
+  batch element and head 0 (a shard's). Row, column and offsets may be
+  traced. One Philox call per 8 elements, as the kernels.
   """
   period = batch // keys.shape[0]
   b = np.arange(batch)
@@ -71,13 +73,15 @@ def keep_mask(keys, rate: float, broadcast: bool, batch: int, num_heads: int, se
   k0, k1 = (key[:, w].reshape(batch, 1, 1, 1, 1, 1) for w in (0, 1))
   num_i, num_j = -(-seqlen_q // TILE), num_cols // TILE
   zero = jnp.zeros((), jnp.uint32)
-  batch_word = zero if broadcast else jnp.asarray(b % period, jnp.uint32).reshape(
+  as_word = lambda x: jnp.asarray(x).astype(jnp.uint32)
+  batch_word = zero if broadcast else (as_word(b % period) + as_word(batch_offset)).reshape(
       batch, 1, 1, 1, 1, 1)
-  head_word = zero if broadcast else jnp.arange(num_heads, dtype=jnp.uint32).reshape(
-      1, num_heads, 1, 1, 1, 1)
-  row_tile = jnp.arange(num_i, dtype=jnp.uint32).reshape(1, 1, num_i, 1, 1, 1)
+  head_word = zero if broadcast else (jnp.arange(num_heads, dtype=jnp.uint32) +
+                                      as_word(head_offset)).reshape(1, num_heads, 1, 1, 1, 1)
+  row_tile = ((as_word(row0) >> 4) + jnp.arange(num_i, dtype=jnp.uint32)).reshape(
+      1, 1, num_i, 1, 1, 1)
   r = jnp.arange(8, dtype=jnp.uint32).reshape(1, 1, 1, 8, 1, 1)
-  col_tile = ((jnp.asarray(j0, jnp.uint32) >> 4) +
+  col_tile = ((as_word(j0) >> 4) +
               jnp.arange(num_j, dtype=jnp.uint32)).reshape(1, 1, 1, 1, num_j, 1)
   p = jnp.arange(4, dtype=jnp.uint32).reshape(1, 1, 1, 1, 1, 4)
   lane_and_head = (((r << 2) | p) << 24) | head_word

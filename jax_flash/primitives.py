@@ -299,9 +299,10 @@ _define_lowering(flash_bwd_p, _bwd_abstract_eval,
 # The JVP has a fused kernel on the CPU. On CUDA it is, for now, the blockwise
 # JAX formulation (exact, O(S * block) memory, but not a fused kernel); fused
 # CUDA JVP kernels come with the restructured cpp/cuda.
-_define_lowering(flash_jvp_p, _jvp_abstract_eval,
-                 {"cpu": _lowering(_ffi.JVP_TARGET),
-                  "cuda": mlir.lower_fun(_jvp_as_jax_code, multiple_results=True)}, _jvp_layout)
+_jvp_kernel = _define_lowering(
+    flash_jvp_p, _jvp_abstract_eval,
+    {"cpu": _lowering(_ffi.JVP_TARGET),
+     "cuda": mlir.lower_fun(_jvp_as_jax_code, multiple_results=True)}, _jvp_layout)
 
 
 # -- batching ------------------------------------------------------------------

@@ -9,6 +9,7 @@ tested here on the CPU as well, through a CPU lowering of the same function.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import zlib
 
@@ -21,7 +22,7 @@ from jax.test_util import check_grads
 
 import jax_flash
 from conftest import assert_flash_close
-from jax_flash import _ffi, blockwise, dropout, primitives
+from jax_flash import _ffi, dropout, primitives
 from jax_flash.primitives import flash_fwd_p, flash_jvp_p
 from reference import Options, attention, make_inputs, visible_mask
 
@@ -111,6 +112,12 @@ class Problem:
                      keep=self.keep, dropout_rate=REALISED if self.rate else 0.0)[0]
 
 
+def absent_mask_operands(bias_dtype):
+  """Every MASK_OPERANDS entry absent, as the primitives take them."""
+  dtypes = dict(bias=bias_dtype, mask=bool, dropout_key=jnp.uint32)
+  return [jnp.zeros((0,), dtypes.get(name, jnp.int32)) for name in primitives.MASK_OPERANDS]
+
+
 def loss_of(f):
   return lambda *args: jnp.sum(jnp.sin(f(*args)))
 
@@ -127,13 +134,18 @@ def check_transform(transform, pb, *args):
 
 @contextlib.contextmanager
 def blockwise_jvp_on_cpu():
-  """Lowers flash_jvp_p on the CPU as it is lowered on CUDA (for now): blockwise JAX."""
-  mlir.register_lowering(flash_jvp_p, mlir.lower_fun(blockwise.jvp, multiple_results=True),
-                         platform="cpu")
+  """Lowers the JVP on the CPU as it is lowered on CUDA (for now): blockwise JAX.
+
+  Swaps the rule of the per-device kernel primitive under the sharding rule,
+  so that sharded calls reach the JAX code with their offsets as on CUDA.
+  """
+  jax_code = mlir.lower_fun(primitives._jvp_as_jax_code, multiple_results=True)
+  mlir.register_lowering(primitives._jvp_kernel, jax_code, platform="cpu")
   try:
     yield
   finally:
-    mlir.register_lowering(flash_jvp_p, primitives._lowering(_ffi.JVP_TARGET), platform="cpu")
+    mlir.register_lowering(primitives._jvp_kernel, primitives._lowering(_ffi.JVP_TARGET),
+                           platform="cpu")
 
 
 # -- check_grads with its default modes (fwd and rev), to second order --------
@@ -196,7 +208,7 @@ def test_jvp_of_one_argument_skips_the_rest(backend):
   f = lambda q: pb.flash(q, k, v)
   jaxpr = jax.make_jaxpr(lambda q, t: jax.jvp(f, (q,), (t,)))(q, q)
   eqn = next(e for e in jaxpr.jaxpr.eqns if e.primitive is flash_jvp_p)
-  tangent_shapes = [tuple(v.aval.shape) for v in eqn.invars[-4:]]
+  tangent_shapes = [tuple(v.aval.shape) for v in eqn.invars[5:9]]  # after q, k, v, out, lse
   assert tangent_shapes == [q.shape, (0,), (0,), (0,)]
   got = jax.jit(lambda q, t: jax.jvp(f, (q,), (t,))[1])(q, 2 * q + 1)
   want = jax.jit(lambda q, t: jax.jvp(lambda q: pb.dense(q, k, v), (q,), (t,))[1])(q, 2 * q + 1)
@@ -237,7 +249,7 @@ def test_lse_tangent_and_cotangent(backend):
   opts = Options(is_causal=True, softcap=2.0, scale=0.35)
   params = dict(scale=0.35, softcap=2.0, is_causal=True, window_left=-1, window_right=-1,
                 dropout_rate=0.0, broadcast_dropout=False, deterministic=False)
-  absent = [jnp.zeros((0,), t) for t in (jnp.int32,) * 4 + (jnp.float64, bool, jnp.uint32)]
+  absent = absent_mask_operands(jnp.float64)
   flash = lambda q, k, v: tuple(flash_fwd_p.bind(q, k, v, *absent, **params))
   mask = visible_mask(opts, inputs)
 
@@ -269,14 +281,15 @@ def test_jvp_handler_rejects_a_bad_tangent(bad):
 def _bind_jvp_with_a_bad_tangent(bad):
   q = jnp.zeros((1, 4, 2, 8), jnp.float32)
   k = jnp.zeros((1, 5, 1, 8), jnp.float32)
-  absent = [jnp.zeros((0,), t) for t in (jnp.int32,) * 4 + (jnp.float32, bool, jnp.uint32)]
+  absent = absent_mask_operands(jnp.float32)
   params = dict(scale=0.5, softcap=0.0, is_causal=False, window_left=-1, window_right=-1,
                 dropout_rate=0.0, broadcast_dropout=False)
   out, lse = flash_fwd_p.bind(q, k, k, *absent, **params)
   k_dot = jnp.zeros((1, 4, 1, 8), jnp.float32) if bad == "shape" else k.astype(jnp.float64)
   with pytest.raises(Exception, match="jax_flash: k_dot must be"):
-    jax.block_until_ready(flash_jvp_p.bind(q, k, k, out, lse, *absent, absent[4], k_dot,
-                                           absent[4], absent[4], **params))
+    no_tangent = jnp.zeros((0,), jnp.float32)
+    jax.block_until_ready(flash_jvp_p.bind(q, k, k, out, lse, no_tangent, k_dot, no_tangent,
+                                           no_tangent, *absent, **params))
 
 
 # -- second order and the other transforms -------------------------------------
@@ -358,6 +371,114 @@ def test_bench_autodiff_runs(capsys):
   for r in rows:
     assert r["status"] == "ok" and r["ms"] > 0 and r["vs_xla"] > 0, r
   assert "causal=yes" in capsys.readouterr().out
+
+
+# -- a chunk of a problem (offsets), sharded jit, shard_map -----------------------
+
+
+def chunk_problem(seed=0):
+  """Operands of a chunk: rows at position 32, keys at 16, of batch 1 and head 2 of a
+  larger problem, with lengths and dropout (positions in whole 16 x 16 blocks)."""
+  inputs = make_inputs(np.random.default_rng(seed), 2, 40, 50, 4, 2, 8)
+  absent = absent_mask_operands(jnp.float64)
+  ops = dict(zip(primitives.MASK_OPERANDS, absent))
+  ops.update(q_seqlens=jnp.asarray([60, 40], jnp.int32), kv_seqlens=jnp.asarray([50, 30], jnp.int32),
+             dropout_key=jax.random.bits(jax.random.key(seed), (1, 2), jnp.uint32),
+             offsets=jnp.asarray([32, 16, 1, 2], jnp.int32))
+  params = dict(scale=0.3, softcap=2.0, is_causal=True, window_left=20, window_right=4,
+                dropout_rate=REALISED, broadcast_dropout=False, deterministic=False)
+  primals = [jnp.asarray(x) for x in (inputs.q, inputs.k, inputs.v)]
+  return primals, list(ops.values()), params
+
+
+def test_blockwise_jvp_places_a_chunk_as_the_kernel_does(backend):
+  """Offsets (positions for causal, window and lengths; global indices for
+  dropout) mean the same in the blockwise JVP as in the kernels."""
+  primals, masks, params = chunk_problem()
+  rng = np.random.default_rng(1)
+  tangents = [jnp.asarray(rng.standard_normal(x.shape)) for x in primals]
+  f = lambda q, k, v: tuple(flash_fwd_p.bind(q, k, v, *masks, **params))
+  run = lambda: jax.jit(lambda p, t: jax.jvp(f, p, t)[1])(primals, tangents)
+  with jax.default_device(jax.devices("cpu")[0]):
+    kernel = run()
+    with blockwise_jvp_on_cpu():
+      jax_code = run()
+  assert np.abs(np.asarray(kernel[0])).max() > 0.1
+  assert_trees_close(jax_code, kernel, 1e-10, 1e-12)
+  # and second order, where the blockwise backward runs on the chunk too
+  loss = lambda q, k, v: jnp.sum(jnp.sin(f(q, k, v)[0]))
+  hvp = jax.jit(lambda p, t: jax.jvp(jax.grad(loss, argnums=(0, 1, 2)), p, t)[1])
+  check_grads(loss, primals, order=2, modes=["rev"])
+  assert all(np.isfinite(np.asarray(x)).all() for x in hvp(primals, tangents))
+
+
+@pytest.fixture(scope="module")
+def devices():
+  cpus = jax.devices("cpu")
+  if len(cpus) < 4:
+    pytest.skip("needs 4 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=4)")
+  return cpus[:4]
+
+
+@pytest.mark.parametrize("layout", ["batch_x_heads", "sequence"])
+def test_sharded_jvp_runs_each_shard_locally(devices, layout):
+  """The JVP has the forward's sharding rule: no collective, each device its shard
+  (told its rows' positions and its global indices, for causal masks and dropout)."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  mesh = jax.make_mesh((2, 2), ("x", "y"), devices=devices)
+  spec = P("x", None, "y") if layout == "batch_x_heads" else P(None, ("x", "y"))
+  kv_spec = P("x", None, "y") if layout == "batch_x_heads" else P()
+  pb = Problem("everything" if layout == "sequence" else "causal", shape=(2, 64, 40, 4, 2, 8))
+  pb.kwargs.pop("mask", None)  # a dense mask would be gathered (not sharded like q)
+  pb.visible = visible_mask(dataclasses.replace(pb.opts, mask_shape=None), pb.inputs)
+  for name in ("query_seq_lengths", "key_value_seq_lengths", "q_segment_ids", "kv_segment_ids"):
+    if name in pb.kwargs:
+      pb.kwargs[name] = jax.device_put(pb.kwargs[name], NamedSharding(mesh, P(spec[0])))
+  q, k, v = pb.args()[:3]
+  tq, tk, tv = pb.tangents()[:3]
+  put = lambda s, *xs: [jax.device_put(x, NamedSharding(mesh, s)) for x in xs]
+  q, tq = put(spec, q, tq)
+  k, v, tk, tv = put(kv_spec, k, v, tk, tv)
+  attn = lambda q, k, v: pb.flash(q, k, v, *pb.args()[3:])
+  jvp = jax.jit(lambda p, t: jax.jvp(attn, p, t))
+  text = jvp.lower((q, k, v), (tq, tk, tv)).compile().as_text()
+  assert not re.search(r"all-gather|all-to-all|collective-permute|all-reduce", text)
+  assert text.count('custom_call_target="jax_flash_jvp"') == 1
+  out, out_dot = jvp((q, k, v), (tq, tk, tv))
+  assert out_dot.sharding.is_equivalent_to(q.sharding, 4)
+  dense = lambda q, k, v: pb.dense(q, k, v, *pb.args()[3:])
+  want = jax.jit(lambda p, t: jax.jvp(dense, p, t)[1])(pb.args()[:3], pb.tangents()[:3])
+  assert_trees_close(out_dot, want, 1e-10)
+
+
+def test_batch_sharded_second_order_gathers_nothing(devices):
+  """Second order is plain JAX code, which XLA partitions itself: over the batch, locally."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  mesh = jax.make_mesh((4,), ("x",), devices=devices)
+  pb = Problem("causal", shape=(4, 24, 20, 2, 1, 8))
+  batch = NamedSharding(mesh, P("x"))
+  args = [jax.device_put(x, batch) for x in pb.args()]
+  tangents = [jax.device_put(x, batch) for x in pb.tangents()]
+  hvp = lambda f: jax.jit(lambda p, t: jax.jvp(jax.grad(loss_of(f), argnums=(0, 1, 2)), p, t)[1])
+  text = hvp(pb.flash).lower(args, tangents).compile().as_text()
+  assert not re.search(r"all-gather|all-to-all|collective-permute|all-reduce", text)
+  got = hvp(pb.flash)(args, tangents)
+  assert all(g.sharding.is_equivalent_to(batch, 4) for g in got)
+  assert_trees_close(got, hvp(pb.dense)(pb.args(), pb.tangents()))
+
+
+def test_shard_map_jvp_and_second_order(devices):
+  """Inside shard_map (check_vma=True): tangents and second derivatives keep their
+  types, and equal the dense reference's over the whole batch."""
+  from jax.sharding import AxisType, PartitionSpec as P
+  mesh = jax.make_mesh((4,), ("x",), devices=devices, axis_types=(AxisType.Auto,))
+  pb = Problem("causal", shape=(4, 12, 12, 2, 1, 8))
+  args, tangents = pb.args(), pb.tangents()
+  sharded = jax.shard_map(pb.flash, mesh=mesh, in_specs=(P("x"),) * 3, out_specs=P("x"))
+  jvp = lambda f: lambda *a: jax.jvp(f, a, tangents)[1]
+  hvp = lambda f: lambda *a: jax.jvp(jax.grad(loss_of(f), argnums=(0, 1, 2)), a, tangents)[1]
+  for transform in (jvp, hvp):
+    assert_trees_close(jax.jit(transform(sharded))(*args), jax.jit(transform(pb.dense))(*args))
 
 
 # -- dropout: the JAX mask is the kernels' mask ---------------------------------

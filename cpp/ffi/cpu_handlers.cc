@@ -121,18 +121,18 @@ ffi::Error BwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
 }
 
 ffi::Error JvpCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                  ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer q_seqlens,
-                  ffi::AnyBuffer kv_seqlens, ffi::AnyBuffer q_segment_ids,
-                  ffi::AnyBuffer kv_segment_ids, ffi::AnyBuffer bias, ffi::AnyBuffer mask,
-                  ffi::AnyBuffer dropout_key, ffi::AnyBuffer q_dot, ffi::AnyBuffer k_dot,
-                  ffi::AnyBuffer v_dot, ffi::AnyBuffer bias_dot,
+                  ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer q_dot,
+                  ffi::AnyBuffer k_dot, ffi::AnyBuffer v_dot, ffi::AnyBuffer bias_dot,
+                  ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
+                  ffi::AnyBuffer q_segment_ids, ffi::AnyBuffer kv_segment_ids, ffi::AnyBuffer bias,
+                  ffi::AnyBuffer mask, ffi::AnyBuffer dropout_key, ffi::AnyBuffer offsets,
                   ffi::Result<ffi::AnyBuffer> out_dot, ffi::Result<ffi::AnyBuffer> lse_dot,
                   double scale, double softcap, bool is_causal, int64_t window_left,
                   int64_t window_right, double dropout_rate, bool broadcast_dropout) {
   const ScoreAndMaskAttrs attrs{scale,        softcap,      is_causal,        window_left,
                                 window_right, dropout_rate, broadcast_dropout};
   const ffi_decode::MaskOperands ops{q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids,
-                                     bias,      mask,       dropout_key};
+                                     bias,      mask,       dropout_key,   offsets};
   JvpParams p;
   if (auto e = ffi_decode::DecodeJvp(attrs, q, k, v, out, lse, ops, q_dot, k_dot, v_dot, bias_dot,
                                      out_dot, lse_dot, &p);
@@ -183,10 +183,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
                                                    .Arg<ffi::AnyBuffer>()   // k
                                                    .Arg<ffi::AnyBuffer>()   // v
                                                    .Arg<ffi::AnyBuffer>()   // out (forward result)
-                                                   .Arg<ffi::AnyBuffer>())  // lse (forward result)
-            .Arg<ffi::AnyBuffer>()     // q_dot, like q, or (0,) for zero
-            .Arg<ffi::AnyBuffer>()     // k_dot, like k, or (0,)
-            .Arg<ffi::AnyBuffer>()     // v_dot, like v, or (0,)
-            .Arg<ffi::AnyBuffer>()     // bias_dot, like bias, or (0,)
+                                                   .Arg<ffi::AnyBuffer>()   // lse (forward result)
+                                                   .Arg<ffi::AnyBuffer>()   // q_dot, like q, or (0,)
+                                                   .Arg<ffi::AnyBuffer>()   // k_dot, like k, or (0,)
+                                                   .Arg<ffi::AnyBuffer>()   // v_dot, like v, or (0,)
+                                                   .Arg<ffi::AnyBuffer>())  // bias_dot, like bias, or (0,)
             .Ret<ffi::AnyBuffer>()     // out_dot, like out
             .Ret<ffi::AnyBuffer>()));  // lse_dot, like lse

@@ -21,9 +21,9 @@
 //   Forward results: out like q; lse (B, Hq, Sq) in the accumulation type.
 //   Backward operands add out, lse, dout after v; results dq, dk, dv, dbias
 //   (bias's shape and dtype, or (0,) without a bias).
-//   JVP (forward mode) operands add out, lse after v, and after the mask
-//   operands the tangents q_dot, k_dot, v_dot, bias_dot (each shaped like
-//   its primal, or (0,) when zero); results out_dot like out, lse_dot like lse.
+//   JVP (forward mode) operands add out, lse and then the tangents q_dot,
+//   k_dot, v_dot, bias_dot after v (each tangent shaped like its primal, or
+//   (0,) when zero); results out_dot like out, lse_dot like lse.
 // Attributes (declared once, in AddScoreAndMaskAttrs):
 //   scale: f64, softcap: f64 (0 = off), is_causal: bool,
 //   window_left, window_right: i64 (< 0 = unbounded),
@@ -69,7 +69,8 @@ auto AddScoreAndMaskAttrs(Binding binding) {
       .template Attr<bool>("broadcast_dropout");  // one mask for all batch and heads
 }
 
-// The operands that follow q, k, v (fwd) or q, k, v, out, lse, dout (bwd).
+// The operands that follow q, k, v (fwd), q, k, v, out, lse, dout (bwd) or q, k, v,
+// out, lse and the four tangents (jvp).
 struct MaskOperands {
   ffi::AnyBuffer q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids, bias, mask, dropout_key,
       offsets;
