@@ -30,7 +30,8 @@
 
 #include <cstdint>
 
-#include "jax_flash/mask.h"  // JAX_FLASH_HOST_DEVICE
+#include "jax_flash/macros.h"
+#include "jax_flash/mask.h"  // Offset: the offsets operand's entries
 
 namespace jax_flash {
 

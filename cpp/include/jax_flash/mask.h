@@ -15,11 +15,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define JAX_FLASH_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define JAX_FLASH_HOST_DEVICE inline
-#endif
+#include "jax_flash/macros.h"
 
 namespace jax_flash {
 

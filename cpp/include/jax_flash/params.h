@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "jax_flash/dropout.h"
+#include "jax_flash/macros.h"
 #include "jax_flash/mask.h"
 
 namespace jax_flash {
