@@ -1,26 +1,27 @@
-# The CUDA part of the extension: handlers, dispatch, exact SIMT kernels and
-# (when cmake/cuda_tc_sources.cmake exists) the tensor-core kernels.
-# Included by cmake/cuda_kernels.cmake once CUDA is enabled and
+# The CUDA part of the extension: handlers, the dispatch and every kernel
+# instantiation. Included by cmake/cuda_kernels.cmake once CUDA is enabled and
 # CMAKE_CUDA_ARCHITECTURES is set.
 
 # cudart is linked statically so the module imports on a machine without a
 # GPU or driver (the CUDA targets are then simply never called by XLA).
 find_package(CUDAToolkit REQUIRED)
 
-set(JAX_FLASH_TC_SOURCES "")
-if(EXISTS "${CMAKE_CURRENT_SOURCE_DIR}/cmake/cuda_tc_sources.cmake")
-  include(cmake/cuda_tc_sources.cmake)  # sets JAX_FLASH_TC_SOURCES
-endif()
+# The kernel instantiations (tensor-core: direction x arch path x dtype x
+# head-dim bucket; exact: direction x dtype), one per file, generated from
+# jax_flash/_supported.py, the one table of what is supported.
+set(JAX_FLASH_CUDA_GEN_DIR "${CMAKE_CURRENT_BINARY_DIR}/generated/cuda")
+execute_process(
+  COMMAND "${Python_EXECUTABLE}" "${CMAKE_CURRENT_SOURCE_DIR}/jax_flash/_supported.py"
+          --header "${JAX_FLASH_GEN_DIR}/jax_flash/supported.h"
+          --cuda-sources "${JAX_FLASH_CUDA_GEN_DIR}"
+  OUTPUT_VARIABLE _cuda_generated OUTPUT_STRIP_TRAILING_WHITESPACE
+  COMMAND_ERROR_IS_FATAL ANY)
+string(REPLACE "\n" ";" _cuda_generated "${_cuda_generated}")
 
 add_library(jax_flash_cuda STATIC
   cpp/ffi/cuda_handlers.cc   # host C++; CUDA headers come with CUDA::cudart_static
   cpp/cuda/dispatch.cu
-  # exact SIMT kernels, one storage type per file (parallel, short compiles)
-  cpp/cuda/exact_fwd_f32.cu cpp/cuda/exact_fwd_f64.cu
-  cpp/cuda/exact_fwd_bf16.cu cpp/cuda/exact_fwd_f16.cu
-  cpp/cuda/exact_bwd_f32.cu cpp/cuda/exact_bwd_f64.cu
-  cpp/cuda/exact_bwd_bf16.cu cpp/cuda/exact_bwd_f16.cu
-  ${JAX_FLASH_TC_SOURCES})
+  ${_cuda_generated})
 target_include_directories(jax_flash_cuda PRIVATE ${JAX_FLASH_INCLUDES})
 if(XLA_FFI_INCLUDE_DIR)
   # Third-party headers: their warnings (-Wreturn-type in api.h) are not ours.

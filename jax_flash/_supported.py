@@ -2,7 +2,7 @@
 
 Python validation reads it directly; CMake runs this file as a script at
 configure time to generate ``jax_flash/supported.h`` for the C++ handlers and
-the list of CUDA kernel instantiations. Change a limit here and both sides
+the CUDA kernel instantiations. Change a limit here and both sides
 follow. This module must import nothing beyond the standard library: the
 build runs it before jax is importable.
 """
@@ -31,12 +31,12 @@ CUDA_TENSOR_CORE_DTYPES = ("bfloat16", "float16")
 # Head-dim buckets with a Hopper (sm_90a, wgmma) forward; on Hopper the other
 # buckets run the sm_80 tensor-core kernels. D=64 stays
 # on those: its wgmma forward measured 269-281 TFLOP/s against 315-323 for
-# mma.sync on an H100 (cpp/cuda/tc/NOTES.md).
+# mma.sync on an H100 (cpp/cuda/NOTES.md).
 CUDA_SM90_FWD_BUCKETS = (128,)
 # Buckets with a Hopper backward (all five GEMMs on wgmma; the fast mode only,
 # deterministic=True keeps the sm_80 kernels). H100, kernel alone, bf16,
 # S 4k-16k: 219-302 TFLOP/s at D=64 and 242-363 at D=128 against 210-229 and
-# 217-232 for mma.sync (cpp/cuda/tc/NOTES.md).
+# 217-232 for mma.sync (cpp/cuda/NOTES.md).
 CUDA_SM90_BWD_BUCKETS = (64, 128)
 
 
@@ -48,8 +48,26 @@ def head_dim_bucket(head_dim: int) -> int:
   raise ValueError(f"head_dim {head_dim} exceeds {CUDA_HEAD_DIM_BUCKETS[-1]}")
 
 
+# Exact (SIMT, IEEE) CUDA kernels, used for float32/float64 and whatever the
+# tensor-core kernels do not cover: compiled per head-dim tier (a head dim is
+# padded up to its tier in shared memory; the tier bounds register use), one
+# instantiation file per (direction, dtype) holding every tier.
+CUDA_EXACT_HEAD_DIM_TIERS = (32, 64, 128, 256)
+
+
+def _x_macro(name: str, values) -> str:
+  entries = " ".join(f"X({v})" for v in values)
+  return f"#define {name}(X) {entries}"
+
+
 def _header() -> str:
   buckets = ", ".join(str(b) for b in CUDA_HEAD_DIM_BUCKETS)
+  macros = "\n".join([
+      _x_macro("JAX_FLASH_FOR_EACH_BUCKET", CUDA_HEAD_DIM_BUCKETS),
+      _x_macro("JAX_FLASH_FOR_EACH_SM90_FWD_BUCKET", CUDA_SM90_FWD_BUCKETS),
+      _x_macro("JAX_FLASH_FOR_EACH_SM90_BWD_BUCKET", CUDA_SM90_BWD_BUCKETS),
+      _x_macro("JAX_FLASH_FOR_EACH_EXACT_TIER", CUDA_EXACT_HEAD_DIM_TIERS),
+  ])
   return f"""// Generated from jax_flash/_supported.py by CMake; do not edit.
 #pragma once
 #include <cstdint>
@@ -58,51 +76,52 @@ namespace jax_flash {{
 inline constexpr int64_t kMinHeadDim = {MIN_HEAD_DIM};
 inline constexpr int64_t kMaxHeadDim = {MAX_HEAD_DIM};
 inline constexpr int kCudaHeadDimBuckets[] = {{{buckets}}};
+// The tensor-core kernels' largest head dim: their largest bucket.
+inline constexpr int64_t kCudaTensorCoreMaxHeadDim = {CUDA_HEAD_DIM_BUCKETS[-1]};
 }}  // namespace jax_flash
+
+// X-macros over the compiled CUDA configurations: X(head dim) per entry.
+{macros}
 """
 
 
-# Tensor-core kernel instantiations: one .cu file per (direction, dtype,
-# bucket), so a 2-core CI machine compiles them in parallel and a change to
-# one kernel rebuilds only its own files. C++ element type per dtype name.
-_TC_CUDA_TYPES = {"bfloat16": ("bf16", "__nv_bfloat16"), "float16": ("fp16", "__half")}
-_TC_DIRECTIONS = {
-    "fwd": ("tc/flash_fwd.cuh",
-            "template cudaError_t RunFwd<{t}, {d}>(const FwdParams&, cudaStream_t);"),
-    "bwd": ("tc/flash_bwd.cuh",
-            "template cudaError_t RunBwd<{t}, {d}>(const BwdParams&, void*, bool, cudaStream_t);\n"
-            "template size_t BwdWorkspaceBytes<{t}, {d}>(const AttentionShape&, bool);"),
-    "fwd_sm90": ("tc/flash_fwd_sm90.cuh",
-                 "template cudaError_t RunFwdSm90<{t}, {d}>(const FwdParams&, cudaStream_t);"),
-    "bwd_sm90": ("tc/flash_bwd_sm90.cuh",
-                 "template cudaError_t RunBwd<{t}, {d}, true>(const BwdParams&, void*, bool, "
-                 "cudaStream_t);"),
-}
-# Which buckets each direction is compiled for.
-_TC_BUCKETS = {"fwd": CUDA_HEAD_DIM_BUCKETS, "bwd": CUDA_HEAD_DIM_BUCKETS,
-               "fwd_sm90": CUDA_SM90_FWD_BUCKETS, "bwd_sm90": CUDA_SM90_BWD_BUCKETS}
+# CUDA kernel instantiations: one .cu file per (direction, arch path, dtype,
+# bucket) for the tensor-core kernels and per (direction, dtype) for the exact
+# ones, so that a 2-core CI machine compiles them in parallel and a change to
+# one kernel rebuilds only its own files. Each file holds one instantiation
+# macro of cuda/kernels.h with template arguments only.
+_CUDA_TYPES = {"float32": ("f32", "float"), "float64": ("f64", "double"),
+               "bfloat16": ("bf16", "__nv_bfloat16"), "float16": ("fp16", "__half")}
+# direction -> (header that defines it, instantiation macro)
+_TC_DIRECTIONS = {"fwd": ("cuda/fwd.cuh", "JAX_FLASH_INSTANTIATE_FWD"),
+                  "bwd": ("cuda/bwd/run.cuh", "JAX_FLASH_INSTANTIATE_BWD")}
+_EXACT_DIRECTIONS = {"fwd": ("cuda/simt/fwd.cuh", "JAX_FLASH_INSTANTIATE_EXACT_FWD"),
+                     "bwd": ("cuda/simt/bwd.cuh", "JAX_FLASH_INSTANTIATE_EXACT_BWD")}
+# (direction, arch path) -> the buckets compiled for it. Arch path 80
+# (mma.sync) runs on every sm_80+ GPU; 90 (wgmma, TMA) on sm_90a.
+_TC_BUCKETS = {("fwd", 80): CUDA_HEAD_DIM_BUCKETS, ("bwd", 80): CUDA_HEAD_DIM_BUCKETS,
+               ("fwd", 90): CUDA_SM90_FWD_BUCKETS, ("bwd", 90): CUDA_SM90_BWD_BUCKETS}
 
 
-def tc_sources() -> dict[str, str]:
-  """File name -> text of every tensor-core instantiation, plus the bucket list."""
+def _instantiation(header: str, macro: str, args: str) -> str:
+  return (f"// Generated from jax_flash/_supported.py; do not edit.\n"
+          f"#include \"{header}\"\n\n{macro}({args})\n")
+
+
+def cuda_sources() -> dict[str, str]:
+  """File name -> text of every CUDA kernel instantiation."""
   files = {}
-  for direction, (header, template) in _TC_DIRECTIONS.items():
+  for (direction, arch), buckets in _TC_BUCKETS.items():
+    header, macro = _TC_DIRECTIONS[direction]
     for dtype in CUDA_TENSOR_CORE_DTYPES:
-      short, cuda_type = _TC_CUDA_TYPES[dtype]
-      for bucket in _TC_BUCKETS[direction]:
-        body = template.format(t=cuda_type, d=bucket)
-        files[f"flash_{direction}_{short}_hd{bucket}.cu"] = (
-            f"// Generated from jax_flash/_supported.py; do not edit.\n"
-            f"#include \"{header}\"\n\n"
-            f"namespace jax_flash::cuda::tc {{\n{body}\n}}  // namespace jax_flash::cuda::tc\n")
-  entries = " ".join(f"X({b})" for b in CUDA_HEAD_DIM_BUCKETS)
-  sm90_entries = " ".join(f"X({b})" for b in CUDA_SM90_FWD_BUCKETS)
-  sm90_bwd_entries = " ".join(f"X({b})" for b in CUDA_SM90_BWD_BUCKETS)
-  files["tc_buckets.inc"] = (
-      "// Generated from jax_flash/_supported.py; do not edit.\n"
-      f"#define JAX_FLASH_TC_FOR_EACH_BUCKET(X) {entries}\n"
-      f"#define JAX_FLASH_TC_FOR_EACH_SM90_FWD_BUCKET(X) {sm90_entries}\n"
-      f"#define JAX_FLASH_TC_FOR_EACH_SM90_BWD_BUCKET(X) {sm90_bwd_entries}\n")
+      short, cuda_type = _CUDA_TYPES[dtype]
+      for bucket in buckets:
+        files[f"{direction}_sm{arch}_{short}_hd{bucket}.cu"] = _instantiation(
+            header, macro, f"{arch}, {cuda_type}, {bucket}")
+  for direction, (header, macro) in _EXACT_DIRECTIONS.items():
+    for dtype in DTYPES:
+      short, cuda_type = _CUDA_TYPES[dtype]
+      files[f"{direction}_exact_{short}.cu"] = _instantiation(header, macro, cuda_type)
   return files
 
 
@@ -117,16 +136,15 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--header", type=pathlib.Path, required=True,
                       help="where to write supported.h")
-  parser.add_argument("--tc-sources", type=pathlib.Path, default=None,
-                      help="folder for the tensor-core instantiation .cu files; "
+  parser.add_argument("--cuda-sources", type=pathlib.Path, default=None,
+                      help="folder for the CUDA kernel instantiation .cu files; "
                       "their paths are printed, one per line")
   args = parser.parse_args()
   _write_if_changed(args.header, _header())
-  if args.tc_sources is not None:
-    for name, text in tc_sources().items():
-      _write_if_changed(args.tc_sources / name, text)
-      if name.endswith(".cu"):
-        print(args.tc_sources / name)
+  if args.cuda_sources is not None:
+    for name, text in cuda_sources().items():
+      _write_if_changed(args.cuda_sources / name, text)
+      print(args.cuda_sources / name)
 
 
 if __name__ == "__main__":

@@ -1,50 +1,136 @@
-// Chooses the kernel family for a problem and launches it.
+// The one routing table: which kernel family and arch path runs a problem.
 //
-// Two families: the tensor-core kernels (cpp/cuda/tc, bf16/fp16 only, head-dim
-// buckets) and the exact SIMT kernels (cpp/cuda/exact_*, every dtype and
-// head_dim, IEEE arithmetic). UseTensorCores() below is the single place that
-// routes between them.
+//   exact   (simt/)  every dtype and head_dim, IEEE arithmetic; float32 and
+//                    float64 always (no TF32: check_grads relies on exact
+//                    arithmetic), and whatever the tensor-core kernels lack
+//   sm80    (sm80/)  bf16/fp16 on tensor cores through mma.sync, head-dim
+//                    buckets, every sm_80+ GPU
+//   sm90    (sm90/)  the same on wgmma and TMA, on Hopper when the build has
+//                    sm_90a code: the forward of CUDA_SM90_FWD_BUCKETS and the
+//                    fast backward of CUDA_SM90_BWD_BUCKETS
+//
+// The lists (buckets, tiers, Hopper buckets) come from jax_flash/_supported.py
+// through the generated jax_flash/supported.h, like the instantiation files,
+// so the three cannot disagree.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
-#include "cuda/exact_launch.cuh"
+#include "cuda/bwd/workspace.h"
+#include "cuda/dispatch.h"
+#include "cuda/kernels.h"
 #include "cuda/launch.h"
-#include "cuda/tc/tc_api.h"
+#include "jax_flash/supported.h"
 
 namespace jax_flash::cuda {
 namespace {
 
-size_t AccBytes(DType dtype) { return dtype == DType::kFloat64 ? sizeof(double) : sizeof(float); }
-
-size_t RoundUp(size_t n, size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
-
-// Parts of the workspace start at multiples of this from its base.
-constexpr size_t kPartAlignment = 256;
-
-// Bytes of the delta = rowsum(dout * out) buffer, (B, Hq, Sq) accumulation type.
-size_t DeltaBytes(const AttentionShape& s, DType dtype) {
-  return RoundUp(static_cast<size_t>(s.batch * s.num_heads_q * s.seqlen_q) * AccBytes(dtype),
-                 kPartAlignment);
-}
-
 // ===========================================================================
-// THE ROUTING DECISION: tensor cores or exact kernels.
-//
-// bf16/fp16 problems the tensor-core kernels support (tc::Supports: head dim
-// a multiple of 8 up to 256, aligned buffers, no bias/dropout/dense mask yet)
-// take them; everything else, and float32/float64 always (no TF32:
-// check_grads relies on exact arithmetic), takes the exact kernels.
+// What the tensor-core kernels support.
+
+constexpr int kVectorElems = 8;  // 16-byte loads of 16-bit elements
+constexpr uintptr_t kVectorBytes = 16;
+
 bool IsTensorCoreDType(DType dtype) {
   return dtype == DType::kBFloat16 || dtype == DType::kFloat16;
 }
 
-template <typename Params>
-bool UseTensorCores(const Params& params, DType dtype) {
-  return IsTensorCoreDType(dtype) && tc::Supports(params, true);
+// The smallest compiled bucket that holds head_dim, or 0 if none does.
+int HeadDimBucket(int64_t head_dim) {
+#define JAX_FLASH_BUCKET(D) \
+  if (head_dim <= (D)) return (D);
+  JAX_FLASH_FOR_EACH_BUCKET(JAX_FLASH_BUCKET)
+#undef JAX_FLASH_BUCKET
+  return 0;
 }
+
+bool Aligned(const void* p) {
+  return p == nullptr || reinterpret_cast<uintptr_t>(p) % kVectorBytes == 0;
+}
+bool VectorStrides(const SeqStrides& s) {
+  return s.batch % kVectorElems == 0 && s.row % kVectorElems == 0 && s.head % kVectorElems == 0;
+}
+
+// The shape: bf16/fp16, head_dim <= the largest bucket and a multiple of 8
+// (16-byte vector loads), grid dimensions y and z within 65535.
+bool TensorCoresSupport(const AttentionShape& shape, DType dtype) {
+  return IsTensorCoreDType(dtype) && shape.head_dim > 0 &&
+         shape.head_dim <= kCudaTensorCoreMaxHeadDim && shape.head_dim % kVectorElems == 0 &&
+         HeadDimBucket(shape.head_dim) != 0 && shape.num_heads_kv > 0 &&
+         shape.num_heads_q % shape.num_heads_kv == 0 && shape.num_heads_q <= 65535 &&
+         shape.batch <= 65535;
+}
+
+// The shape test plus what the 16-byte loads need of the buffers: every row
+// and head stride a multiple of 8 elements and every pointer 16-byte aligned;
+// and no bias, dropout or dense mask (not in these kernels yet: they use the
+// 4-argument BatchMask::For, which ignores a dense mask).
+bool TensorCoresSupport(const FwdParams& p, DType dtype) {
+  if (p.score.bias != nullptr || p.dropout.enabled() || p.mask.dense != nullptr) return false;
+  return TensorCoresSupport(p.shape, dtype) && Aligned(p.q) && Aligned(p.k) && Aligned(p.v) &&
+         Aligned(p.out) && VectorStrides(p.q_strides) && VectorStrides(p.k_strides) &&
+         VectorStrides(p.v_strides) && VectorStrides(p.out_strides);
+}
+
+bool TensorCoresSupport(const BwdParams& p, DType dtype) {
+  // out and dout are read with 16-byte loads (D = rowsum(dout * out)), the
+  // fast mode's dq is written with 16-byte stores (bwd/postprocess.cuh); dk,
+  // dv and the deterministic dq take 4-byte stores, but one rule is simpler.
+  return TensorCoresSupport(static_cast<const FwdParams&>(p), dtype) && Aligned(p.dout) &&
+         Aligned(p.dq) && Aligned(p.dk) && Aligned(p.dv) && VectorStrides(p.dout_strides) &&
+         VectorStrides(p.dq_strides) && VectorStrides(p.dk_strides) &&
+         VectorStrides(p.dv_strides);
+}
+
+// True when the current device is a Hopper GPU and this build holds sm_90a
+// code for it (the wgmma kernels exist only there). The device query runs
+// once per device; after that a launch pays one cudaGetDevice.
+bool OnHopperWithSm90a() {
+#ifdef JAX_FLASH_HAS_SM90A
+  constexpr int kCachedDevices = 64;
+  static std::atomic<int> cache[kCachedDevices] = {};  // 0 unknown, 1 yes, 2 no
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (device >= 0 && device < kCachedDevices) {
+    if (const int known = cache[device].load(std::memory_order_relaxed); known != 0)
+      return known == 1;
+  }
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    return false;
+  const bool hopper = major == 9 && minor == 0;
+  if (device >= 0 && device < kCachedDevices)
+    cache[device].store(hopper ? 1 : 2, std::memory_order_relaxed);
+  return hopper;
+#else
+  return false;
+#endif
+}
+
+bool InSm90FwdBuckets(int bucket) {
+#define JAX_FLASH_BUCKET(D) \
+  if (bucket == (D)) return true;
+  JAX_FLASH_FOR_EACH_SM90_FWD_BUCKET(JAX_FLASH_BUCKET)
+#undef JAX_FLASH_BUCKET
+  return false;
+}
+
+bool InSm90BwdBuckets(int bucket) {
+#define JAX_FLASH_BUCKET(D) \
+  if (bucket == (D)) return true;
+  JAX_FLASH_FOR_EACH_SM90_BWD_BUCKET(JAX_FLASH_BUCKET)
+#undef JAX_FLASH_BUCKET
+  return false;
+}
+
 // ===========================================================================
+// Launching a chosen path: dtype and bucket as template arguments.
 
 template <typename Fn>
 cudaError_t ByDType(DType dtype, Fn&& fn) {
@@ -57,40 +143,115 @@ cudaError_t ByDType(DType dtype, Fn&& fn) {
   return cudaErrorInvalidValue;
 }
 
-}  // namespace
-
-cudaError_t LaunchFwd(const FwdParams& params, DType dtype, cudaStream_t stream) {
-  if (UseTensorCores(params, dtype)) {
-    return tc::LaunchFwd(params, dtype == DType::kBFloat16, stream);
+// fn(std::integral_constant<int, bucket>) for a bucket compiled for the arch
+// path (and direction), cudaErrorNotSupported for any other.
+template <int kArch, bool kFwd, typename Fn>
+cudaError_t ByBucket(int bucket, Fn&& fn) {
+#define JAX_FLASH_CASE(D) \
+  case (D):               \
+    return fn(std::integral_constant<int, (D)>{});
+  if constexpr (kArch == 90 && kFwd) {
+    switch (bucket) { JAX_FLASH_FOR_EACH_SM90_FWD_BUCKET(JAX_FLASH_CASE) default: break; }
+  } else if constexpr (kArch == 90) {
+    switch (bucket) { JAX_FLASH_FOR_EACH_SM90_BWD_BUCKET(JAX_FLASH_CASE) default: break; }
+  } else {
+    switch (bucket) { JAX_FLASH_FOR_EACH_BUCKET(JAX_FLASH_CASE) default: break; }
   }
-  return ByDType(dtype, [&](auto tag) {
-    return exact::LaunchExactFwd<decltype(tag)>(params, stream);
+#undef JAX_FLASH_CASE
+  return cudaErrorNotSupported;
+}
+
+template <int kArch>
+cudaError_t RunFwdPath(const FwdParams& params, DType dtype, cudaStream_t stream) {
+  return ByBucket<kArch, true>(HeadDimBucket(params.shape.head_dim), [&](auto bucket) {
+    constexpr int kBucket = decltype(bucket)::value;
+    return dtype == DType::kBFloat16 ? RunFwd<kArch, __nv_bfloat16, kBucket>(params, stream)
+                                     : RunFwd<kArch, __half, kBucket>(params, stream);
   });
 }
 
-size_t BwdWorkspaceBytes(const AttentionShape& shape, DType dtype, bool deterministic) {
-  size_t bytes = DeltaBytes(shape, dtype);
-  // Enough for the tensor-core kernels whenever the shape alone allows them;
-  // the buffers decide at launch (UseTensorCores), and the exact kernels
-  // need only delta.
-  if (IsTensorCoreDType(dtype) && tc::Supports(shape, true)) {
-    bytes += RoundUp(tc::BwdWorkspace(shape, dtype == DType::kBFloat16, deterministic),
-                     kPartAlignment);
+template <int kArch>
+cudaError_t RunBwdPath(const BwdParams& params, DType dtype, void* workspace, bool deterministic,
+                       cudaStream_t stream) {
+  return ByBucket<kArch, false>(HeadDimBucket(params.shape.head_dim), [&](auto bucket) {
+    constexpr int kBucket = decltype(bucket)::value;
+    return dtype == DType::kBFloat16
+               ? RunBwd<kArch, __nv_bfloat16, kBucket>(params, workspace, deterministic, stream)
+               : RunBwd<kArch, __half, kBucket>(params, workspace, deterministic, stream);
+  });
+}
+
+// Bytes the tensor-core backward needs of the workspace (after delta).
+size_t TensorCoreBwdWorkspaceBytes(const AttentionShape& shape, bool deterministic) {
+  switch (HeadDimBucket(shape.head_dim)) {
+#define JAX_FLASH_CASE(D) \
+  case (D):               \
+    return Lse2AndDqAccumBytes<(D)>(shape, deterministic);
+    JAX_FLASH_FOR_EACH_BUCKET(JAX_FLASH_CASE)
+#undef JAX_FLASH_CASE
+    default:
+      return 0;
   }
-  return bytes > 0 ? bytes : kPartAlignment;
+}
+
+}  // namespace
+
+// ===========================================================================
+// THE ROUTING DECISION.
+
+KernelPath FwdPath(const FwdParams& params, DType dtype) {
+  if (!TensorCoresSupport(params, dtype)) return KernelPath::kExact;
+  if (OnHopperWithSm90a() && InSm90FwdBuckets(HeadDimBucket(params.shape.head_dim)))
+    return KernelPath::kSm90;
+  return KernelPath::kSm80;
+}
+
+// kSm90 runs its dK/dV on the sm_80 kernel where TMA cannot address Q or dO
+// (bwd/run.cuh).
+KernelPath BwdPath(const BwdParams& params, DType dtype, bool deterministic) {
+  if (!TensorCoresSupport(params, dtype)) return KernelPath::kExact;
+  if (!deterministic && OnHopperWithSm90a() &&
+      InSm90BwdBuckets(HeadDimBucket(params.shape.head_dim)))
+    return KernelPath::kSm90;
+  return KernelPath::kSm80;
+}
+// ===========================================================================
+
+cudaError_t LaunchFwd(const FwdParams& params, DType dtype, cudaStream_t stream) {
+  switch (FwdPath(params, dtype)) {
+    case KernelPath::kSm90: return RunFwdPath<90>(params, dtype, stream);
+    case KernelPath::kSm80: return RunFwdPath<80>(params, dtype, stream);
+    case KernelPath::kExact: break;
+  }
+  return ByDType(dtype, [&](auto tag) { return RunExactFwd<decltype(tag)>(params, stream); });
+}
+
+size_t BwdWorkspaceBytes(const AttentionShape& shape, DType dtype, bool deterministic) {
+  size_t bytes = DeltaBytes(shape, dtype == DType::kFloat64 ? sizeof(double) : sizeof(float));
+  // Enough for the tensor-core kernels whenever the shape alone allows them;
+  // the buffers decide at launch (BwdPath), and the exact kernels need only
+  // delta.
+  if (TensorCoresSupport(shape, dtype)) {
+    bytes += RoundUp(TensorCoreBwdWorkspaceBytes(shape, deterministic), kWorkspacePartAlignment);
+  }
+  return bytes > 0 ? bytes : kWorkspacePartAlignment;
 }
 
 cudaError_t LaunchBwd(const BwdParams& params, DType dtype, void* workspace, bool deterministic,
                       cudaStream_t stream) {
   BwdParams p = params;
-  // The workspace starts with delta; the rest (if any) belongs to the kernel.
+  // The workspace starts with delta; the rest (if any) belongs to the
+  // tensor-core kernels.
   p.delta = workspace;
-  if (UseTensorCores(p, dtype)) {
-    void* rest = static_cast<char*>(workspace) + DeltaBytes(p.shape, dtype);
-    return tc::LaunchBwd(p, dtype == DType::kBFloat16, rest, deterministic, stream);
+  void* rest = static_cast<char*>(workspace) +
+               DeltaBytes(p.shape, dtype == DType::kFloat64 ? sizeof(double) : sizeof(float));
+  switch (BwdPath(p, dtype, deterministic)) {
+    case KernelPath::kSm90: return RunBwdPath<90>(p, dtype, rest, false, stream);
+    case KernelPath::kSm80: return RunBwdPath<80>(p, dtype, rest, deterministic, stream);
+    case KernelPath::kExact: break;
   }
-  (void)deterministic;  // the exact backward is deterministic by construction
-  return ByDType(dtype, [&](auto tag) { return exact::LaunchExactBwd<decltype(tag)>(p, stream); });
+  // The exact backward is deterministic by construction, whatever was asked.
+  return ByDType(dtype, [&](auto tag) { return RunExactBwd<decltype(tag)>(p, stream); });
 }
 
 }  // namespace jax_flash::cuda

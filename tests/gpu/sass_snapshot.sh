@@ -1,7 +1,8 @@
 #!/bin/bash
 # SASS of every CUDA kernel, without a GPU: compiles each kernel source (the
-# generated tensor-core instantiations and every .cu under cpp/cuda) to one
-# cubin per architecture, with the flags CMake uses, and dumps
+# instantiations generated from jax_flash/_supported.py and every .cu under
+# cpp/cuda) to one cubin per architecture, with the flags CMake uses, and
+# dumps
 #   OUT/sass/<unit>.<arch>.sass   cuobjdump -sass of the cubin
 #   OUT/ptxas/<unit>.<arch>.log   ptxas -v (registers, spills per kernel)
 # Compiling with -cubin is deterministic, so a refactoring is checked by
@@ -21,7 +22,7 @@ NVCC=${NVCC:-nvcc}
 CUOBJDUMP=${CUOBJDUMP:-cuobjdump}
 ARCHS=${ARCHS:-80 90a}
 python3 "$root/jax_flash/_supported.py" --header "$out/gen/jax_flash/supported.h" \
-  --tc-sources "$out/gen/cuda" > "$out/generated.txt"
+  --cuda-sources "$out/gen/cuda" > "$out/generated.txt"
 # Unit name: the path below cpp/cuda or the generated folder, '/' -> '_'.
 {
   sed "s|^$out/gen/cuda/||" "$out/generated.txt" | sed "s|^|gen:|"
@@ -29,7 +30,7 @@ python3 "$root/jax_flash/_supported.py" --header "$out/gen/jax_flash/supported.h
 } | grep -E "$filter" > "$out/units.txt" || true
 # The flags of cmake/cuda_sources.cmake (Release: -O3 -DNDEBUG), per arch.
 flags="-std=c++17 -O3 -DNDEBUG -lineinfo -DJAX_FLASH_WITH_CUDA=1 -DJAX_FLASH_HAS_SM90A=1
-  -I$root/cpp/include -I$root/cpp -I$root/cpp/cuda -I$out/gen -I$out/gen/cuda -Xptxas -v"
+  -I$root/cpp/include -I$root/cpp -I$out/gen -Xptxas -v"
 export NVCC CUOBJDUMP flags root out
 for arch in $ARCHS; do
   sed "s|$| $arch|" "$out/units.txt"

@@ -17,7 +17,7 @@
 
 #include "jax_flash/params.h"
 
-namespace jax_flash::cuda::tc {
+namespace jax_flash::cuda::sm90 {
 
 // ---- host --------------------------------------------------------------------
 
@@ -71,8 +71,6 @@ inline bool EncodeRowsTensorMap(CUtensorMap* map, const void* base, const SeqStr
 
 // ---- device ------------------------------------------------------------------
 
-namespace sm90 {
-
 __device__ __forceinline__ void MbarrierInit(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
@@ -112,5 +110,4 @@ __device__ __forceinline__ void TmaLoadBox(uint32_t dst, const CUtensorMap* map,
       : "memory");
 }
 
-}  // namespace sm90
-}  // namespace jax_flash::cuda::tc
+}  // namespace jax_flash::cuda::sm90

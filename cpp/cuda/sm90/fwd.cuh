@@ -1,11 +1,11 @@
 // FlashAttention forward for Hopper (sm_90a): the FlashAttention-2 algorithm
-// of flash_fwd.cuh with its two GEMMs on warpgroup MMAs (wgmma.mma_async).
+// of sm80/fwd.cuh with its two GEMMs on warpgroup MMAs (wgmma.mma_async).
 //
 // Work partition: one CTA per (query block of 128 rows, q head, batch), two
 // warpgroups of 4 warps, each warpgroup 64 query rows; every warp then owns
 // 16 rows, as in the sm_80 kernel with one m-tile, so the mask, the online
 // softmax (lazy rescale) and the epilogue are the ones it shares with that
-// kernel (fwd_common.cuh). K/V blocks of
+// kernel (common/). K/V blocks of
 // kBlockN keys stream through a two-stage cp.async pipeline into 128-byte-
 // swizzled shared tiles that wgmma reads directly (wgmma.cuh):
 //   S = Q K^T: A = Q and B = K from shared memory (both K-major);
@@ -16,12 +16,20 @@
 // through the warp scheduler.
 #pragma once
 
-#include "tc/fwd_common.cuh"
-#include "tc/tc_api.h"
-#include "tc/tc_common.cuh"
-#include "tc/wgmma.cuh"
+#include <cuda_runtime.h>
 
-namespace jax_flash::cuda::tc {
+#include <cmath>
+
+#include "cuda/common/copy.cuh"
+#include "cuda/common/fragment.cuh"
+#include "cuda/common/fwd.cuh"
+#include "cuda/common/score.cuh"
+#include "cuda/common/softmax.cuh"
+#include "cuda/sm90/copy.cuh"
+#include "cuda/sm90/wgmma.cuh"
+#include "jax_flash/params.h"
+
+namespace jax_flash::cuda::sm90 {
 
 template <int kHeadDim_>
 struct FwdSm90Traits {
@@ -38,30 +46,9 @@ struct FwdSm90Traits {
   static_assert(kHeadDim % sm90::kSwizzleElems == 0, "head dim must be a multiple of 64");
 };
 
-// cp.async a kRows x kCols tile (row0 onward) into the swizzled layout of
-// wgmma.cuh at shared address `dst`; rows >= src.rows and columns >= src.cols
-// are zero-filled.
-template <typename T, int kRows, int kCols, int kThreads>
-__device__ __forceinline__ void LoadSwizzledTile(uint32_t dst, const GmemRows<T>& src,
-                                                 int64_t row0, int tid) {
-  constexpr int kChunksPerRow = kCols / kVecElems;
-  constexpr int kChunks = kRows * kChunksPerRow;
-  static_assert(kChunks % kThreads == 0, "tile chunks must divide evenly among threads");
-#pragma unroll
-  for (int it = 0; it < kChunks / kThreads; ++it) {
-    const int c = tid + it * kThreads;
-    const int r = c / kChunksPerRow, chunk = c % kChunksPerRow;
-    const int col = chunk * kVecElems;
-    const int64_t row = row0 + r;
-    const bool valid = row < src.rows && col < src.cols;
-    const T* g = valid ? src.base + row * src.stride + col : src.base;
-    CpAsync16(dst + sm90::SwizzledOffset(r, chunk, kRows), g, valid);
-  }
-}
-
 template <typename T, typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    FlashFwdSm90Kernel(const __grid_constant__ FwdArgs args) {
+    FwdKernel(const __grid_constant__ FwdArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -84,7 +71,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const GmemRows<T>& k = blk.k;
   const GmemRows<T>& v = blk.v;
 
-  // One m-tile per warp in fwd_common.cuh's terms.
+  // One m-tile per warp in the terms of common/softmax.cuh and common/fwd.cuh.
   float o[1][kDTiles][4];
   float row_m[1][2] = {{-INFINITY, -INFINITY}}, row_l[1][2] = {{0.f, 0.f}};
 #pragma unroll
@@ -132,8 +119,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     sm90::WgmmaWait<0>();
     sm90::FenceRegisters(s[0]);
 
-    // ---- score transform, mask, online softmax (fwd_common.cuh) ------------
-    TransformAndMask<kBlockM>(s, args, blk.mask, m0, m0 + warp_row0, n * kBlockN, g, t);
+    // ---- score transform, mask, online softmax (common/) ------------
+    TransformAndMask<kBlockM>(s, args.softcap, args.scale_over_cap, blk.mask, m0, m0 + warp_row0,
+                              n * kBlockN, g, t);
     OnlineSoftmax(s, o, row_m, row_l, scale_log2, rescale_margin);
 
     // ---- O += P V -----------------------------------------------------------
@@ -158,7 +146,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     sm90::FenceRegisters(o[0]);
   }
 
-  // ---- epilogue: O / l, lse = m + log(l) (fwd_common.cuh) -----------------
+  // ---- epilogue: O / l, lse = m + log(l) (common/) -----------------
   WriteOutput<T>(p, blk.b, blk.h, m0 + warp_row0, o, row_m, row_l, scale_log2, g, t);
 #else
   __trap();  // built without sm_90a; the dispatch never launches it then
@@ -166,11 +154,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 }
 
 template <typename T, int kHeadDim>
-cudaError_t RunFwdSm90(const FwdParams& params, cudaStream_t stream) {
+cudaError_t LaunchFwd(const FwdParams& params, cudaStream_t stream) {
   using Traits = FwdSm90Traits<kHeadDim>;
   if (params.shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
-  return LaunchFwdGrid<Traits::kBlockM>(FlashFwdSm90Kernel<T, Traits>, Traits::kThreads,
+  return LaunchFwdGrid<Traits::kBlockM>(FwdKernel<T, Traits>, Traits::kThreads,
                                         Traits::kSmemBytes, params, stream);
 }
 
-}  // namespace jax_flash::cuda::tc
+}  // namespace jax_flash::cuda::sm90

@@ -1,7 +1,7 @@
 // Hopper (sm_90a) warpgroup MMA as inline PTX: wgmma.mma_async m64nNk16 with
 // float accumulators, shared-memory descriptors for 128-byte-swizzled tiles,
 // and the fences around them. Compiled only where __CUDA_ARCH_FEAT_SM90_ALL
-// is defined (the sm_90a target); see flash_fwd_sm90.cuh.
+// is defined (the sm_90a target); see sm90/fwd.cuh.
 //
 // Accumulator layout: a warpgroup's 64 x N result is split by warp (warp w of
 // the group holds rows 16w..16w+15), and within a warp it is exactly the
@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <type_traits>
 
-namespace jax_flash::cuda::tc::sm90 {
+namespace jax_flash::cuda::sm90 {
 
 inline constexpr int kSwizzleBytes = 128;          // one row of a swizzle atom
 inline constexpr int kSwizzleElems = 64;           // 16-bit elements per atom row
@@ -251,4 +251,4 @@ __device__ __forceinline__ void GemmKMajor(float (&d)[kN][4], uint32_t a, uint32
   }
 }
 
-}  // namespace jax_flash::cuda::tc::sm90
+}  // namespace jax_flash::cuda::sm90

@@ -11,18 +11,24 @@
 // of HeadDropout): l and lse sum P before dropout, as on the CPU.
 // No Sq x Sk buffer exists. A row that sees no key ends with l = 0 and gets
 // out = 0, lse = -inf.
-// Included once per storage type by exact_fwd_<dtype>.cu, each of which
-// instantiates LaunchExactFwd<T>: one instantiation per file keeps each
-// compile short and lets the build run them in parallel.
+// Instantiated once per storage type (RunExactFwd<T>, cuda/kernels.h) in a
+// file generated from jax_flash/_supported.py: one instantiation per file
+// keeps each compile short and lets the build run them in parallel.
 #pragma once
 
 #include <cstdint>
 
-#include "cuda/exact_common.cuh"
-#include "cuda/exact_launch.cuh"
+#include "cuda/common/math.cuh"
+#include "cuda/common/score.cuh"
+#include "cuda/common/views.cuh"
+#include "cuda/kernels.h"
+#include "cuda/simt/common.cuh"
+#include "cuda/simt/tile_size.h"
 #include "jax_flash/mask.h"
+#include "jax_flash/math.h"
+#include "jax_flash/params.h"
 
-namespace jax_flash::cuda::exact {
+namespace jax_flash::cuda::simt {
 namespace {
 
 template <typename Acc, int kMaxD>
@@ -46,7 +52,7 @@ struct FwdLayout {
 };
 
 template <typename T, int kMaxD>
-__global__ void __launch_bounds__(kThreads) FlashFwdExactKernel(const FwdParams p) {
+__global__ void __launch_bounds__(kThreads) FwdKernel(const FwdParams p) {
   using Acc = AccType<T>;
   using L = FwdLayout<Acc, kMaxD>;
   constexpr int kBlockM = L::kBlockM, kBlockN = L::kBlockN, kLd = L::kLd, kLdP = L::kLdP;
@@ -67,7 +73,7 @@ __global__ void __launch_bounds__(kThreads) FlashFwdExactKernel(const FwdParams 
   const int64_t m_block = blockIdx.x % num_m_blocks;
   const int64_t h = (blockIdx.x / num_m_blocks) % s.num_heads_q;
   const int64_t b = blockIdx.x / num_m_blocks / s.num_heads_q;
-  const int64_t h_kv = h / GroupSize(s);
+  const int64_t h_kv = h / s.group_size();
   const int64_t i0 = m_block * kBlockM;
   const int m_valid = ValidRows<kBlockM>(s.seqlen_q - i0);
 
@@ -78,9 +84,9 @@ __global__ void __launch_bounds__(kThreads) FlashFwdExactKernel(const FwdParams 
 
   const Acc scale = static_cast<Acc>(p.score.scale);
   const Acc softcap = static_cast<Acc>(p.score.softcap);
-  const T* q = static_cast<const T*>(p.q) + Offset(p.q_strides, b, i0, h);
-  const T* k = static_cast<const T*>(p.k) + Offset(p.k_strides, b, 0, h_kv);
-  const T* v = static_cast<const T*>(p.v) + Offset(p.v_strides, b, 0, h_kv);
+  const T* q = static_cast<const T*>(p.q) + p.q_strides.offset(b, i0, h);
+  const T* k = static_cast<const T*>(p.k) + p.k_strides.offset(b, 0, h_kv);
+  const T* v = static_cast<const T*>(p.v) + p.v_strides.offset(b, 0, h_kv);
 
   LoadTile<kBlockM, kMaxD>(sQ, q, p.q_strides.row, m_valid, head_dim);
 
@@ -202,7 +208,7 @@ __global__ void __launch_bounds__(kThreads) FlashFwdExactKernel(const FwdParams 
   __syncthreads();
 
   if (omap.active) {
-    T* out = static_cast<T*>(p.out) + Offset(p.out_strides, b, i0, h);
+    T* out = static_cast<T*>(p.out) + p.out_strides.offset(b, i0, h);
 #pragma unroll
     for (int i = 0; i < OMap::kRowsPerThread; ++i) {
       const int r = omap.row(i);
@@ -225,7 +231,7 @@ cudaError_t LaunchFwdTier(const FwdParams& p, cudaStream_t stream) {
   const int64_t blocks = CeilDiv(p.shape.seqlen_q, L::kBlockM) * p.shape.num_heads_q * p.shape.batch;
   if (blocks == 0) return cudaSuccess;
   if (blocks > kMaxGridX) return cudaErrorInvalidConfiguration;
-  auto kernel = FlashFwdExactKernel<T, kMaxD>;
+  auto kernel = FwdKernel<T, kMaxD>;
   if (L::kSharedBytes > kDefaultSharedBytes) {
     // Not a stream operation: allowed while XLA captures a command buffer.
     const cudaError_t err = cudaFuncSetAttribute(
@@ -238,15 +244,21 @@ cudaError_t LaunchFwdTier(const FwdParams& p, cudaStream_t stream) {
 
 }  // namespace
 
+}  // namespace jax_flash::cuda::simt
+
+namespace jax_flash::cuda {
+
 template <typename T>
-cudaError_t LaunchExactFwd(const FwdParams& p, cudaStream_t stream) {
-  switch (HeadDimTier(p.shape.head_dim)) {
-    case 32: return LaunchFwdTier<T, 32>(p, stream);
-    case 64: return LaunchFwdTier<T, 64>(p, stream);
-    case 128: return LaunchFwdTier<T, 128>(p, stream);
-    case 256: return LaunchFwdTier<T, 256>(p, stream);
-    default: return cudaErrorInvalidValue;
+cudaError_t RunExactFwd(const FwdParams& p, cudaStream_t stream) {
+  switch (simt::HeadDimTier(p.shape.head_dim)) {
+#define JAX_FLASH_TIER_CASE(D) \
+  case (D):                    \
+    return simt::LaunchFwdTier<T, (D)>(p, stream);
+    JAX_FLASH_FOR_EACH_EXACT_TIER(JAX_FLASH_TIER_CASE)
+#undef JAX_FLASH_TIER_CASE
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
-}  // namespace jax_flash::cuda::exact
+}  // namespace jax_flash::cuda

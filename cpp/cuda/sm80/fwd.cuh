@@ -8,13 +8,20 @@
 // and O += P V all stay in registers, P converted to 16 bits in place.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cmath>
 
-#include "tc/fwd_common.cuh"
-#include "tc/tc_api.h"
-#include "tc/tc_common.cuh"
+#include "cuda/common/copy.cuh"
+#include "cuda/common/fragment.cuh"
+#include "cuda/common/fwd.cuh"
+#include "cuda/common/score.cuh"
+#include "cuda/common/softmax.cuh"
+#include "cuda/sm80/copy.cuh"
+#include "cuda/sm80/mma.cuh"
+#include "jax_flash/params.h"
 
-namespace jax_flash::cuda::tc {
+namespace jax_flash::cuda::sm80 {
 
 // Tile shape per head-dim bucket. Rows per warp is 16 * kMTiles; two m-tiles
 // per warp halve the shared-memory traffic of K and V per MMA (each B
@@ -59,7 +66,7 @@ struct FwdTraits {
 
 template <typename T, typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
-    FlashFwdKernel(const __grid_constant__ FwdArgs args) {
+    FwdKernel(const __grid_constant__ FwdArgs args) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim, kStride = Traits::kStride;
   constexpr int kMT = Traits::kMTiles;
@@ -102,7 +109,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
 
   const int warp_row0 = warp * Traits::kWarpRows;
   // ldmatrix row addresses of this lane (see the fragment layouts in
-  // tc_common.cuh): Q as the A operand, K as B (non-transposed), V as B
+  // common/fragment.cuh): Q as the A operand, K as B (non-transposed), V as B
   // (transposed, keys are the k dimension).
   const uint32_t q_frag =
       SmemAddr(sQ) + 2 * ((warp_row0 + lane % 16) * kStride + (lane / 16) * 8);
@@ -162,8 +169,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
       }
     }
 
-    // ---- score transform, mask, online softmax (fwd_common.cuh) ------------
-    TransformAndMask<kBlockM>(s, args, blk.mask, m0, m0 + warp_row0, n * kBlockN, g, t);
+    // ---- score transform, mask, online softmax (common/score.cuh, common/softmax.cuh) ------------
+    TransformAndMask<kBlockM>(s, args.softcap, args.scale_over_cap, blk.mask, m0, m0 + warp_row0,
+                              n * kBlockN, g, t);
     OnlineSoftmax(s, o, row_m, row_l, scale_log2, rescale_margin);
 
     // ---- O += P V (P from registers) -------------------------------------
@@ -192,11 +200,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
 }
 
 template <typename T, int kHeadDim>
-cudaError_t RunFwd(const FwdParams& params, cudaStream_t stream) {
+cudaError_t LaunchFwd(const FwdParams& params, cudaStream_t stream) {
   using Traits = FwdTraits<kHeadDim>;
   if (params.shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
-  return LaunchFwdGrid<Traits::kBlockM>(FlashFwdKernel<T, Traits>, Traits::kThreads,
+  return LaunchFwdGrid<Traits::kBlockM>(FwdKernel<T, Traits>, Traits::kThreads,
                                         Traits::kSmemElems * sizeof(T), params, stream);
 }
 
-}  // namespace jax_flash::cuda::tc
+}  // namespace jax_flash::cuda::sm80

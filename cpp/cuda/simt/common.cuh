@@ -8,12 +8,12 @@
 // The pieces:
 //   AccType<T>          accumulation type (double for double, else float)
 //   ToAcc / FromAcc     storage <-> accumulation conversion
-//   Exp / Log / Tanh    the accurate (non-intrinsic) math functions
-//   ExactTiles          tile sizes per (accumulation type, head-dim tier)
 //   TileMap             which elements of an R x C tile one thread owns
 //   MultiplyAccumulate  register-tiled product of two shared-memory tiles
 //   LoadTile            global (B, S, H, D) rows -> zero-padded shared tile
-//   Score, HeadTerms    the score transform; bias, mask and dropout of a head
+// Elsewhere: the accurate math (Exp, Log, Tanh) in common/math.cuh; the score
+// transform (Score) and a head's bias, mask and dropout (HeadTerms) in
+// common/score.cuh; tile sizes in simt/tile_size.h.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,11 +23,10 @@
 #include <cmath>
 #include <cstdint>
 
-#include "jax_flash/dropout.h"
-#include "jax_flash/mask.h"
+#include "cuda/common/math.cuh"
 #include "jax_flash/params.h"
 
-namespace jax_flash::cuda::exact {
+namespace jax_flash::cuda::simt {
 
 // Every exact kernel runs four warps: enough threads to hide shared-memory
 // latency, few enough that the register-resident accumulators fit.
@@ -65,55 +64,6 @@ template <> __device__ __forceinline__ __nv_bfloat16 FromAcc<__nv_bfloat16>(floa
 template <> __device__ __forceinline__ __half FromAcc<__half>(float x) {
   return __float2half_rn(x);
 }
-
-// The accurate library functions (expf is within 2 ulp; __expf is not used:
-// it goes through exp2 of a rounded product and loses bits for large |x|).
-__device__ __forceinline__ float Exp(float x) { return expf(x); }
-__device__ __forceinline__ double Exp(double x) { return exp(x); }
-__device__ __forceinline__ float Log(float x) { return logf(x); }
-__device__ __forceinline__ double Log(double x) { return log(x); }
-__device__ __forceinline__ float Tanh(float x) { return tanhf(x); }
-__device__ __forceinline__ double Tanh(double x) { return tanh(x); }
-__device__ __forceinline__ float Max(float a, float b) { return fmaxf(a, b); }
-__device__ __forceinline__ double Max(double a, double b) { return fmax(a, b); }
-
-template <typename Acc>
-__device__ __forceinline__ Acc Infinity() {
-  return static_cast<Acc>(INFINITY);
-}
-
-// ---------------------------------------------------------------------------
-// Tile sizes.
-//
-// Head dims are compiled in four tiers (a head dim is zero-padded up to its
-// tier inside shared memory): the accumulators of a (rows x kMaxD) tile live
-// in registers, so the tier bounds register use. Shared-memory tiles are
-// stored in the accumulation type with a row stride of kMaxD + 1 (odd), so
-// that threads reading the same column of consecutive rows hit different
-// banks.
-inline constexpr int kHeadDimTiers[] = {32, 64, 128, 256};
-
-inline int HeadDimTier(int64_t head_dim) {
-  for (int tier : kHeadDimTiers)
-    if (head_dim <= tier) return tier;
-  return 0;
-}
-
-// Query rows (kBlockM) and keys (kBlockN) per block, forward and backward.
-// Chosen so that shared memory stays under kMaxSharedBytes and each thread
-// holds at most 64 accumulator registers' worth of output tile.
-template <typename Acc, int kMaxD>
-struct ExactTiles {
-  static constexpr bool kF64 = sizeof(Acc) == 8;
-  static constexpr int kFwdBlockM = kF64 ? (kMaxD <= 128 ? 32 : 16) : (kMaxD <= 128 ? 64 : 32);
-  static constexpr int kFwdBlockN = kF64 ? (kMaxD <= 64 ? 32 : kMaxD <= 128 ? 16 : 8)
-                                         : (kMaxD <= 64 ? 64 : kMaxD <= 128 ? 32 : 16);
-  static constexpr int kBwdBlockM = kF64 ? (kMaxD <= 64 ? 32 : kMaxD <= 128 ? 16 : 8)
-                                         : (kMaxD <= 32 ? 64 : kMaxD <= 64 ? 64 : kMaxD <= 128 ? 32 : 16);
-  static constexpr int kBwdBlockN = kF64 ? (kMaxD <= 64 ? 32 : kMaxD <= 128 ? 16 : 8)
-                                         : (kMaxD <= 32 ? 64 : kMaxD <= 64 ? 32 : kMaxD <= 128 ? 32 : 16);
-  static constexpr int kLd = kMaxD + 1;  // row stride of a head-dim tile
-};
 
 // ---------------------------------------------------------------------------
 // Thread ownership of an R x C tile.
@@ -235,96 +185,10 @@ __device__ __forceinline__ Acc GroupSum(Acc x) {
   return x;
 }
 
-// The score transform of ScoreParams: x = scale * dot + bias, then the
-// optional softcap x = cap * tanh(x / cap). `dx_dlogit` receives
-// d x / d(scale * dot + bias): sech^2(x / cap) with a cap, 1 without; the
-// backward multiplies it into dS. sech^2 is computed as 4 e / (1 + e)^2 with
-// e = exp(-2 |t|) in (0, 1]: no cancellation (1 - tanh^2 loses every bit
-// where tanh is near +-1) and no overflow (the sign of t does not matter,
-// sech^2 is even).
-template <typename Acc>
-__device__ __forceinline__ Acc Score(Acc dot, Acc bias, Acc scale, Acc softcap, Acc* dx_dlogit) {
-  const Acc x = scale * dot + bias;
-  if (softcap > Acc(0)) {
-    const Acc t = x / softcap;
-    const Acc e = Exp(Acc(-2) * (t < Acc(0) ? -t : t));
-    const Acc one_plus_e = Acc(1) + e;
-    *dx_dlogit = Acc(4) * e / (one_plus_e * one_plus_e);
-    return softcap * Tanh(t);
-  }
-  *dx_dlogit = Acc(1);
-  return x;
-}
-
-// Everything elementwise about one (batch element b, query head h): the mask
-// (with this head's view of the dense mask), this head's view of the bias and
-// its dropout stream. The device twin of the CPU's HeadView (cpu/scores.h),
-// built from the same shared definitions (BatchMask, HeadDropout) so that both
-// backends see the same logits and draw the same dropout mask.
-template <typename Acc>
-struct HeadTerms {
-  BatchMask mask;
-  const Acc* bias;  // this head's (Sq, Sk) view, or null
-  int64_t bias_row_stride;
-  int64_t bias_col_stride;
-  HeadDropout dropout;
-  Acc keep_scale;  // 1 / (1 - rate)
-
-  __device__ static HeadTerms For(const FwdParams& p, int64_t b, int64_t h) {
-    const AttentionShape& s = p.shape;
-    const DenseStrides& bs = p.score.bias_strides;
-    HeadTerms t;
-    t.mask = BatchMask::For(p.mask, b, h, s.seqlen_q, s.seqlen_k);
-    t.bias = p.score.bias != nullptr
-                 ? static_cast<const Acc*>(p.score.bias) + b * bs.batch + h * bs.head
-                 : nullptr;
-    t.bias_row_stride = bs.row;
-    t.bias_col_stride = bs.col;
-    t.dropout = HeadDropout::For(p.dropout, s.batch, b, h);
-    t.keep_scale = static_cast<Acc>(p.dropout.keep_scale());
-    return t;
-  }
-
-  // Read only for visible (hence in-range) elements.
-  __device__ __forceinline__ Acc Bias(int64_t i, int64_t j) const {
-    return bias != nullptr ? bias[i * bias_row_stride + j * bias_col_stride] : Acc(0);
-  }
-
-  // False only if no (i, j) of the tile is visible; such tiles are skipped.
-  // Only segments and the dense mask need the elementwise test (the band is
-  // already cut by KeyRange/QueryRange). A block-wide vote: every thread of
-  // the block must call it (it is a barrier) and all get the same answer.
-  __device__ __forceinline__ bool TileMayBeVisible(int64_t i0, int m_valid, int64_t j0,
-                                                   int n_valid) const {
-    if (!mask.HasElementwiseTerms()) return true;
-    int found = 0;
-    for (int idx = threadIdx.x; idx < m_valid * n_valid && !found; idx += blockDim.x)
-      found = mask.Visible(i0 + idx / n_valid, j0 + idx % n_valid);
-    return __syncthreads_or(found) != 0;
-  }
-};
-
 // Rows of a block of size kBlock that exist when `remaining` rows are left.
 template <int kBlock>
 __device__ __forceinline__ int ValidRows(int64_t remaining) {
   return remaining < kBlock ? static_cast<int>(remaining) : kBlock;
 }
 
-__host__ __device__ __forceinline__ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// Device-side twins of SeqStrides::offset and AttentionShape::group_size
-// (params.h is plain host C++).
-__device__ __forceinline__ int64_t Offset(const SeqStrides& st, int64_t b, int64_t i, int64_t h) {
-  return b * st.batch + i * st.row + h * st.head;
-}
-__device__ __forceinline__ int64_t GroupSize(const AttentionShape& s) {
-  return s.num_heads_q / s.num_heads_kv;
-}
-
-// Offset of row i of head h, batch b, in a (B, H, S) lse/delta array.
-__device__ __forceinline__ int64_t RowStatOffset(const AttentionShape& s, int64_t b, int64_t h,
-                                                 int64_t i) {
-  return (b * s.num_heads_q + h) * s.seqlen_q + i;
-}
-
-}  // namespace jax_flash::cuda::exact
+}  // namespace jax_flash::cuda::simt

@@ -23,18 +23,24 @@
 // dP = Z * (dO V^T) / (1 - rate) before dS = P * (dP - D). Rows whose lse is
 // -inf (no visible key) get P = 0: their lse is replaced by +inf, so
 // exp(x - lse) = 0 and no -inf - (-inf) appears.
-// Included once per storage type by exact_bwd_<dtype>.cu, each of which
-// instantiates LaunchExactBwd<T>: one instantiation per file keeps each
-// compile short and lets the build run them in parallel.
+// Instantiated once per storage type (RunExactBwd<T>, cuda/kernels.h) in a
+// file generated from jax_flash/_supported.py: one instantiation per file
+// keeps each compile short and lets the build run them in parallel.
 #pragma once
 
 #include <cstdint>
 
-#include "cuda/exact_common.cuh"
-#include "cuda/exact_launch.cuh"
+#include "cuda/common/math.cuh"
+#include "cuda/common/score.cuh"
+#include "cuda/common/views.cuh"
+#include "cuda/kernels.h"
+#include "cuda/simt/common.cuh"
+#include "cuda/simt/tile_size.h"
 #include "jax_flash/mask.h"
+#include "jax_flash/math.h"
+#include "jax_flash/params.h"
 
-namespace jax_flash::cuda::exact {
+namespace jax_flash::cuda::simt {
 namespace {
 
 // ---------------------------------------------------------------------------
@@ -53,8 +59,8 @@ __global__ void __launch_bounds__(kThreads) BwdDeltaKernel(const BwdParams p) {
   const int64_t i = row % s.seqlen_q;
   const int64_t h = (row / s.seqlen_q) % s.num_heads_q;
   const int64_t b = row / s.seqlen_q / s.num_heads_q;
-  const T* dout = static_cast<const T*>(p.dout) + Offset(p.dout_strides, b, i, h);
-  const T* out = static_cast<const T*>(p.out) + Offset(p.out_strides, b, i, h);
+  const T* dout = static_cast<const T*>(p.dout) + p.dout_strides.offset(b, i, h);
+  const T* out = static_cast<const T*>(p.out) + p.out_strides.offset(b, i, h);
   Acc sum = Acc(0);
   for (int64_t d = lane; d < s.head_dim; d += kWarpSize) sum = fma(ToAcc(dout[d]), ToAcc(out[d]), sum);
   sum = GroupSum<kWarpSize>(sum);
@@ -102,10 +108,10 @@ __device__ __forceinline__ void LoadQuerySide(const BwdParams& p, const Layout& 
                                               int64_t h, int64_t i0, int m_valid) {
   using Acc = AccType<T>;
   const int head_dim = static_cast<int>(p.shape.head_dim);
-  LoadTile<Layout::kBlockM, kMaxD>(t.sQ, static_cast<const T*>(p.q) + Offset(p.q_strides, b, i0, h),
+  LoadTile<Layout::kBlockM, kMaxD>(t.sQ, static_cast<const T*>(p.q) + p.q_strides.offset(b, i0, h),
                                    p.q_strides.row, m_valid, head_dim);
   LoadTile<Layout::kBlockM, kMaxD>(t.sdO,
-                                   static_cast<const T*>(p.dout) + Offset(p.dout_strides, b, i0, h),
+                                   static_cast<const T*>(p.dout) + p.dout_strides.offset(b, i0, h),
                                    p.dout_strides.row, m_valid, head_dim);
   for (int r = threadIdx.x; r < Layout::kBlockM; r += kThreads) {
     Acc lse = Infinity<Acc>(), delta = Acc(0);
@@ -188,7 +194,7 @@ __device__ __forceinline__ void ProbsAndScoreGrads(const Layout& t, const HeadTe
 // 2. dK, dV.
 
 template <typename T, int kMaxD>
-__global__ void __launch_bounds__(kThreads) BwdDkDvExactKernel(const BwdParams p) {
+__global__ void __launch_bounds__(kThreads) BwdDkDvKernel(const BwdParams p) {
   using Acc = AccType<T>;
   using L = BwdLayout<Acc, kMaxD>;
   constexpr int kBlockM = L::kBlockM, kBlockN = L::kBlockN, kLd = L::kLd, kLdP = L::kLdP;
@@ -212,9 +218,9 @@ __global__ void __launch_bounds__(kThreads) BwdDkDvExactKernel(const BwdParams p
 
   const Acc scale = static_cast<Acc>(p.score.scale);
   const Acc softcap = static_cast<Acc>(p.score.softcap);
-  LoadTile<kBlockN, kMaxD>(t.sK, static_cast<const T*>(p.k) + Offset(p.k_strides, b, j0, h_kv),
+  LoadTile<kBlockN, kMaxD>(t.sK, static_cast<const T*>(p.k) + p.k_strides.offset(b, j0, h_kv),
                            p.k_strides.row, n_valid, head_dim);
-  LoadTile<kBlockN, kMaxD>(t.sV, static_cast<const T*>(p.v) + Offset(p.v_strides, b, j0, h_kv),
+  LoadTile<kBlockN, kMaxD>(t.sV, static_cast<const T*>(p.v) + p.v_strides.offset(b, j0, h_kv),
                            p.v_strides.row, n_valid, head_dim);
 
   using KvMap = TileMap<kBlockN, kMaxD>;
@@ -225,7 +231,7 @@ __global__ void __launch_bounds__(kThreads) BwdDkDvExactKernel(const BwdParams p
 
   // GQA: this kv head serves query heads [h_kv * G, (h_kv + 1) * G); their
   // contributions are summed here, in a fixed order.
-  const int64_t group = GroupSize(s);
+  const int64_t group = s.group_size();
   for (int64_t h = h_kv * group; h < (h_kv + 1) * group; ++h) {
     const HeadTerms<Acc> head = HeadTerms<Acc>::For(p, b, h);
     for (int64_t i0 = query_begin; i0 < query_end; i0 += kBlockM) {
@@ -245,9 +251,9 @@ __global__ void __launch_bounds__(kThreads) BwdDkDvExactKernel(const BwdParams p
     }
   }
 
-  StoreFragment<T>(kvmap, dk, scale, static_cast<T*>(p.dk) + Offset(p.dk_strides, b, j0, h_kv),
+  StoreFragment<T>(kvmap, dk, scale, static_cast<T*>(p.dk) + p.dk_strides.offset(b, j0, h_kv),
                    p.dk_strides.row, n_valid, head_dim);
-  StoreFragment<T>(kvmap, dv, Acc(1), static_cast<T*>(p.dv) + Offset(p.dv_strides, b, j0, h_kv),
+  StoreFragment<T>(kvmap, dv, Acc(1), static_cast<T*>(p.dv) + p.dv_strides.offset(b, j0, h_kv),
                    p.dv_strides.row, n_valid, head_dim);
 }
 
@@ -255,7 +261,7 @@ __global__ void __launch_bounds__(kThreads) BwdDkDvExactKernel(const BwdParams p
 // 3. dQ.
 
 template <typename T, int kMaxD>
-__global__ void __launch_bounds__(kThreads) BwdDqExactKernel(const BwdParams p) {
+__global__ void __launch_bounds__(kThreads) BwdDqKernel(const BwdParams p) {
   using Acc = AccType<T>;
   using L = BwdLayout<Acc, kMaxD>;
   constexpr int kBlockM = L::kBlockM, kBlockN = L::kBlockN, kLd = L::kLd, kLdP = L::kLdP;
@@ -269,7 +275,7 @@ __global__ void __launch_bounds__(kThreads) BwdDqExactKernel(const BwdParams p) 
   const int64_t m_block = blockIdx.x % num_m_blocks;
   const int64_t h = (blockIdx.x / num_m_blocks) % s.num_heads_q;
   const int64_t b = blockIdx.x / num_m_blocks / s.num_heads_q;
-  const int64_t h_kv = h / GroupSize(s);
+  const int64_t h_kv = h / s.group_size();
   const int64_t i0 = m_block * kBlockM;
   const int m_valid = ValidRows<kBlockM>(s.seqlen_q - i0);
 
@@ -280,8 +286,8 @@ __global__ void __launch_bounds__(kThreads) BwdDqExactKernel(const BwdParams p) 
   const Acc scale = static_cast<Acc>(p.score.scale);
   const Acc softcap = static_cast<Acc>(p.score.softcap);
   LoadQuerySide<T, kMaxD>(p, t, b, h, i0, m_valid);
-  const T* k = static_cast<const T*>(p.k) + Offset(p.k_strides, b, 0, h_kv);
-  const T* v = static_cast<const T*>(p.v) + Offset(p.v_strides, b, 0, h_kv);
+  const T* k = static_cast<const T*>(p.k) + p.k_strides.offset(b, 0, h_kv);
+  const T* v = static_cast<const T*>(p.v) + p.v_strides.offset(b, 0, h_kv);
 
   using QMap = TileMap<kBlockM, kMaxD>;
   const QMap qmap(threadIdx.x);
@@ -301,7 +307,7 @@ __global__ void __launch_bounds__(kThreads) BwdDqExactKernel(const BwdParams p) 
     MultiplyAccumulate(qmap, dq, t.sdS, kLdP, 1, t.sK, 1, kLd, n_valid);  // dQ += dS K
   }
 
-  StoreFragment<T>(qmap, dq, scale, static_cast<T*>(p.dq) + Offset(p.dq_strides, b, i0, h),
+  StoreFragment<T>(qmap, dq, scale, static_cast<T*>(p.dq) + p.dq_strides.offset(b, i0, h),
                    p.dq_strides.row, m_valid, head_dim);
 }
 
@@ -335,7 +341,7 @@ struct DbiasGrid {
 };
 
 template <typename T, int kMaxD>
-__global__ void __launch_bounds__(kThreads) BwdDbiasExactKernel(const BwdParams p) {
+__global__ void __launch_bounds__(kThreads) BwdDbiasKernel(const BwdParams p) {
   using Acc = AccType<T>;
   using L = BwdLayout<Acc, kMaxD>;
   constexpr int kBlockM = L::kBlockM, kBlockN = L::kBlockN, kLdP = L::kLdP;
@@ -375,10 +381,10 @@ __global__ void __launch_bounds__(kThreads) BwdDbiasExactKernel(const BwdParams 
     for (int64_t hi = 0; hi < h_count; ++hi) {
       const int64_t b = dims[0] == 1 ? bi : bias_b;
       const int64_t h = dims[1] == 1 ? hi : bias_h;
-      const int64_t h_kv = h / GroupSize(s);
+      const int64_t h_kv = h / s.group_size();
       const HeadTerms<Acc> head = HeadTerms<Acc>::For(p, b, h);
-      const T* k = static_cast<const T*>(p.k) + Offset(p.k_strides, b, 0, h_kv);
-      const T* v = static_cast<const T*>(p.v) + Offset(p.v_strides, b, 0, h_kv);
+      const T* k = static_cast<const T*>(p.k) + p.k_strides.offset(b, 0, h_kv);
+      const T* v = static_cast<const T*>(p.v) + p.v_strides.offset(b, 0, h_kv);
       for (int64_t m_block = m_first; m_block < m_last; ++m_block) {
         const int64_t i0 = m_block * kBlockM;
         const int m_valid = ValidRows<kBlockM>(s.seqlen_q - i0);
@@ -458,28 +464,34 @@ cudaError_t LaunchBwdTier(const BwdParams& p, cudaStream_t stream) {
   const int64_t rows = s.batch * s.num_heads_q * s.seqlen_q;
   cudaError_t err = Launch(BwdDeltaKernel<T>, CeilDiv(rows, kDeltaRowsPerBlock), 0, p, stream);
   if (err != cudaSuccess) return err;
-  err = Launch(BwdDkDvExactKernel<T, kMaxD>,
+  err = Launch(BwdDkDvKernel<T, kMaxD>,
                CeilDiv(s.seqlen_k, L::kBlockN) * s.num_heads_kv * s.batch, L::kSharedBytes, p,
                stream);
   if (err != cudaSuccess) return err;
-  err = Launch(BwdDqExactKernel<T, kMaxD>, CeilDiv(s.seqlen_q, L::kBlockM) * s.num_heads_q * s.batch,
+  err = Launch(BwdDqKernel<T, kMaxD>, CeilDiv(s.seqlen_q, L::kBlockM) * s.num_heads_q * s.batch,
                L::kSharedBytes, p, stream);
   if (err != cudaSuccess || p.score.bias == nullptr || p.dbias == nullptr) return err;
   const DbiasGrid grid = DbiasGrid::For<L::kBlockM, L::kBlockN>(p);
-  return Launch(BwdDbiasExactKernel<T, kMaxD>, grid.blocks(p), L::kDbiasSharedBytes, p, stream);
+  return Launch(BwdDbiasKernel<T, kMaxD>, grid.blocks(p), L::kDbiasSharedBytes, p, stream);
 }
 
 }  // namespace
 
+}  // namespace jax_flash::cuda::simt
+
+namespace jax_flash::cuda {
+
 template <typename T>
-cudaError_t LaunchExactBwd(const BwdParams& p, cudaStream_t stream) {
-  switch (HeadDimTier(p.shape.head_dim)) {
-    case 32: return LaunchBwdTier<T, 32>(p, stream);
-    case 64: return LaunchBwdTier<T, 64>(p, stream);
-    case 128: return LaunchBwdTier<T, 128>(p, stream);
-    case 256: return LaunchBwdTier<T, 256>(p, stream);
-    default: return cudaErrorInvalidValue;
+cudaError_t RunExactBwd(const BwdParams& p, cudaStream_t stream) {
+  switch (simt::HeadDimTier(p.shape.head_dim)) {
+#define JAX_FLASH_TIER_CASE(D) \
+  case (D):                    \
+    return simt::LaunchBwdTier<T, (D)>(p, stream);
+    JAX_FLASH_FOR_EACH_EXACT_TIER(JAX_FLASH_TIER_CASE)
+#undef JAX_FLASH_TIER_CASE
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
-}  // namespace jax_flash::cuda::exact
+}  // namespace jax_flash::cuda

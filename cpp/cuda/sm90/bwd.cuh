@@ -1,5 +1,5 @@
 // FlashAttention backward dK/dV and dQ for Hopper (sm_90a): the algorithm
-// of flash_bwd.cuh's FlashBwdDkDvKernel with its five GEMMs on warpgroup MMAs
+// of sm80/bwd_dkdv.cuh's DkDvKernel with its five GEMMs on warpgroup MMAs
 // (wgmma.cuh).
 //
 // Work partition: one CTA per (block of 128 keys, KV head, batch), two
@@ -8,7 +8,7 @@
 // D through cp.async, double-buffered, all completing on the stage's
 // mbarrier. Per warpgroup and step:
 //   S^T  = K_w Q^T,  dP^T = V_w dO^T   SS, both operands K-major (64 x 64)
-//   P^T, dS^T in registers (mask, softcap: as flash_bwd.cuh)
+//   P^T, dS^T in registers (mask, softcap: common/score.cuh)
 //   dV  += P^T dO (RS: P^T from registers), dK += dS^T Q (SS), B MN-major
 //   dQ part = dS K                      SS: dS^T through shared memory as an
 //                                        M-major A (and as dK's K-major A),
@@ -34,12 +34,24 @@
 // Fast mode only; the deterministic mode keeps the sm_80 kernels.
 #pragma once
 
-#include "tc/flash_bwd.cuh"
-#include "tc/flash_fwd_sm90.cuh"
-#include "tc/tma.cuh"
-#include "tc/wgmma.cuh"
+#include <cuda_runtime.h>
 
-namespace jax_flash::cuda::tc {
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/bwd/args.h"
+#include "cuda/bwd/preprocess.cuh"
+#include "cuda/bwd/workspace.h"
+#include "cuda/common/copy.cuh"
+#include "cuda/common/fragment.cuh"
+#include "cuda/common/score.cuh"
+#include "cuda/common/softmax.cuh"
+#include "cuda/common/views.cuh"
+#include "cuda/sm90/copy.cuh"
+#include "cuda/sm90/tma.cuh"
+#include "cuda/sm90/wgmma.cuh"
+
+namespace jax_flash::cuda::sm90 {
 
 template <int kHeadDim_>
 struct BwdSm90Traits {
@@ -67,7 +79,7 @@ struct BwdSm90Traits {
 
 // The kernel's parameters: Q and dO come through TMA (tma.cuh), in boxes
 // of 64 columns x kBlockM rows.
-struct BwdSm90Args {
+struct BwdTmaArgs {
   BwdArgs args;
   CUtensorMap q_map;
   CUtensorMap dout_map;
@@ -83,7 +95,7 @@ __device__ __forceinline__ void WarpgroupBarrier(int warpgroup) {
 // below meet in one function.
 template <typename T, typename Traits, bool kSoftcap>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    FlashBwdSm90Kernel(const __grid_constant__ BwdSm90Args tma_args) {
+    BwdKernel(const __grid_constant__ BwdTmaArgs tma_args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -117,14 +129,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int64_t n0w = n0 + warpgroup * 64;  // this warpgroup's first key
   const int64_t seqlen_q = p.shape.seqlen_q, seqlen_k = p.shape.seqlen_k;
   const int64_t num_heads_q = p.shape.num_heads_q;
-  const int64_t group = GroupSize(p.shape);
+  const int64_t group = p.shape.group_size();
   const int head_dim = static_cast<int>(p.shape.head_dim);
   const BatchMask mask = BatchMask::For(p.mask, b, seqlen_q, seqlen_k);
 
-  const GmemRows<T> k{static_cast<const T*>(p.k) + Offset(p.k_strides, b, 0, h_kv),
-                      p.k_strides.row, seqlen_k, head_dim};
-  const GmemRows<T> v{static_cast<const T*>(p.v) + Offset(p.v_strides, b, 0, h_kv),
-                      p.v_strides.row, seqlen_k, head_dim};
+  const GmemRows<T> k = GmemRows<T>::Head(p.k, p.k_strides, b, h_kv, seqlen_k, head_dim);
+  const GmemRows<T> v = GmemRows<T>::Head(p.v, p.v_strides, b, h_kv, seqlen_k, head_dim);
 
   int64_t q_begin, q_end;
   mask.QueryRange(n0, n0 + kBlockN, &q_begin, &q_end);
@@ -234,14 +244,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(dpt, v_rows, do_tile);
     sm90::WgmmaCommit();
 
-    // ---- P^T (as flash_bwd.cuh) -------------------------------------------
+    // ---- P^T (common/softmax.cuh) -------------------------------------------
     // With softcap, d x / d s needs x, which P overwrites: wait for dP^T too
     // and fold that factor in now.
     if constexpr (kSoftcap) {
       sm90::WgmmaWait<0>();
       sm90::FenceRegisters(st);
       sm90::FenceRegisters(dpt);
-      SoftcapAndSubtractDelta(st, dpt, delta_s, args, t);
+      SoftcapAndSubtractDelta(st, dpt, delta_s, args.softcap, args.scale_over_cap,
+                              args.inv_softcap, t);
     } else {
       sm90::WgmmaWait<1>();
       sm90::FenceRegisters(st);
@@ -348,8 +359,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
 
   // ---- dK (times d score / d q.k) and dV -----------------------------------
-  T* dk_out = static_cast<T*>(p.dk) + Offset(p.dk_strides, b, 0, h_kv);
-  T* dv_out = static_cast<T*>(p.dv) + Offset(p.dv_strides, b, 0, h_kv);
+  T* dk_out = static_cast<T*>(p.dk) + p.dk_strides.offset(b, 0, h_kv);
+  T* dv_out = static_cast<T*>(p.dv) + p.dv_strides.offset(b, 0, h_kv);
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     const int64_t j = n0w + key_row0 + g + hr * 8;
@@ -375,13 +386,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 // cudaErrorNotSupported when TMA cannot address Q or dO (see
 // EncodeRowsTensorMap): the caller runs the sm_80 kernel then.
 template <typename T, int kHeadDim>
-cudaError_t LaunchBwdSm90DkDv(const BwdArgs& args, cudaStream_t stream) {
+cudaError_t LaunchDkDv(const BwdArgs& args, cudaStream_t stream) {
   using Traits = BwdSm90Traits<kHeadDim>;
   const AttentionShape& shape = args.p.shape;
   const int64_t n_blocks = CeilDiv(shape.seqlen_k, Traits::kBlockN);
   if (n_blocks == 0) return cudaSuccess;
   if (n_blocks > 65535) return cudaErrorInvalidConfiguration;  // grid z, see below
-  BwdSm90Args tma_args;
+  BwdTmaArgs tma_args;
   tma_args.args = args;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   if (!EncodeRowsTensorMap(&tma_args.q_map, args.p.q, args.p.q_strides, shape.batch,
@@ -391,8 +402,8 @@ cudaError_t LaunchBwdSm90DkDv(const BwdArgs& args, cudaStream_t stream) {
                            shape.seqlen_q, shape.num_heads_q, shape.head_dim, Traits::kBlockM,
                            kBf16))
     return cudaErrorNotSupported;
-  auto kernel = args.softcap > 0.f ? FlashBwdSm90Kernel<T, Traits, true>
-                                   : FlashBwdSm90Kernel<T, Traits, false>;
+  auto kernel = args.softcap > 0.f ? BwdKernel<T, Traits, true>
+                                   : BwdKernel<T, Traits, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          Traits::kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -406,4 +417,4 @@ cudaError_t LaunchBwdSm90DkDv(const BwdArgs& args, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-}  // namespace jax_flash::cuda::tc
+}  // namespace jax_flash::cuda::sm90

@@ -1,0 +1,46 @@
+// The per-launch constants every kernel of the tensor-core backward reads:
+// the problem, the score transform folded into exp2 form, and where the
+// workspace parts are (bwd/workspace.h).
+#pragma once
+
+#include <cstddef>
+
+#include "cuda/bwd/workspace.h"
+#include "jax_flash/math.h"
+#include "jax_flash/params.h"
+
+namespace jax_flash::cuda {
+
+struct BwdArgs {
+  BwdParams p;
+  float scale;           // d score / d (q.k) without softcap
+  float scale_log2;      // log2(e) * scale, or log2(e) when softcap is on
+  float softcap;         // 0 = off
+  float scale_over_cap;  // scale / softcap
+  float inv_softcap;     // 1 / softcap, 0 when off (then d x / d s = 1 - 0 = 1)
+  float* lse2;           // (B, Hq, Sq) float32 workspace: Lse2(lse), bwd/preprocess.cuh
+  float* dq_accum;       // float32 workspace, fast mode only: DqAccumLayout
+};
+
+// `workspace`: the kernels' part of the workspace (bwd/workspace.h).
+inline BwdArgs MakeBwdArgs(const BwdParams& params, void* workspace) {
+  BwdArgs args;
+  args.p = params;
+  args.scale = static_cast<float>(params.score.scale);
+  args.softcap = static_cast<float>(params.score.softcap);
+  if (args.softcap > 0.f) {
+    args.scale_log2 = kLog2e;
+    args.scale_over_cap = args.scale / args.softcap;
+  } else {
+    args.softcap = 0.f;
+    args.scale_log2 = args.scale * kLog2e;
+    args.scale_over_cap = 0.f;
+  }
+  args.inv_softcap = args.softcap > 0.f ? 1.f / args.softcap : 0.f;
+  args.lse2 = static_cast<float*>(workspace);
+  args.dq_accum =
+      reinterpret_cast<float*>(static_cast<char*>(workspace) + Lse2Bytes(params.shape));
+  return args;
+}
+
+}  // namespace jax_flash::cuda

@@ -1,0 +1,90 @@
+// The tensor-core backward of one (arch path, dtype, head-dim bucket), in
+// stream order:
+//   1. preprocess (bwd/preprocess.cuh): D = rowsum(dO * O), lse in log2 units;
+//   2. dK/dV (sm80/bwd_dkdv.cuh, or on Hopper sm90/bwd.cuh), which in the
+//      fast mode also adds dQ into a float32 accumulator;
+//   3. dQ: fast mode, its conversion (bwd/postprocess.cuh); deterministic
+//      mode, the dQ kernel parallel over query blocks (sm80/bwd_dq.cuh).
+// A problem whose dQ accumulator would exceed kMaxDqAccumBytes runs as
+// chunks that reuse one accumulator (bwd/workspace.h).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/bwd/args.h"
+#include "cuda/bwd/postprocess.cuh"
+#include "cuda/bwd/preprocess.cuh"
+#include "cuda/bwd/workspace.h"
+#include "cuda/kernels.h"
+#include "cuda/sm80/bwd_dkdv.cuh"
+#include "cuda/sm80/bwd_dq.cuh"
+#include "cuda/sm90/bwd.cuh"
+#include "jax_flash/math.h"
+#include "jax_flash/params.h"
+
+namespace jax_flash::cuda {
+
+// One chunk (or the whole problem). kArch = 90: dK/dV on the Hopper kernel
+// (only with deterministic = false).
+template <int kArch, typename T, int kHeadDim>
+cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool deterministic,
+                        cudaStream_t stream) {
+  const AttentionShape& shape = params.shape;
+  if (shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
+  if (shape.batch == 0 || shape.num_heads_q == 0 || (shape.seqlen_q == 0 && shape.seqlen_k == 0))
+    return cudaSuccess;
+  if (shape.num_heads_q > 65535 || shape.batch > 65535) return cudaErrorInvalidConfiguration;
+  const BwdArgs args = MakeBwdArgs(params, workspace);
+  cudaError_t err;
+
+  const int64_t rows = shape.batch * shape.num_heads_q * shape.seqlen_q;
+  if (rows > 0) {
+    if ((err = LaunchPreprocess<T>(args, rows, stream)) != cudaSuccess) return err;
+  }
+  if (!deterministic && rows > 0) {
+    err = cudaMemsetAsync(args.dq_accum, 0,
+                          sizeof(float) * rows * DqAccumLayout<kHeadDim>::kRowFloats, stream);
+    if (err != cudaSuccess) return err;
+  }
+
+  // The Hopper kernel declines (cudaErrorNotSupported) where TMA cannot
+  // address Q or dO; the sm_80 kernel, with the same dQ accumulator, runs then.
+  bool dkdv_launched = false;
+  if constexpr (kArch == 90) {
+    err = sm90::LaunchDkDv<T, kHeadDim>(args, stream);
+    if (err == cudaSuccess) dkdv_launched = true;
+    else if (err != cudaErrorNotSupported) return err;
+  }
+  if (!dkdv_launched) {
+    err = sm80::LaunchDkDv<T, kHeadDim>(args, /*accumulate_dq=*/!deterministic, stream);
+    if (err != cudaSuccess) return err;
+  }
+
+  if (rows == 0) return cudaSuccess;
+  if (deterministic) return sm80::LaunchDq<T, kHeadDim>(args, stream);
+  return LaunchDqConvert<T, kHeadDim>(args, rows, stream);
+}
+
+template <int kArch, typename T, int kHeadDim>
+cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
+                   cudaStream_t stream) {
+  static_assert(kArch == 80 || kArch == 90, "arch paths: 80 (mma.sync), 90 (wgmma)");
+  const AttentionShape& shape = params.shape;
+  if (shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
+  const BwdChunk chunk = ChunkFor<kHeadDim>(shape);
+  if (deterministic || (chunk.batches >= shape.batch && chunk.kv_heads >= shape.num_heads_kv))
+    return RunBwdChunk<kArch, T, kHeadDim>(params, workspace, deterministic, stream);
+  for (int64_t b0 = 0; b0 < shape.batch; b0 += chunk.batches) {
+    for (int64_t hk0 = 0; hk0 < shape.num_heads_kv; hk0 += chunk.kv_heads) {
+      const AttentionShape sub = ChunkShape(shape, chunk, b0, hk0);
+      const cudaError_t err = RunBwdChunk<kArch, T, kHeadDim>(ChunkParams<T>(params, sub, b0, hk0),
+                                                              workspace, false, stream);
+      if (err != cudaSuccess) return err;
+    }
+  }
+  return cudaSuccess;
+}
+
+}  // namespace jax_flash::cuda

@@ -1,0 +1,240 @@
+// Score policies: what happens to a score between the two GEMMs, in one place
+// for every kernel family, forward and backward.
+//
+//   x = scale * q.k (+ bias)  ->  soft cap  ->  mask  ->  softmax  ->  dropout
+//
+// - mask: the band (causal, window, lengths) as a window of columns per row
+//   (KeyWindow / QueryWindow, exact for one row), segments per element inside
+//   it; MaskFragment applies both to a warp's fragment in either orientation
+//   (rows = queries for S, rows = keys for S^T). Whole tiles: the band cuts
+//   the key / query range (BatchMask::KeyRange / QueryRange) and
+//   BatchMask::AllVisible skips the per-element work of full tiles.
+// - soft cap: x = cap * tanh(x / cap) and its derivative, on the special-
+//   function unit for the tensor-core kernels, accurate for the exact ones.
+// - bias, dense mask, dropout: HeadTerms resolves them for one (batch, head);
+//   the exact kernels apply them per element. The tensor-core kernels do not
+//   have them yet (cuda/dispatch.cu sends such problems to the exact kernels).
+//
+// The next policies belong here, next to their kin: bias, dense mask and
+// dropout for the tensor-core kernels as fragment functions like
+// MaskFragment, fed by HeadTerms; tile classification (empty / full /
+// partial, from the band, segments and a block-sparse mask) next to the band
+// windows, so that every kernel skips empty tiles and reads no mask in full
+// ones.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/math.cuh"
+#include "jax_flash/dropout.h"
+#include "jax_flash/mask.h"
+#include "jax_flash/params.h"
+
+namespace jax_flash::cuda {
+
+// ---- mask: band windows ------------------------------------------------------
+
+// The band part of the mask (causal, window, lengths) for one row of a tile:
+// columns [lo, hi) of the tile, relative to its first column col0, are
+// visible. From mask.h's KeyRange (rows = queries, columns = keys) or
+// QueryRange (rows = keys, columns = queries) of a single row, which are exact
+// for one row; segments are then tested per element with Visible.
+struct ColWindow {
+  int lo, hi;
+  __device__ __forceinline__ bool Contains(int col) const { return col >= lo && col < hi; }
+};
+__device__ __forceinline__ ColWindow ClampWindow(int64_t begin, int64_t end, int64_t col0,
+                                                 int cols) {
+  int64_t lo = begin - col0, hi = end - col0;
+  lo = lo < 0 ? 0 : (lo > cols ? cols : lo);
+  hi = hi < 0 ? 0 : (hi > cols ? cols : hi);
+  return ColWindow{static_cast<int>(lo), static_cast<int>(hi)};
+}
+__device__ __forceinline__ ColWindow KeyWindow(const BatchMask& mask, int64_t i, int64_t key0,
+                                               int cols) {
+  int64_t begin, end;
+  mask.KeyRange(i, i + 1, &begin, &end);
+  return ClampWindow(begin, end, key0, cols);
+}
+__device__ __forceinline__ ColWindow QueryWindow(const BatchMask& mask, int64_t j, int64_t q0,
+                                                 int cols) {
+  int64_t begin, end;
+  mask.QueryRange(j, j + 1, &begin, &end);
+  return ClampWindow(begin, end, q0, cols);
+}
+
+// ---- mask: fragments -----------------------------------------------------------
+
+// Sets the hidden (query, key) pairs of a warp's score tile to `hidden`
+// (-inf before the softmax, 0 after exp2): kMT m-tiles of 16 query rows from
+// row0 (rows g and g + 8 of each), kNTiles n-tiles of 8 keys from n0. Band
+// (causal, window, lengths) via KeyWindow per row; segments per element.
+template <int kMT, int kNTiles>
+__device__ __forceinline__ void HideKeys(float (&s)[kMT][kNTiles][4], const BatchMask& mask,
+                                         int64_t row0, int64_t n0, int g, int t, float hidden) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int64_t i = row0 + mt * 16 + g + hr * 8;
+      const ColWindow w = KeyWindow(mask, i, n0, kNTiles * 8);
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int jr = nt * 8 + 2 * t + c;
+          // Segments: only inside the band, the one per-element test.
+          const bool visible =
+              w.Contains(jr) && (mask.q_seg == nullptr || mask.Visible(i, n0 + jr));
+          if (!visible) s[mt][nt][2 * hr + c] = hidden;
+        }
+    }
+}
+
+// P^T = 0 where the mask hides the pair, by a select: a masked P that
+// overflowed to +inf (its key was not in the row's lse) still gives P = dS =
+// 0. key0: the warp's first key; m0: the step's first query.
+template <int kQTiles>
+__device__ __forceinline__ void MaskProbabilitiesT(float (&st)[kQTiles][4], const BatchMask& mask,
+                                                   int64_t key0, int64_t m0, int g, int t) {
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int64_t j = key0 + g + hr * 8;
+    const ColWindow w = QueryWindow(mask, j, m0, 8 * kQTiles);
+#pragma unroll
+    for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int qi = nt * 8 + 2 * t + c;
+        const bool visible =
+            w.Contains(qi) && (mask.q_seg == nullptr || mask.Visible(m0 + qi, j));
+        if (!visible) st[nt][2 * hr + c] = 0.f;
+      }
+  }
+}
+
+// ---- soft cap (tensor-core kernels) ---------------------------------------------
+
+// Soft cap, then the mask (-inf where hidden) on one key block of S whose
+// first key is n0; `row0` is the warp's first query row. kBlockM is the CTA's,
+// for the whole-block visibility test that skips the per-element work.
+// softcap = 0: off; scale_over_cap = scale / softcap.
+template <int kBlockM, int kMT, int kNTiles>
+__device__ __forceinline__ void TransformAndMask(float (&s)[kMT][kNTiles][4], float softcap,
+                                                 float scale_over_cap, const BatchMask& mask,
+                                                 int64_t m0, int64_t row0, int64_t n0, int g,
+                                                 int t) {
+  constexpr int kBlockN = kNTiles * 8;
+  if (softcap > 0.f) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          s[mt][nt][r] = softcap * FastTanh(s[mt][nt][r] * scale_over_cap);
+  }
+  if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN))
+    HideKeys(s, mask, row0, n0, g, t, -INFINITY);
+}
+
+// The backward's soft cap on a warp's S^T / dP^T fragments (16 keys x 8
+// kQTiles queries, column nt * 8 + 2t + c of this lane): x = cap * tanh(s *
+// scale / cap) in st; d x / d (scaled score) = 1 - tanh^2 = 1 - (x / cap)^2,
+// folded into dP^T - D in dpt. D of the step's queries from shared memory, as
+// float2 per lane.
+template <int kQTiles>
+__device__ __forceinline__ void SoftcapAndSubtractDelta(float (&st)[kQTiles][4],
+                                                        float (&dpt)[kQTiles][4],
+                                                        const float* delta_s, float softcap,
+                                                        float scale_over_cap, float inv_softcap,
+                                                        int t) {
+#pragma unroll
+  for (int nt = 0; nt < kQTiles; ++nt) {
+    const float2 dl = *reinterpret_cast<const float2*>(delta_s + nt * 8 + 2 * t);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float x = softcap * FastTanh(st[nt][r] * scale_over_cap);
+      const float th = x * inv_softcap;
+      st[nt][r] = x;
+      dpt[nt][r] = (dpt[nt][r] - (r % 2 ? dl.y : dl.x)) * (1.f - th * th);
+    }
+  }
+}
+
+// ---- score transform (exact kernels) ----------------------------------------------
+
+// The score transform of ScoreParams: x = scale * dot + bias, then the
+// optional softcap x = cap * tanh(x / cap). `dx_dlogit` receives
+// d x / d(scale * dot + bias): sech^2(x / cap) with a cap, 1 without; the
+// backward multiplies it into dS. sech^2 is computed as 4 e / (1 + e)^2 with
+// e = exp(-2 |t|) in (0, 1]: no cancellation (1 - tanh^2 loses every bit
+// where tanh is near +-1) and no overflow (the sign of t does not matter,
+// sech^2 is even).
+template <typename Acc>
+__device__ __forceinline__ Acc Score(Acc dot, Acc bias, Acc scale, Acc softcap, Acc* dx_dlogit) {
+  const Acc x = scale * dot + bias;
+  if (softcap > Acc(0)) {
+    const Acc t = x / softcap;
+    const Acc e = Exp(Acc(-2) * (t < Acc(0) ? -t : t));
+    const Acc one_plus_e = Acc(1) + e;
+    *dx_dlogit = Acc(4) * e / (one_plus_e * one_plus_e);
+    return softcap * Tanh(t);
+  }
+  *dx_dlogit = Acc(1);
+  return x;
+}
+
+// ---- per-head terms: mask, bias, dropout --------------------------------------------
+
+// Everything elementwise about one (batch element b, query head h): the mask
+// (with this head's view of the dense mask), this head's view of the bias and
+// its dropout stream. The device twin of the CPU's HeadView (cpu/scores.h),
+// built from the same shared definitions (BatchMask, HeadDropout) so that both
+// backends see the same logits and draw the same dropout mask.
+template <typename Acc>
+struct HeadTerms {
+  BatchMask mask;
+  const Acc* bias;  // this head's (Sq, Sk) view, or null
+  int64_t bias_row_stride;
+  int64_t bias_col_stride;
+  HeadDropout dropout;
+  Acc keep_scale;  // 1 / (1 - rate)
+
+  __device__ static HeadTerms For(const FwdParams& p, int64_t b, int64_t h) {
+    const AttentionShape& s = p.shape;
+    const DenseStrides& bs = p.score.bias_strides;
+    HeadTerms t;
+    t.mask = BatchMask::For(p.mask, b, h, s.seqlen_q, s.seqlen_k);
+    t.bias = p.score.bias != nullptr
+                 ? static_cast<const Acc*>(p.score.bias) + b * bs.batch + h * bs.head
+                 : nullptr;
+    t.bias_row_stride = bs.row;
+    t.bias_col_stride = bs.col;
+    t.dropout = HeadDropout::For(p.dropout, s.batch, b, h);
+    t.keep_scale = static_cast<Acc>(p.dropout.keep_scale());
+    return t;
+  }
+
+  // Read only for visible (hence in-range) elements.
+  __device__ __forceinline__ Acc Bias(int64_t i, int64_t j) const {
+    return bias != nullptr ? bias[i * bias_row_stride + j * bias_col_stride] : Acc(0);
+  }
+
+  // False only if no (i, j) of the tile is visible; such tiles are skipped.
+  // Only segments and the dense mask need the elementwise test (the band is
+  // already cut by KeyRange/QueryRange). A block-wide vote: every thread of
+  // the block must call it (it is a barrier) and all get the same answer.
+  __device__ __forceinline__ bool TileMayBeVisible(int64_t i0, int m_valid, int64_t j0,
+                                                   int n_valid) const {
+    if (!mask.HasElementwiseTerms()) return true;
+    int found = 0;
+    for (int idx = threadIdx.x; idx < m_valid * n_valid && !found; idx += blockDim.x)
+      found = mask.Visible(i0 + idx / n_valid, j0 + idx % n_valid);
+    return __syncthreads_or(found) != 0;
+  }
+};
+
+}  // namespace jax_flash::cuda

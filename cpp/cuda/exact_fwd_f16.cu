@@ -1,6 +1,0 @@
-// The exact fwd kernels for __half inputs (see exact_fwd.cuh).
-#include "cuda/exact_fwd.cuh"
-
-namespace jax_flash::cuda::exact {
-template cudaError_t LaunchExactFwd<__half>(const FwdParams&, cudaStream_t);
-}  // namespace jax_flash::cuda::exact

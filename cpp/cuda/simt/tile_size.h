@@ -1,0 +1,44 @@
+// Tile sizes of the exact (SIMT) kernels, per accumulation type and head-dim
+// tier.
+//
+// Head dims are compiled in tiers (jax_flash/_supported.py,
+// CUDA_EXACT_HEAD_DIM_TIERS; a head dim is zero-padded up to its tier inside
+// shared memory): the accumulators of a (rows x kMaxD) tile live in
+// registers, so the tier bounds register use. Shared-memory tiles are stored
+// in the accumulation type with a row stride of kMaxD + 1 (odd), so that
+// threads reading the same column of consecutive rows hit different banks.
+#pragma once
+
+#include <cstdint>
+
+#include "jax_flash/supported.h"
+
+namespace jax_flash::cuda::simt {
+
+// The smallest tier that holds head_dim, or 0 if none does.
+inline int HeadDimTier(int64_t head_dim) {
+#define JAX_FLASH_TIER(D) \
+  if (head_dim <= (D)) return (D);
+  JAX_FLASH_FOR_EACH_EXACT_TIER(JAX_FLASH_TIER)
+#undef JAX_FLASH_TIER
+  return 0;
+}
+
+// Query rows (kBlockM) and keys (kBlockN) per block, forward and backward.
+// Chosen so that shared memory stays under kMaxSharedBytes (simt/common.cuh)
+// and each thread holds at most 64 accumulator registers' worth of output
+// tile.
+template <typename Acc, int kMaxD>
+struct ExactTiles {
+  static constexpr bool kF64 = sizeof(Acc) == 8;
+  static constexpr int kFwdBlockM = kF64 ? (kMaxD <= 128 ? 32 : 16) : (kMaxD <= 128 ? 64 : 32);
+  static constexpr int kFwdBlockN = kF64 ? (kMaxD <= 64 ? 32 : kMaxD <= 128 ? 16 : 8)
+                                         : (kMaxD <= 64 ? 64 : kMaxD <= 128 ? 32 : 16);
+  static constexpr int kBwdBlockM = kF64 ? (kMaxD <= 64 ? 32 : kMaxD <= 128 ? 16 : 8)
+                                         : (kMaxD <= 32 ? 64 : kMaxD <= 64 ? 64 : kMaxD <= 128 ? 32 : 16);
+  static constexpr int kBwdBlockN = kF64 ? (kMaxD <= 64 ? 32 : kMaxD <= 128 ? 16 : 8)
+                                         : (kMaxD <= 32 ? 64 : kMaxD <= 64 ? 32 : kMaxD <= 128 ? 32 : 16);
+  static constexpr int kLd = kMaxD + 1;  // row stride of a head-dim tile
+};
+
+}  // namespace jax_flash::cuda::simt
