@@ -31,6 +31,7 @@
 #include "jax_flash/dropout.h"
 #include "jax_flash/mask.h"
 #include "jax_flash/params.h"
+#include "check_util.h"
 
 using jax_flash::AttentionShape;
 using jax_flash::BatchMask;
@@ -41,16 +42,10 @@ using jax_flash::HeadDropout;
 using jax_flash::MaskParams;
 using jax_flash::SeqStrides;
 using jax_flash::cuda::DType;
-
-#define CHECK_CUDA(expr)                                                                       \
-  do {                                                                                         \
-    cudaError_t err_ = (expr);                                                                 \
-    if (err_ != cudaSuccess) {                                                                 \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                       \
-                   cudaGetErrorString(err_));                                                  \
-      std::exit(2);                                                                            \
-    }                                                                                          \
-  } while (0)
+using check::DeviceArray;
+using check::Error;
+using check::RandomTensor;
+using check::ToDouble;
 
 namespace {
 
@@ -72,66 +67,6 @@ struct Case {
   int64_t key_batch = 1;
   bool broadcast_dropout = false;
 };
-
-template <typename T> double ToDouble(T x) { return static_cast<double>(x); }
-template <> double ToDouble(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <> double ToDouble(__half x) { return __half2float(x); }
-template <typename T> T FromDouble(double x) { return static_cast<T>(x); }
-template <> __nv_bfloat16 FromDouble(double x) { return __float2bfloat16(static_cast<float>(x)); }
-template <> __half FromDouble(double x) { return __float2half(static_cast<float>(x)); }
-
-double Tolerance(DType t) {
-  switch (t) {
-    case DType::kFloat64: return 1e-12;
-    case DType::kFloat32: return 2e-5;
-    case DType::kFloat16: return 4e-3;
-    case DType::kBFloat16: return 3e-2;
-  }
-  return 0;
-}
-
-const char* DTypeName(DType t) {
-  switch (t) {
-    case DType::kFloat64: return "f64";
-    case DType::kFloat32: return "f32";
-    case DType::kFloat16: return "f16";
-    case DType::kBFloat16: return "bf16";
-  }
-  return "?";
-}
-
-template <typename T>
-struct DeviceArray {
-  T* ptr = nullptr;
-  size_t n = 0;
-  explicit DeviceArray(size_t count) : n(count) {
-    if (n) CHECK_CUDA(cudaMalloc(&ptr, n * sizeof(T)));
-  }
-  ~DeviceArray() { if (ptr) cudaFree(ptr); }
-  DeviceArray(const DeviceArray&) = delete;
-  void Poison() { if (n) CHECK_CUDA(cudaMemset(ptr, 0xff, n * sizeof(T))); }  // NaN in every float type
-  void Upload(const std::vector<T>& h) {
-    if (n) CHECK_CUDA(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> Download() const {
-    std::vector<T> h(n);
-    if (n) CHECK_CUDA(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
-
-template <typename T>
-std::vector<T> RandomTensor(size_t n, std::mt19937_64& rng, std::vector<double>* host,
-                            double sigma = 1.0) {
-  std::normal_distribution<double> normal(0.0, sigma);
-  std::vector<T> t(n);
-  host->resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    t[i] = FromDouble<T>(normal(rng));
-    (*host)[i] = ToDouble(t[i]);
-  }
-  return t;
-}
 
 // Contiguous strides of a broadcast operand (0 along broadcast dims), as
 // decode.h's DecodeDense computes them.
@@ -239,12 +174,6 @@ Reference ComputeReference(const Case& c, const MaskParams& mask_params,
   return r;
 }
 
-struct Error {
-  double max_err = 0, max_ref = 0;
-  int64_t bad_nonfinite = 0;
-  double Normalized() const { return max_err / std::max(max_ref, 1e-30); }
-};
-
 // Elementwise comparison of two arrays in the same layout.
 template <typename T>
 Error Compare(const std::vector<T>& got, const std::vector<double>& ref) {
@@ -349,13 +278,8 @@ bool RunCase(const Case& c, uint64_t seed) {
     p.dbias = dbias.ptr;
   }
   p.q = q.ptr; p.k = k.ptr; p.v = v.ptr; p.out = out.ptr; p.lse = lse.ptr;
-  p.q_strides = SeqStrides::Contiguous(Sq, Hq, D);
-  p.k_strides = SeqStrides::Contiguous(Sk, Hkv, D);
-  p.v_strides = p.k_strides;
-  p.out_strides = p.q_strides;
   p.dout = dout.ptr; p.dq = dq.ptr; p.dk = dk.ptr; p.dv = dv.ptr;
-  p.dout_strides = p.dq_strides = p.q_strides;
-  p.dk_strides = p.dv_strides = p.k_strides;
+  check::SetContiguousStrides(&p);
 
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
@@ -389,7 +313,7 @@ bool RunCase(const Case& c, uint64_t seed) {
     for (double a : ref.dbias_abs) e.max_ref = std::max(e.max_ref, a);
     errs.push_back({"dbias", e});
   }
-  const double tol = Tolerance(c.dtype);
+  const double tol = check::ExactTolerance(c.dtype);
   bool ok = deterministic;
   std::string line;
   char buf[128];
@@ -401,7 +325,7 @@ bool RunCase(const Case& c, uint64_t seed) {
     line += buf;
   }
   std::printf("%-4s %-5s B%lld Sq%lld Sk%lld H%lld/%lld D%lld %-34s |%s%s\n", ok ? "ok" : "FAIL",
-              DTypeName(c.dtype), (long long)B, (long long)Sq, (long long)Sk, (long long)Hq,
+              check::DTypeName(c.dtype), (long long)B, (long long)Sq, (long long)Sk, (long long)Hq,
               (long long)Hkv, (long long)D, c.name.c_str(), line.c_str(),
               deterministic ? "" : " NOT-DETERMINISTIC");
   std::fflush(stdout);
@@ -564,9 +488,7 @@ int main(int argc, char** argv) {
   bool small = false;
   for (int i = 1; i < argc; ++i)
     if (!std::strcmp(argv[i], "--small")) small = true;
-  cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+  check::PrintDevice();
   int failures = 0, total = 0;
   uint64_t seed = 4321;
   for (const Case& c : small ? SmallCases() : AllCases()) {

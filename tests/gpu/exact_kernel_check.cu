@@ -28,24 +28,18 @@
 #include "cuda/launch.h"
 #include "jax_flash/mask.h"
 #include "jax_flash/params.h"
+#include "check_util.h"
 
 using jax_flash::AttentionShape;
 using jax_flash::BatchMask;
 using jax_flash::BwdParams;
 using jax_flash::FwdParams;
 using jax_flash::MaskParams;
-using jax_flash::SeqStrides;
 using jax_flash::cuda::DType;
-
-#define CHECK_CUDA(expr)                                                             \
-  do {                                                                               \
-    cudaError_t err_ = (expr);                                                       \
-    if (err_ != cudaSuccess) {                                                       \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,             \
-                   cudaGetErrorString(err_));                                        \
-      std::exit(2);                                                                  \
-    }                                                                                \
-  } while (0)
+using check::DeviceArray;
+using check::Error;
+using check::RandomTensor;
+using check::ToDouble;
 
 namespace {
 
@@ -60,66 +54,6 @@ struct Case {
   double softcap = 0.0;
   bool check_bwd = true;
 };
-
-// ---------------------------------------------------------------------------
-// Storage types on the host.
-
-template <typename T> double ToDouble(T x) { return static_cast<double>(x); }
-template <> double ToDouble(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <> double ToDouble(__half x) { return __half2float(x); }
-template <typename T> T FromDouble(double x) { return static_cast<T>(x); }
-template <> __nv_bfloat16 FromDouble(double x) { return __float2bfloat16(static_cast<float>(x)); }
-template <> __half FromDouble(double x) { return __float2half(static_cast<float>(x)); }
-
-double Tolerance(DType t) {
-  switch (t) {
-    case DType::kFloat64: return 1e-12;
-    case DType::kFloat32: return 2e-5;
-    case DType::kFloat16: return 4e-3;
-    case DType::kBFloat16: return 3e-2;
-  }
-  return 0;
-}
-
-const char* DTypeName(DType t) {
-  switch (t) {
-    case DType::kFloat64: return "f64";
-    case DType::kFloat32: return "f32";
-    case DType::kFloat16: return "f16";
-    case DType::kBFloat16: return "bf16";
-  }
-  return "?";
-}
-
-template <typename T>
-struct DeviceArray {
-  T* ptr = nullptr;
-  size_t n = 0;
-  explicit DeviceArray(size_t count) : n(count) {
-    if (n) CHECK_CUDA(cudaMalloc(&ptr, n * sizeof(T)));
-  }
-  ~DeviceArray() { if (ptr) cudaFree(ptr); }
-  void Poison() { if (n) CHECK_CUDA(cudaMemset(ptr, 0xff, n * sizeof(T))); }  // NaN in every float type
-  void Upload(const std::vector<T>& h) { if (n) CHECK_CUDA(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
-  std::vector<T> Download() const {
-    std::vector<T> h(n);
-    if (n) CHECK_CUDA(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
-
-// Random values rounded to T; `host` keeps the rounded values as doubles.
-template <typename T>
-std::vector<T> RandomTensor(size_t n, std::mt19937_64& rng, std::vector<double>* host) {
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<T> t(n);
-  host->resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    t[i] = FromDouble<T>(normal(rng));
-    (*host)[i] = ToDouble(t[i]);
-  }
-  return t;
-}
 
 // ---------------------------------------------------------------------------
 // The dense float64 reference: no tiling, no online softmax.
@@ -202,12 +136,6 @@ Reference ComputeReference(const Case& c, const MaskParams& host_mask, double sc
 
 // ---------------------------------------------------------------------------
 // Comparison.
-
-struct Error {
-  double max_err = 0, max_ref = 0;
-  int64_t bad_nonfinite = 0;  // non-finite where the reference is finite, or vice versa
-  double Normalized() const { return max_err / std::max(max_ref, 1e-30); }
-};
 
 // Compares a (B, S, H, D) tensor, or a (B, H, S) one when is_lse.
 template <typename T>
@@ -298,18 +226,11 @@ bool RunCase(const Case& c, uint64_t seed) {
   p.v = v.ptr;
   p.out = out.ptr;
   p.lse = lse.ptr;
-  p.q_strides = SeqStrides::Contiguous(Sq, Hq, D);
-  p.k_strides = SeqStrides::Contiguous(Sk, Hkv, D);
-  p.v_strides = p.k_strides;
-  p.out_strides = p.q_strides;
   p.dout = dout.ptr;
   p.dq = dq.ptr;
   p.dk = dk.ptr;
   p.dv = dv.ptr;
-  p.dout_strides = p.q_strides;
-  p.dq_strides = p.q_strides;
-  p.dk_strides = p.k_strides;
-  p.dv_strides = p.k_strides;
+  check::SetContiguousStrides(&p);
 
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
@@ -346,7 +267,7 @@ bool RunCase(const Case& c, uint64_t seed) {
     errs.push_back({"dk", Compare(c, dk.Download(), ref.dk, Sk, Hkv, D, false)});
     errs.push_back({"dv", Compare(c, dv.Download(), ref.dv, Sk, Hkv, D, false)});
   }
-  const double tol = Tolerance(c.dtype);
+  const double tol = check::ExactTolerance(c.dtype);
   bool ok = true;
   std::string line;
   char buf[128];
@@ -358,7 +279,7 @@ bool RunCase(const Case& c, uint64_t seed) {
     line += buf;
   }
   std::printf("%-4s %-5s B%lld Sq%lld Sk%lld H%lld/%lld D%lld %-28s fwd %.3fms bwd %.3fms |%s\n",
-              ok ? "ok" : "FAIL", DTypeName(c.dtype), (long long)B, (long long)Sq, (long long)Sk,
+              ok ? "ok" : "FAIL", check::DTypeName(c.dtype), (long long)B, (long long)Sq, (long long)Sk,
               (long long)Hq, (long long)Hkv, (long long)D, c.name.c_str(), fwd_ms, bwd_ms,
               line.c_str());
   std::fflush(stdout);
@@ -483,13 +404,8 @@ bool RunLarge() {
   p.shape = AttentionShape{1, Sq, Sk, 1, 1, D};
   p.score.scale = scale;
   p.q = q.ptr; p.k = k.ptr; p.v = v.ptr; p.out = out.ptr; p.lse = lse.ptr;
-  p.q_strides = SeqStrides::Contiguous(Sq, 1, D);
-  p.k_strides = SeqStrides::Contiguous(Sk, 1, D);
-  p.v_strides = p.k_strides;
-  p.out_strides = p.q_strides;
   p.dout = dout.ptr; p.dq = dq.ptr; p.dk = dk.ptr; p.dv = dv.ptr;
-  p.dout_strides = p.dq_strides = p.q_strides;
-  p.dk_strides = p.dv_strides = p.k_strides;
+  check::SetContiguousStrides(&p);
   DeviceArray<unsigned char> ws(jax_flash::cuda::BwdWorkspaceBytes(p.shape, c.dtype, true));
   cudaEvent_t start, mid, stop;
   CHECK_CUDA(cudaEventCreate(&start));
@@ -525,7 +441,7 @@ bool RunLarge() {
   const Error e_dq = Compare(c, g_dq, ref.dq, n, 1, D, false);
   const Error e_dk = Compare(c, dk.Download(), ref.dk, Sk, 1, D, false);
   const Error e_dv = Compare(c, dv.Download(), ref.dv, Sk, 1, D, false);
-  const double tol = Tolerance(c.dtype);
+  const double tol = check::ExactTolerance(c.dtype);
   bool ok = zero_row_ok;
   for (const Error* e : {&e_out, &e_lse, &e_dq, &e_dk, &e_dv})
     ok = ok && e->bad_nonfinite == 0 && e->Normalized() <= tol;
@@ -546,9 +462,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--small")) small = true;
     if (!std::strcmp(argv[i], "--large")) large = true;
   }
-  cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+  check::PrintDevice();
   std::vector<Case> cases = small ? SmallCases() : AllCases();
   int failures = 0;
   uint64_t seed = 1234;

@@ -51,24 +51,28 @@ fi
 
 if has kernels; then
   step "kernel drivers and sanitizers"
-  BUILD_DIR=${BUILD_DIR:-/tmp/jax_flash_gpu_build} bash tests/gpu/exact_features_run.sh \
-      "$LOG_DIR" > "$LOG_DIR/exact.log" 2>&1 || status=1
+  build=${BUILD_DIR:-/tmp/jax_flash_gpu_build}
+  # Builds all three drivers (tests/gpu/build.sh), runs the exact ones.
+  BUILD_DIR=$build bash tests/gpu/exact_features_run.sh "$LOG_DIR" > "$LOG_DIR/exact.log" 2>&1 \
+      || status=1
   grep -E "cases failed|SUMMARY" "$LOG_DIR/exact.log"
-  tc_build=/tmp/jax_flash_tc_build
-  if bash tests/gpu/tc_build.sh "$tc_build" > "$LOG_DIR/tc_build.log" 2>&1; then
-    "$tc_build/tc_kernel_check" check > "$LOG_DIR/tc_check.log" 2>&1 || status=1
+  if [ -x "$build/tc_kernel_check" ]; then
+    "$build/tc_kernel_check" check > "$LOG_DIR/tc_check.log" 2>&1 || status=1
     tail -n 2 "$LOG_DIR/tc_check.log"
-    compute-sanitizer --tool racecheck --error-exitcode 9 "$tc_build/tc_kernel_check" small \
+    compute-sanitizer --tool racecheck --error-exitcode 9 "$build/tc_kernel_check" small \
         > "$LOG_DIR/tc_racecheck.log" 2>&1 || status=1
     grep SUMMARY "$LOG_DIR/tc_racecheck.log"
   else
-    status=1; tail -n 20 "$LOG_DIR/tc_build.log"
+    status=1; tail -n 20 "$LOG_DIR/exact.log"
   fi
   # The same cases with the backward's dQ accumulator capped at 64 KiB, so
-  # that they run in chunks (batch runs, head runs) as long sequences do.
-  if bash tests/gpu/tc_build.sh "$tc_build-chunked" -DJAX_FLASH_TC_MAX_DQ_ACCUM_BYTES=65536 \
+  # that they run in chunks (batch runs, head runs) as long sequences do:
+  # only the backward instantiations and the dispatch (which sizes the
+  # workspace) are recompiled.
+  if REUSE=$build REBUILD='^(bwd_sm|dispatch)' ARCH=${JAX_FLASH_CUDA_ARCHS%%;*} \
+      bash tests/gpu/build.sh "$build-chunked" -DJAX_FLASH_MAX_DQ_ACCUM_BYTES=65536 \
       > "$LOG_DIR/tc_build_chunked.log" 2>&1; then
-    "$tc_build-chunked/tc_kernel_check" check > "$LOG_DIR/tc_check_chunked.log" 2>&1 || status=1
+    "$build-chunked/tc_kernel_check" check > "$LOG_DIR/tc_check_chunked.log" 2>&1 || status=1
     tail -n 1 "$LOG_DIR/tc_check_chunked.log"
   else
     status=1; tail -n 20 "$LOG_DIR/tc_build_chunked.log"

@@ -125,6 +125,8 @@ def main() -> int:
   parser.add_argument("--rename", action="append", default=[],
                       help="OLD=NEW regex substitution on base kernel names, for pairing")
   parser.add_argument("--list", action="store_true", help="print every kernel")
+  parser.add_argument("--subset", action="store_true",
+                      help="NEW holds only some units: check that each of its kernels is in BASE")
   args = parser.parse_args()
   base, new = load(args.base), load(args.new)
   renames = [tuple(r.split("=", 1)) for r in args.rename]
@@ -161,6 +163,9 @@ def main() -> int:
         pool[k.digest] -= 1
       else:
         only_new.append(k)
+    if args.subset:  # only what NEW has counts
+      new_names = {key(k, False) for k in n}
+      only_base = [k for k in only_base if key(k, True) in new_names]
     if not only_base and not only_new:
       continue
     status = 1

@@ -1,4 +1,6 @@
-// Standalone check and benchmark of the tensor-core kernels (cpp/cuda/tc).
+// Standalone check and benchmark of the tensor-core kernels (cpp/cuda/sm80,
+// sm90), through the launch API the FFI handlers call (cpp/cuda/launch.h);
+// a case the dispatch would send to the exact kernels is reported and fails.
 //
 // Correctness: random bf16/fp16 inputs, NaN-poisoned outputs, compared with a
 // float64 CPU reference by the FlashAttention rule: max error of the kernel
@@ -6,7 +8,8 @@
 // 16-bit roundings such an implementation makes: P, dS and outputs) + atol.
 // Timing: cudaEvents, median of many after warm-up, FLOPs per FA papers.
 //
-// Build: tests/gpu/tc_build.sh. Usage: tc_kernel_check [check|small|bench]
+// Build: tests/gpu/build.sh. Usage: tc_kernel_check [check|small|bench|bench_fp16|bench_d|
+// bench1 D S causal|prof D S causal]
 #include <omp.h>
 
 #include <algorithm>
@@ -19,19 +22,13 @@
 #include <string>
 #include <vector>
 
-#include "tc/tc_api.h"
+#include "check_util.h"
+#include "cuda/dispatch.h"
+#include "cuda/launch.h"
 
 using namespace jax_flash;
-namespace tc = jax_flash::cuda::tc;
-
-#define CHECK_CUDA(x)                                                                  \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                    \
-    }                                                                                  \
-  } while (0)
+using cuda::DType;
+using cuda::KernelPath;
 
 struct Case {
   int B, Sq, Sk, Hq, Hkv, D;
@@ -62,12 +59,13 @@ static float FromBits(uint16_t b, bool bf16) {
 }
 static float Round(float x, bool bf16) { return FromBits(ToBits(x, bf16), bf16); }
 
-struct Dev {
-  void* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t bytes) : n(bytes) { CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 16))); }
-  ~Dev() { cudaFree(p); }
+// Device bytes; never a null pointer, also for an empty tensor.
+struct Dev : check::DeviceArray<unsigned char> {
+  explicit Dev(size_t bytes) : DeviceArray(std::max<size_t>(bytes, 16)) {}
+  void* p() const { return ptr; }
 };
+
+static DType DTypeOf(bool bf16) { return bf16 ? DType::kBFloat16 : DType::kFloat16; }
 
 // Reference outputs. Index (b, s, h, d) contiguous; lse (b, h, s).
 struct Ref {
@@ -211,56 +209,61 @@ static bool RunCase(const Case& c, uint64_t seed, bool verbose = true) {
   if (c.segments) { mh.q_segment_ids = qseg.data(); mh.kv_segment_ids = kvseg.data(); }
 
   Dev dq_(nq * 2), dk_(nk * 2), dv_(nk * 2), ddo(nq * 2), dout_(nq * 2), dlse((size_t)B * Hq * Sq * 4),
-      ddelta((size_t)B * Hq * Sq * 4), ddq(nq * 2), ddk(nk * 2), ddv(nk * 2), dql(B * 4), dkl(B * 4),
+      ddq(nq * 2), ddk(nk * 2), ddv(nk * 2), dql(B * 4), dkl(B * 4),
       dqs((size_t)B * Sq * 4), dks((size_t)B * Sk * 4);
-  CHECK_CUDA(cudaMemcpy(dq_.p, qb.data(), nq * 2, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(dk_.p, kb.data(), nk * 2, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(dv_.p, vb.data(), nk * 2, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(ddo.p, dob.data(), nq * 2, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(dql.p, qlen.data(), B * 4, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(dkl.p, kvlen.data(), B * 4, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(dqs.p, qseg.data(), (size_t)B * Sq * 4, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(dks.p, kvseg.data(), (size_t)B * Sk * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dq_.p(), qb.data(), nq * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dk_.p(), kb.data(), nk * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dv_.p(), vb.data(), nk * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(ddo.p(), dob.data(), nq * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dql.p(), qlen.data(), B * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dkl.p(), kvlen.data(), B * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dqs.p(), qseg.data(), (size_t)B * Sq * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dks.p(), kvseg.data(), (size_t)B * Sk * 4, cudaMemcpyHostToDevice));
   // Poison: 0xFF bytes are NaN in bf16, fp16 and float32.
-  for (Dev* d : {&dout_, &dlse, &ddq, &ddk, &ddv, &ddelta}) CHECK_CUDA(cudaMemset(d->p, 0xFF, d->n));
+  for (Dev* d : {&dout_, &dlse, &ddq, &ddk, &ddv}) CHECK_CUDA(cudaMemset(d->p(), 0xFF, d->n));
 
   BwdParams p;
   p.shape = AttentionShape{B, Sq, Sk, Hq, Hkv, D};
   p.mask = mh;
-  if (c.lengths) { p.mask.q_seqlens = (int32_t*)dql.p; p.mask.kv_seqlens = (int32_t*)dkl.p; }
-  if (c.segments) { p.mask.q_segment_ids = (int32_t*)dqs.p; p.mask.kv_segment_ids = (int32_t*)dks.p; }
+  if (c.lengths) { p.mask.q_seqlens = (int32_t*)dql.p(); p.mask.kv_seqlens = (int32_t*)dkl.p(); }
+  if (c.segments) { p.mask.q_segment_ids = (int32_t*)dqs.p(); p.mask.kv_segment_ids = (int32_t*)dks.p(); }
   p.score.scale = scale; p.score.softcap = c.softcap;
-  p.q = dq_.p; p.k = dk_.p; p.v = dv_.p; p.out = dout_.p; p.lse = dlse.p;
-  p.q_strides = p.out_strides = p.dout_strides = p.dq_strides = SeqStrides::Contiguous(Sq, Hq, D);
-  p.k_strides = p.v_strides = p.dk_strides = p.dv_strides = SeqStrides::Contiguous(Sk, Hkv, D);
-  p.dout = ddo.p; p.dq = ddq.p; p.dk = ddk.p; p.dv = ddv.p; p.delta = ddelta.p;
+  p.q = dq_.p(); p.k = dk_.p(); p.v = dv_.p(); p.out = dout_.p(); p.lse = dlse.p();
+  check::SetContiguousStrides(&p);
+  p.dout = ddo.p(); p.dq = ddq.p(); p.dk = ddk.p(); p.dv = ddv.p();
 
-  if (!tc::Supports(p, true)) { std::printf("UNSUPPORTED %s\n", c.name().c_str()); return false; }
-  CHECK_CUDA(tc::LaunchFwd(p, c.bf16, nullptr));
+  const DType dtype = DTypeOf(c.bf16);
+  const KernelPath fwd_path = cuda::FwdPath(p, dtype), bwd_path = cuda::BwdPath(p, dtype, c.det);
+  if (fwd_path == KernelPath::kExact || bwd_path == KernelPath::kExact) {
+    std::printf("UNSUPPORTED (exact kernels) %s\n", c.name().c_str());
+    return false;
+  }
+  CHECK_CUDA(cuda::LaunchFwd(p, dtype, nullptr));
   CHECK_CUDA(cudaGetLastError());
-  size_t ws_bytes = tc::BwdWorkspace(p.shape, c.bf16, c.det);
+  // The workspace starts with delta (cuda/bwd/workspace.h).
+  size_t ws_bytes = cuda::BwdWorkspaceBytes(p.shape, dtype, c.det);
   Dev ws(ws_bytes);
-  CHECK_CUDA(cudaMemset(ws.p, 0xFF, ws.n));
-  CHECK_CUDA(tc::LaunchBwd(p, c.bf16, ws.p, c.det, nullptr));
+  CHECK_CUDA(cudaMemset(ws.p(), 0xFF, ws.n));
+  CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), c.det, nullptr));
   CHECK_CUDA(cudaDeviceSynchronize());
 
   auto fetch16 = [&](const Dev& d, size_t n) {
-    std::vector<uint16_t> bits(n); CHECK_CUDA(cudaMemcpy(bits.data(), d.p, n * 2, cudaMemcpyDeviceToHost));
+    std::vector<uint16_t> bits(n); CHECK_CUDA(cudaMemcpy(bits.data(), d.p(), n * 2, cudaMemcpyDeviceToHost));
     std::vector<double> r(n); for (size_t i = 0; i < n; ++i) r[i] = FromBits(bits[i], c.bf16); return r;
   };
   std::vector<double> out = fetch16(dout_, nq), gdq = fetch16(ddq, nq), gdk = fetch16(ddk, nk),
                       gdv = fetch16(ddv, nk);
   std::vector<float> lsef((size_t)B * Hq * Sq);
-  CHECK_CUDA(cudaMemcpy(lsef.data(), dlse.p, lsef.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(lsef.data(), dlse.p(), lsef.size() * 4, cudaMemcpyDeviceToHost));
   std::vector<double> lse(lsef.begin(), lsef.end());
 
   // Determinism: a second backward must match bitwise in deterministic mode.
   bool det_ok = true;
   if (c.det) {
-    CHECK_CUDA(cudaMemset(ddq.p, 0xFF, ddq.n));
-    CHECK_CUDA(tc::LaunchBwd(p, c.bf16, ws.p, c.det, nullptr));
+    CHECK_CUDA(cudaMemset(ddq.p(), 0xFF, ddq.n));
+    CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), c.det, nullptr));
     CHECK_CUDA(cudaDeviceSynchronize());
-    std::vector<uint16_t> a(nq); CHECK_CUDA(cudaMemcpy(a.data(), ddq.p, nq * 2, cudaMemcpyDeviceToHost));
+    std::vector<uint16_t> a(nq); CHECK_CUDA(cudaMemcpy(a.data(), ddq.p(), nq * 2, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < nq; ++i) det_ok &= FromBits(a[i], c.bf16) == gdq[i] || (std::isnan(gdq[i]));
   }
 
@@ -284,50 +287,39 @@ static bool RunCase(const Case& c, uint64_t seed, bool verbose = true) {
                   ek.nan ? " NaN/inf-mismatch" : (pass ? "" : " FAIL"));
     msg += buf;
   }
-  if (verbose || !ok) std::printf("%s %-60s%s%s\n", ok ? "PASS" : "FAIL", c.name().c_str(), msg.c_str(), det_ok ? "" : " NONDET");
+  if (verbose || !ok)
+    std::printf("%s %-60s%s%s [%s/%s]\n", ok ? "PASS" : "FAIL", c.name().c_str(), msg.c_str(),
+                det_ok ? "" : " NONDET", check::PathName(fwd_path), check::PathName(bwd_path));
   return ok;
-}
-
-static float TimeMs(const std::function<void()>& fn, int iters) {
-  cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-  for (int i = 0; i < 3; ++i) fn();
-  std::vector<float> ts;
-  for (int i = 0; i < iters; ++i) {
-    cudaEventRecord(a); fn(); cudaEventRecord(b); cudaEventSynchronize(b);
-    float ms; cudaEventElapsedTime(&ms, a, b); ts.push_back(ms);
-  }
-  CHECK_CUDA(cudaGetLastError());
-  std::sort(ts.begin(), ts.end());
-  return ts[ts.size() / 2];
 }
 
 static void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once = false) {
   const size_t n = (size_t)B * S * H * D;
   Dev q(n * 2), k(n * 2), v(n * 2), o(n * 2), lse((size_t)B * H * S * 4), dout(n * 2), dq(n * 2), dk(n * 2),
-      dv(n * 2), delta((size_t)B * H * S * 4);
+      dv(n * 2);
   std::vector<uint16_t> h(n); std::mt19937 rng(1); std::normal_distribution<float> nd;
   for (auto& x : h) x = ToBits(nd(rng), bf16);
-  for (Dev* d : {&q, &k, &v, &dout}) CHECK_CUDA(cudaMemcpy(d->p, h.data(), n * 2, cudaMemcpyHostToDevice));
+  for (Dev* d : {&q, &k, &v, &dout}) CHECK_CUDA(cudaMemcpy(d->p(), h.data(), n * 2, cudaMemcpyHostToDevice));
   BwdParams p;
   p.shape = AttentionShape{B, S, S, H, H, D};
   p.mask.causal = causal;
   p.score.scale = 1.0 / std::sqrt((double)D);
-  p.q = q.p; p.k = k.p; p.v = v.p; p.out = o.p; p.lse = lse.p; p.dout = dout.p; p.dq = dq.p; p.dk = dk.p;
-  p.dv = dv.p; p.delta = delta.p;
-  p.q_strides = p.k_strides = p.v_strides = p.out_strides = p.dout_strides = p.dq_strides = p.dk_strides =
-      p.dv_strides = SeqStrides::Contiguous(S, H, D);
-  Dev ws(tc::BwdWorkspace(p.shape, bf16, false));
+  p.q = q.p(); p.k = k.p(); p.v = v.p(); p.out = o.p(); p.lse = lse.p(); p.dout = dout.p(); p.dq = dq.p(); p.dk = dk.p();
+  p.dv = dv.p();
+  check::SetContiguousStrides(&p);
+  const DType dtype = DTypeOf(bf16);
+  Dev ws(cuda::BwdWorkspaceBytes(p.shape, dtype, false));
   const double flops = 4.0 * B * H * (double)S * S * D * (causal ? 0.5 : 1.0);
   if (once) {  // one launch of each, for a profiler
-    CHECK_CUDA(tc::LaunchFwd(p, bf16, nullptr));
-    CHECK_CUDA(tc::LaunchBwd(p, bf16, ws.p, false, nullptr));
-    CHECK_CUDA(tc::LaunchBwd(p, bf16, ws.p, true, nullptr));
+    CHECK_CUDA(cuda::LaunchFwd(p, dtype, nullptr));
+    CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), false, nullptr));
+    CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), true, nullptr));
     CHECK_CUDA(cudaDeviceSynchronize());
     return;
   }
-  float tf = TimeMs([&] { CHECK_CUDA(tc::LaunchFwd(p, bf16, nullptr)); }, 20);
-  float tb = TimeMs([&] { CHECK_CUDA(tc::LaunchBwd(p, bf16, ws.p, false, nullptr)); }, 10);
-  float td = TimeMs([&] { CHECK_CUDA(tc::LaunchBwd(p, bf16, ws.p, true, nullptr)); }, 5);
+  float tf = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchFwd(p, dtype, nullptr)); }, 20);
+  float tb = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), false, nullptr)); }, 10);
+  float td = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), true, nullptr)); }, 5);
   std::printf("BENCH %s B%d S%d H%d D%d %s: fwd %.3f ms %.0f TF/s | bwd %.3f ms %.0f TF/s | bwd-det %.3f ms %.0f TF/s\n",
               bf16 ? "bf16" : "fp16", B, S, H, D, causal ? "causal" : "full", tf, flops / tf * 1e-9, tb,
               2.5 * flops / tb * 1e-9, td, 2.5 * flops / td * 1e-9);

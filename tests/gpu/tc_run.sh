@@ -1,34 +1,42 @@
 #!/bin/bash
-# One device call: build the kernels in cpp/cuda/tc (and, when
-# tests/gpu/tc_baseline_src exists, the saved baseline copy of that folder),
-# check correctness, benchmark both against torch SDPA at the same shapes,
-# and try forward tile variants of one bucket (relinking only that object).
-# Usage (repo root, on the GPU machine): tests/gpu/tc_run.sh "name|nvcc flags" ...
-# Logs and a summary under $OUT.
+# One device call for the tensor-core kernels: build (tests/gpu/build.sh) this
+# tree and, when tests/gpu/baseline_src holds another tree (a copy of cpp/,
+# jax_flash/ and tests/gpu/ of a base commit, e.g.
+#   mkdir -p tests/gpu/baseline_src &&
+#     git archive BASE cpp jax_flash tests/gpu | tar -x -C tests/gpu/baseline_src),
+# that one with its own build script; check correctness, benchmark both
+# against torch SDPA at the same shapes, and try tile variants of one bucket
+# (recompiling only that instantiation, sm80/tile_size.h's tuning hook).
+# Usage (repo root, on the GPU machine):
+#   tests/gpu/tc_run.sh "name|FILE=fwd_sm80_bf16_hd128 -DJAX_FLASH_TUNE_D=128 -DJAX_FLASH_TUNE_FWD_BN=64" ...
+# Logs and a summary under $OUT; TC_RACECHECK=1 adds compute-sanitizer racecheck.
 set -uo pipefail
 root=$(pwd)
 out=${OUT:-/tmp/tc_out}; mkdir -p "$out"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader | tee "$out/gpu.txt"
 start=$(date +%s)
-if [ -d tests/gpu/tc_baseline_src ]; then
-  rm -rf /tmp/base && mkdir -p /tmp/base/cpp/cuda /tmp/base/tests/gpu
-  cp -r cpp/include /tmp/base/cpp/ && cp -r jax_flash /tmp/base/ && cp tests/gpu/tc_build.sh tests/gpu/tc_kernel_check.cu /tmp/base/tests/gpu/
-  cp -r tests/gpu/tc_baseline_src /tmp/base/cpp/cuda/tc
-  (JOBS=8 /tmp/base/tests/gpu/tc_build.sh /tmp/b_base > "$out/build_base.log" 2>&1 || echo "BASE BUILD FAILED") &
+base=tests/gpu/baseline_src
+if [ -d "$base" ]; then
+  # The base tree builds with its own script: tests/gpu/build.sh, or
+  # tc_build.sh before the cpp/cuda layout of issue 11.
+  if [ -f "$base/tests/gpu/build.sh" ]; then
+    (JOBS=8 bash "$base/tests/gpu/build.sh" /tmp/b_base > "$out/build_base.log" 2>&1 || echo "BASE BUILD FAILED") &
+  else
+    (JOBS=8 bash "$base/tests/gpu/tc_build.sh" /tmp/b_base > "$out/build_base.log" 2>&1 || echo "BASE BUILD FAILED") &
+  fi
 fi
-JOBS=8 tests/gpu/tc_build.sh /tmp/b_new > "$out/build_new.log" 2>&1 || { echo "NEW BUILD FAILED"; tail -30 "$out/build_new.log"; }
-# Forward variants: recompile one instantiation, relink with the rest.
+JOBS=8 bash tests/gpu/build.sh /tmp/b_new > "$out/build_new.log" 2>&1 || { echo "NEW BUILD FAILED"; tail -30 "$out/build_new.log"; }
+wait
+# Variants: recompile one instantiation with extra flags, reuse the rest.
 for spec in "$@"; do
   name=${spec%%|*}; flags=${spec#*|}; file=$(echo "$flags" | sed -n 's/.*FILE=\([a-z0-9_]*\).*/\1/p')
   flags=$(echo "$flags" | sed 's/FILE=[a-z0-9_]*//')
-  ( mkdir -p /tmp/v_$name && nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icpp/include -Icpp/cuda -Xptxas -v $flags \
-      -c /tmp/b_new/gen/tc/$file.cu -o /tmp/v_$name/$file.o > "$out/build_v_$name.log" 2>&1 &&
-    nvcc -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fopenmp $(ls /tmp/b_new/obj/*.o | grep -v "/$file.o") /tmp/v_$name/$file.o \
-      -o /tmp/v_$name/tc_kernel_check >> "$out/build_v_$name.log" 2>&1 || echo "VARIANT $name BUILD FAILED" ) &
+  ( REUSE=/tmp/b_new REBUILD="^$file\$" JOBS=4 bash tests/gpu/build.sh /tmp/v_$name $flags \
+      > "$out/build_v_$name.log" 2>&1 || echo "VARIANT $name BUILD FAILED" ) &
 done
 wait
 echo "builds done in $(( $(date +%s) - start )) s"
-grep -h -A2 "FlashBwdDkDv\|FlashBwdDq\|FlashFwd" /tmp/b_new/obj/*.log | grep -E "Function|registers|spill" | sed 's/_ZN9jax_flash4cuda2tc//' | cut -c1-110 > "$out/ptxas_new.txt"
+grep -h -A2 "DkDvKernel\|DqKernel\|FwdKernel\|BwdKernel" /tmp/b_new/obj/*_sm*.log | grep -E "Function|registers|spill" | sed 's/_ZN9jax_flash4cuda//' | cut -c1-110 > "$out/ptxas_new.txt"
 echo "== check (new)"
 timeout 240 /tmp/b_new/tc_kernel_check check > "$out/check.log" 2>&1; echo "check rc $?"
 grep -v "^PASS" "$out/check.log" | tail -15
