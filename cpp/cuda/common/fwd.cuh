@@ -1,10 +1,12 @@
 // What the two tensor-core forwards share (sm80/fwd.cuh on mma.sync,
-// sm90/fwd.cuh on wgmma): the launch constants, the block's view of its
-// inputs, and the epilogue (O / l, lse).
-//
-// A warp owns kMT m-tiles of 16 query rows; o[mt][dt][0..3] are C fragments
-// (common/fragment.cuh), which is also how a warp holds its part of a wgmma
-// accumulator.
+// sm90/fwd.cuh on wgmma): the launch constants and grid, a CTA's inputs
+// (FwdBlock, from its tile), and what a warp carries from the mainloop to the
+// epilogue: O and the running softmax statistics of its rows, kMT m-tiles of
+// 16 (rows g and g + 8 of each, common/fragment.cuh), as three arrays,
+//   float o[kMT][kDTiles][4], row_m[kMT][2], row_l[kMT][2];
+// row_m is the reference P is taken against (common/softmax.cuh), row_l a
+// per-lane partial sum. (Arrays, not a struct: gathered into one struct they
+// compiled to other register assignments.)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,6 +15,7 @@
 #include <cstdint>
 
 #include "cuda/common/fragment.cuh"
+#include "cuda/common/tile_scheduler.cuh"
 #include "cuda/common/views.cuh"
 #include "jax_flash/mask.h"
 #include "jax_flash/math.h"
@@ -44,8 +47,8 @@ inline FwdArgs MakeFwdArgs(const FwdParams& params) {
   return args;
 }
 
-// Launches a forward kernel over (query blocks of kBlockM rows, q heads,
-// batch), the grid both forwards use (FwdBlock reads it back).
+// Launches a forward kernel over the tiles of QueryBlockScheduler (query
+// blocks of kBlockM rows, q heads, batch).
 template <int kBlockM, typename Kernel>
 cudaError_t LaunchFwdGrid(Kernel kernel, int threads, size_t smem_bytes, const FwdParams& params,
                           cudaStream_t stream) {
@@ -57,9 +60,7 @@ cudaError_t LaunchFwdGrid(Kernel kernel, int threads, size_t smem_bytes, const F
   const cudaError_t err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes));
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(params.shape.num_heads_q),
-                  static_cast<unsigned>(params.shape.batch));
-  kernel<<<grid, threads, smem_bytes, stream>>>(args);
+  kernel<<<QueryBlockScheduler::Grid(m_blocks, params.shape), threads, smem_bytes, stream>>>(args);
   return cudaGetLastError();
 }
 
@@ -72,13 +73,12 @@ struct FwdBlock {
   GmemRows<T> q, k, v;
 
   template <int kBlockM, int kBlockN>
-  __device__ __forceinline__ static FwdBlock Make(const FwdParams& p) {
+  __device__ __forceinline__ static FwdBlock Make(const FwdParams& p,
+                                                  const QueryBlockScheduler::Tile& tile) {
     FwdBlock r;
-    // Longest blocks first: with causal masking the last query blocks see the
-    // most keys, so scheduling them first shortens the tail.
-    const int64_t m_block = gridDim.x - 1 - blockIdx.x;
-    r.h = blockIdx.y;
-    r.b = blockIdx.z;
+    const int64_t m_block = tile.m_block;
+    r.h = tile.h;
+    r.b = tile.b;
     const int64_t h_kv = r.h / p.shape.group_size();
     r.m0 = m_block * kBlockM;
     const int64_t seqlen_q = p.shape.seqlen_q, seqlen_k = p.shape.seqlen_k;
@@ -95,47 +95,18 @@ struct FwdBlock {
   }
 };
 
-// out = O / l and lse = m + log(l) for the warp's rows from row0 on.
-template <typename T, int kMT, int kDTiles>
-__device__ __forceinline__ void WriteOutput(const FwdParams& p, int64_t b, int64_t h,
-                                            int64_t row0, const float (&o)[kMT][kDTiles][4],
-                                            const float (&row_m)[kMT][2],
-                                            const float (&row_l)[kMT][2], float scale_log2, int g,
-                                            int t) {
-  const int64_t seqlen_q = p.shape.seqlen_q;
-  const int head_dim = static_cast<int>(p.shape.head_dim);
-  T* out = static_cast<T*>(p.out) + p.out_strides.offset(b, 0, h);
-  float* lse = static_cast<float*>(p.lse) + (b * p.shape.num_heads_q + h) * seqlen_q;
+// O = 0, m = -inf, l = 0.
+template <int kMT, int kDTiles>
+__device__ __forceinline__ void InitFwdState(float (&o)[kMT][kDTiles][4], float (&row_m)[kMT][2],
+                                             float (&row_l)[kMT][2]) {
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      float l = row_l[mt][hr];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      // l == 0 only for rows that see no key: out = 0, lse = -inf. A NaN
-      // logit makes l NaN, which reaches out and lse (jax.nn semantics).
-      // Such a row writes 0 outright: its O may hold 0 x NaN from a NaN in
-      // a value row it cannot see.
-      const bool sees_nothing = l == 0.f;
-      const float inv_l = 1.f / l;
-      const int64_t i = row0 + mt * 16 + g + hr * 8;
-      if (i < seqlen_q) {
-        if (t == 0) {
-          lse[i] = sees_nothing ? -INFINITY : (row_m[mt][hr] * scale_log2 + __log2f(l)) * kLn2;
-        }
-        T* out_row = out + i * p.out_strides.row;
+    for (int hr = 0; hr < 2; ++hr) { row_m[mt][hr] = -INFINITY; row_l[mt][hr] = 0.f; }
 #pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          const int col = dt * 8 + 2 * t;
-          if (col < head_dim) {
-            *reinterpret_cast<uint32_t*>(out_row + col) =
-                sees_nothing ? 0u
-                             : Pack2<T>(o[mt][dt][2 * hr] * inv_l, o[mt][dt][2 * hr + 1] * inv_l);
-          }
-        }
-      }
-    }
+    for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) o[mt][dt][r] = 0.f;
   }
 }
 

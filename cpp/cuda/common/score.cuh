@@ -67,52 +67,51 @@ __device__ __forceinline__ ColWindow QueryWindow(const BatchMask& mask, int64_t 
 
 // ---- mask: fragments -----------------------------------------------------------
 
-// Sets the hidden (query, key) pairs of a warp's score tile to `hidden`
-// (-inf before the softmax, 0 after exp2): kMT m-tiles of 16 query rows from
-// row0 (rows g and g + 8 of each), kNTiles n-tiles of 8 keys from n0. Band
-// (causal, window, lengths) via KeyWindow per row; segments per element.
-template <int kMT, int kNTiles>
-__device__ __forceinline__ void HideKeys(float (&s)[kMT][kNTiles][4], const BatchMask& mask,
-                                         int64_t row0, int64_t n0, int g, int t, float hidden) {
+// Which way a warp's score fragment runs: rows are queries and columns keys
+// (S: the forwards and the deterministic dQ kernel), or rows are keys and
+// columns queries (S^T: the dK/dV kernels, whose P^T and dS^T are then the A
+// operands of dV += P^T dO and dK += dS^T Q).
+enum class Rows { kQueries, kKeys };
+
+// Sets the hidden (query, key) pairs of a warp's score fragment to `hidden`:
+// -inf before the softmax; 0 after exp2, by a select rather than a multiply,
+// so that a masked P that overflowed to +inf (its key was not in the row's
+// lse) still gives P = dS = 0. kMT m-tiles of 16 rows from row0 (rows g and
+// g + 8 of each), kNTiles n-tiles of 8 columns from col0. The band (causal,
+// window, lengths) through the row's window of columns; segments per element
+// inside it, the one per-element test.
+template <Rows kRows, int kMT, int kNTiles>
+__device__ __forceinline__ void MaskFragment(float (&s)[kMT][kNTiles][4], const BatchMask& mask,
+                                             int64_t row0, int64_t col0, int g, int t,
+                                             float hidden) {
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      const int64_t i = row0 + mt * 16 + g + hr * 8;
-      const ColWindow w = KeyWindow(mask, i, n0, kNTiles * 8);
+      const int64_t r = row0 + mt * 16 + g + hr * 8;
+      const ColWindow w = kRows == Rows::kQueries ? KeyWindow(mask, r, col0, kNTiles * 8)
+                                                  : QueryWindow(mask, r, col0, kNTiles * 8);
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const int jr = nt * 8 + 2 * t + c;
-          // Segments: only inside the band, the one per-element test.
+          const int cr = nt * 8 + 2 * t + c;
           const bool visible =
-              w.Contains(jr) && (mask.q_seg == nullptr || mask.Visible(i, n0 + jr));
+              w.Contains(cr) &&
+              (mask.q_seg == nullptr || (kRows == Rows::kQueries ? mask.Visible(r, col0 + cr)
+                                                                 : mask.Visible(col0 + cr, r)));
           if (!visible) s[mt][nt][2 * hr + c] = hidden;
         }
     }
 }
 
-// P^T = 0 where the mask hides the pair, by a select: a masked P that
-// overflowed to +inf (its key was not in the row's lse) still gives P = dS =
-// 0. key0: the warp's first key; m0: the step's first query.
-template <int kQTiles>
-__device__ __forceinline__ void MaskProbabilitiesT(float (&st)[kQTiles][4], const BatchMask& mask,
-                                                   int64_t key0, int64_t m0, int g, int t) {
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const int64_t j = key0 + g + hr * 8;
-    const ColWindow w = QueryWindow(mask, j, m0, 8 * kQTiles);
-#pragma unroll
-    for (int nt = 0; nt < kQTiles; ++nt)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int qi = nt * 8 + 2 * t + c;
-        const bool visible =
-            w.Contains(qi) && (mask.q_seg == nullptr || mask.Visible(m0 + qi, j));
-        if (!visible) st[nt][2 * hr + c] = 0.f;
-      }
-  }
+// The same on a fragment of one m-tile.
+template <Rows kRows, int kNTiles>
+__device__ __forceinline__ void MaskFragment(float (&s)[kNTiles][4], const BatchMask& mask,
+                                             int64_t row0, int64_t col0, int g, int t,
+                                             float hidden) {
+  MaskFragment<kRows>(reinterpret_cast<float(&)[1][kNTiles][4]>(s), mask, row0, col0, g, t,
+                      hidden);
 }
 
 // ---- soft cap (tensor-core kernels) ---------------------------------------------
@@ -137,7 +136,7 @@ __device__ __forceinline__ void TransformAndMask(float (&s)[kMT][kNTiles][4], fl
           s[mt][nt][r] = softcap * FastTanh(s[mt][nt][r] * scale_over_cap);
   }
   if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN))
-    HideKeys(s, mask, row0, n0, g, t, -INFINITY);
+    MaskFragment<Rows::kQueries>(s, mask, row0, n0, g, t, -INFINITY);
 }
 
 // The backward's soft cap on a warp's S^T / dP^T fragments (16 keys x 8

@@ -23,36 +23,24 @@
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/score.cuh"
 #include "cuda/common/softmax.cuh"
+#include "cuda/common/tile_scheduler.cuh"
 #include "cuda/common/views.cuh"
 #include "cuda/sm80/copy.cuh"
 #include "cuda/sm80/mma.cuh"
+#include "cuda/sm80/tile_size.h"
 
 namespace jax_flash::cuda::sm80 {
 
-// dK/dV kernel tile shape. Registers per warp hold dK and dV for 16 keys x
-// kDPart columns; for head dims above 128 that would not fit, so the kernel
-// makes kDSplit passes over the query blocks, each accumulating one slice of
-// the head dim (S and dP are recomputed per pass).
+// dK/dV kernel traits, from the bucket's row of sm80/tile_size.h.
 template <int kHeadDim_>
 struct BwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
-#ifdef JAX_FLASH_TC_BWD_BN
-  static constexpr int kBlockN =
-      kHeadDim == JAX_FLASH_TC_TUNE_D ? JAX_FLASH_TC_BWD_BN : (kHeadDim <= 128 ? 128 : 64);
-#else
-  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;  // keys per CTA
-#endif
-  // 32 queries per step where dK/dV fill most registers (D > 96).
-  // JAX_FLASH_TC_BWD_BM overrides it for tuning.
-#ifdef JAX_FLASH_TC_BWD_BM
-  static constexpr int kBlockM =
-      kHeadDim == JAX_FLASH_TC_TUNE_D ? JAX_FLASH_TC_BWD_BM : (kHeadDim <= 96 ? 64 : 32);
-#else
-  static constexpr int kBlockM = kHeadDim <= 96 ? 64 : 32;  // queries per step
-#endif
+  static constexpr BwdTile kTile = TilesFor(kHeadDim).bwd;
+  static constexpr int kBlockN = kTile.block_n;  // keys per CTA
+  static constexpr int kBlockM = kTile.block_m;  // queries per step
   static constexpr int kNWarps = kBlockN / kMmaM;             // 16 keys per warp
   static constexpr int kThreads = kNWarps * 32;
-  static constexpr int kDSplit = kHeadDim <= 128 ? 1 : (kHeadDim <= 192 ? 2 : 4);
+  static constexpr int kDSplit = kTile.d_split;
   static constexpr int kDPart = kHeadDim / kDSplit;
   // dQ = dS K tile split: kWarpsQ warps over the query rows, kWarpsD over
   // the columns of the current head-dim slice.
@@ -69,6 +57,7 @@ struct BwdTraits {
       sizeof(uint16_t) * (2 * kBlockN * kStride + 2 * kStages * kBlockM * kStride +
                           kDsBuffers * kBlockN * kStrideS) +
       sizeof(float) * 2 * kStages * kBlockM;
+  static_assert(kBlockN > 0, "no sm80 tile for this head-dim bucket (sm80/tile_size.h)");
   static_assert(kNWarps % kWarpsQ == 0 && kDqCols % 16 == 0 && kDPart % 16 == 0);
   static_assert(kThreads >= 2 * kBlockM, "one thread per lse / D element");
 };
@@ -95,7 +84,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
+  const KeyBlockScheduler::Tile tile = KeyBlockScheduler::Get();
+  const int64_t n_block = tile.n_block, h_kv = tile.h_kv, b = tile.b;
   const int64_t n0 = n_block * kBlockN;
   const int64_t seqlen_q = p.shape.seqlen_q, seqlen_k = p.shape.seqlen_k;
   const int64_t num_heads_q = p.shape.num_heads_q;
@@ -273,7 +263,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
       }
       ExpScoresT(st, lse2_s, scale_log2, t);
       if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN))
-        MaskProbabilitiesT(st, mask, n0 + warp_row0, m0, g, t);
+        MaskFragment<Rows::kKeys>(st, mask, n0 + warp_row0, m0, g, t, 0.f);
 #pragma unroll
       for (int nt = 0; nt < kQTiles; ++nt)
 #pragma unroll
@@ -316,6 +306,9 @@ __global__ void __launch_bounds__(Traits::kThreads)
       }
     }
     // ---- write this slice of dK (times d score / d q.k) and dV -------------
+    // common/epilogue_bwd.cuh's StoreDkDv, written out: calling it changed
+    // this kernel's register allocation (D=32 fast mode on sm_80: 232 -> 230
+    // registers), which no GPU at hand can time (NOTES.md).
     T* dk_out = static_cast<T*>(p.dk) + p.dk_strides.offset(b, 0, h_kv);
     T* dv_out = static_cast<T*>(p.dv) + p.dv_strides.offset(b, 0, h_kv);
 #pragma unroll
@@ -347,8 +340,7 @@ cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t str
   const AttentionShape& shape = args.p.shape;
   const int64_t n_blocks = CeilDiv(shape.seqlen_k, Traits::kBlockN);
   if (n_blocks == 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>(n_blocks), static_cast<unsigned>(shape.num_heads_kv),
-                  static_cast<unsigned>(shape.batch));
+  const dim3 grid = KeyBlockScheduler::Grid(n_blocks, shape);
   auto kernel = accumulate_dq ? DkDvKernel<T, Traits, true> : DkDvKernel<T, Traits, false>;
   const cudaError_t err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Traits::kSmemBytes));

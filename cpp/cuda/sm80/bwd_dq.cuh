@@ -12,9 +12,11 @@
 #include "cuda/common/copy.cuh"
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/score.cuh"
+#include "cuda/common/tile_scheduler.cuh"
 #include "cuda/common/views.cuh"
 #include "cuda/sm80/copy.cuh"
 #include "cuda/sm80/mma.cuh"
+#include "cuda/sm80/tile_size.h"
 
 namespace jax_flash::cuda::sm80 {
 
@@ -23,14 +25,17 @@ namespace jax_flash::cuda::sm80 {
 template <int kHeadDim_>
 struct BwdDqTraits {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kNWarps = 4;
+  static constexpr DqTile kTile = TilesFor(kHeadDim).dq;  // sm80/tile_size.h
+  static constexpr int kNWarps = kTile.warps;
   static constexpr int kThreads = kNWarps * 32;
-  static constexpr int kBlockM = kNWarps * kMmaM;
-  static constexpr int kBlockN = kHeadDim <= 128 ? 64 : 32;
+  static constexpr int kBlockM = kTile.block_m;
+  static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStride = kHeadDim + kSmemPad;
   static constexpr int kStages = 2;
   static constexpr size_t kSmemBytes =
       sizeof(uint16_t) * (2 * kBlockM * kStride + 2 * kStages * kBlockN * kStride);
+  static_assert(kBlockM > 0, "no sm80 tile for this head-dim bucket (sm80/tile_size.h)");
+  static_assert(kBlockM == kNWarps * kMmaM, "warps split the query block, 16 rows each");
 };
 
 // Deterministic dQ: one CTA per (query block, q head, batch), keys in order.
@@ -51,8 +56,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t m_block = gridDim.x - 1 - blockIdx.x;  // longest (causal) first
-  const int64_t h = blockIdx.y, b = blockIdx.z;
+  const QueryBlockScheduler::Tile tile = QueryBlockScheduler::Get();  // longest (causal) first
+  const int64_t m_block = tile.m_block, h = tile.h, b = tile.b;
   const int64_t h_kv = h / p.shape.group_size();
   const int64_t m0 = m_block * kBlockM;
   const int64_t seqlen_q = p.shape.seqlen_q, seqlen_k = p.shape.seqlen_k;
@@ -162,8 +167,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
 #pragma unroll
       for (int r = 0; r < 4; ++r) s[nt][r] = FastExp2(fmaf(s[nt][r], scale_log2, -lse2[r / 2]));
     const int64_t n0 = n * kBlockN;
-    if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN))  // one m-tile: s as [1][..]
-      HideKeys(reinterpret_cast<float(&)[1][kNTiles][4]>(s), mask, m0 + warp_row0, n0, g, t, 0.f);
+    if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN))
+      MaskFragment<Rows::kQueries>(s, mask, m0 + warp_row0, n0, g, t, 0.f);
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
@@ -212,9 +217,7 @@ cudaError_t LaunchDq(const BwdArgs& args, cudaStream_t stream) {
   const cudaError_t err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Traits::kSmemBytes));
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(shape.num_heads_q),
-                  static_cast<unsigned>(shape.batch));
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+  kernel<<<QueryBlockScheduler::Grid(m_blocks, shape), Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
   return cudaGetLastError();
 }
 

@@ -15,52 +15,33 @@
 #include "cuda/common/copy.cuh"
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/fwd.cuh"
+#include "cuda/common/epilogue_fwd.cuh"
 #include "cuda/common/score.cuh"
 #include "cuda/common/softmax.cuh"
 #include "cuda/sm80/copy.cuh"
 #include "cuda/sm80/mma.cuh"
+#include "cuda/sm80/tile_size.h"
 #include "jax_flash/params.h"
 
 namespace jax_flash::cuda::sm80 {
 
-// Tile shape per head-dim bucket. Rows per warp is 16 * kMTiles; two m-tiles
-// per warp halve the shared-memory traffic of K and V per MMA (each B
-// fragment feeds two MMAs) where registers allow it.
-// Tile shape per head-dim bucket (ptxas -v: no spills at these shapes).
-// Rows per warp is 16 * kMTiles; two m-tiles per warp halve the shared-memory
-// traffic of K and V per MMA (each B fragment feeds two MMAs) where the
-// registers allow it. JAX_FLASH_TC_FWD_{BM,BN,WARPS} override it for tuning.
-template <int kHeadDim>
-struct FwdTileShape {
-  static constexpr int kBlockM = kHeadDim <= 128 ? 128 : 64;
-  static constexpr int kBlockN = kHeadDim <= 64 ? 64 : (kHeadDim == 96 ? 64 : 32);
-  static constexpr int kNWarps = kHeadDim == 96 ? 8 : 4;
-};
 template <int kHeadDim_>
 struct FwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
-#ifdef JAX_FLASH_TC_FWD_BM
-  static constexpr bool kTuned = kHeadDim == JAX_FLASH_TC_TUNE_D;
-  static constexpr int kBlockM = kTuned ? JAX_FLASH_TC_FWD_BM : FwdTileShape<kHeadDim>::kBlockM;
-  static constexpr int kBlockN = kTuned ? JAX_FLASH_TC_FWD_BN : FwdTileShape<kHeadDim>::kBlockN;
-  static constexpr int kNWarps = kTuned ? JAX_FLASH_TC_FWD_WARPS : FwdTileShape<kHeadDim>::kNWarps;
-#else
-  static constexpr int kBlockM = FwdTileShape<kHeadDim>::kBlockM;
-  static constexpr int kBlockN = FwdTileShape<kHeadDim>::kBlockN;
-  static constexpr int kNWarps = FwdTileShape<kHeadDim>::kNWarps;
-#endif
+  static constexpr FwdTile kTile = TilesFor(kHeadDim).fwd;  // sm80/tile_size.h
+  static constexpr int kBlockM = kTile.block_m;
+  static constexpr int kBlockN = kTile.block_n;
+  static constexpr int kNWarps = kTile.warps;
   static constexpr int kThreads = kNWarps * 32;
-  // CTAs per SM the register allocation must allow (__launch_bounds__).
-#ifdef JAX_FLASH_TC_FWD_MINB
-  static constexpr int kMinBlocks = kHeadDim == JAX_FLASH_TC_TUNE_D ? JAX_FLASH_TC_FWD_MINB : 1;
-#else
-  static constexpr int kMinBlocks = 1;
-#endif
+  static constexpr int kMinBlocks = kTile.min_blocks;
   static constexpr int kWarpRows = kBlockM / kNWarps;
   static constexpr int kMTiles = kWarpRows / kMmaM;
+  static constexpr int kNTiles = kBlockN / kMmaN;   // n-tiles of S
+  static constexpr int kDTiles = kHeadDim / kMmaN;  // n-tiles of O
   static constexpr int kStride = kHeadDim + kSmemPad;  // smem row, elements
   static constexpr int kStages = 2;                    // K/V double buffer
   static constexpr int kSmemElems = kBlockM * kStride + 2 * kStages * kBlockN * kStride;
+  static_assert(kBlockM > 0, "no sm80 tile for this head-dim bucket (sm80/tile_size.h)");
   static_assert(kWarpRows % kMmaM == 0 && kHeadDim % 16 == 0 && kBlockN % 16 == 0);
 };
 
@@ -69,9 +50,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     FwdKernel(const __grid_constant__ FwdArgs args) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim, kStride = Traits::kStride;
-  constexpr int kMT = Traits::kMTiles;
-  constexpr int kNTiles = kBlockN / kMmaN;   // n-tiles of S
-  constexpr int kDTiles = kHeadDim / kMmaN;  // n-tiles of O
+  constexpr int kMT = Traits::kMTiles, kNTiles = Traits::kNTiles, kDTiles = Traits::kDTiles;
   const FwdParams& p = args.p;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -81,24 +60,18 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const FwdBlock<T> blk = FwdBlock<T>::template Make<kBlockM, kBlockN>(p);
+  const FwdBlock<T> blk =
+      FwdBlock<T>::template Make<kBlockM, kBlockN>(p, QueryBlockScheduler::Get());
   const int64_t m0 = blk.m0, n_begin = blk.n_begin, n_end = blk.n_end;
   const GmemRows<T>& q = blk.q;
   const GmemRows<T>& k = blk.k;
   const GmemRows<T>& v = blk.v;
 
-  // Running statistics per owned row: rows (mt, half) = warp row + mt*16 + g + 8*half.
+  // O and the running statistics of the rows this lane owns: rows (mt, half)
+  // = warp row + mt*16 + g + 8*half.
   float o[kMT][kDTiles][4];
   float row_m[kMT][2], row_l[kMT][2];
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) { row_m[mt][hr] = -INFINITY; row_l[mt][hr] = 0.f; }
-#pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) o[mt][dt][r] = 0.f;
-  }
+  InitFwdState(o, row_m, row_l);
 
   if (n_begin < n_end) {
     LoadTile<T, kBlockM, kHeadDim, kStride, Traits::kThreads>(sQ, q, m0, tid);
@@ -196,7 +169,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   }
 
   // ---- epilogue: O / l, lse = m + log(l) ---------------------------------
-  WriteOutput<T>(p, blk.b, blk.h, m0 + warp_row0, o, row_m, row_l, scale_log2, g, t);
+  StoreOutput<T>(p, blk.b, blk.h, m0 + warp_row0, o, row_m, row_l, scale_log2, g, t);
 }
 
 template <typename T, int kHeadDim>

@@ -46,8 +46,10 @@
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/score.cuh"
 #include "cuda/common/softmax.cuh"
+#include "cuda/common/tile_scheduler.cuh"
 #include "cuda/common/views.cuh"
 #include "cuda/sm90/copy.cuh"
+#include "cuda/sm90/tile_size.h"
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
@@ -56,10 +58,11 @@ namespace jax_flash::cuda::sm90 {
 template <int kHeadDim_>
 struct BwdSm90Traits {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockN = 128;  // keys per CTA: 2 warpgroups x 64
-  static constexpr int kBlockM = 64;   // queries per step
-  static constexpr int kThreads = 256;
-  static constexpr int kStages = 2;
+  static constexpr BwdTile kTile = BwdTileSize(kHeadDim);  // sm90/tile_size.h
+  static constexpr int kBlockN = kTile.block_n;  // keys per CTA: 2 warpgroups x 64
+  static constexpr int kBlockM = kTile.block_m;  // queries per step
+  static constexpr int kThreads = kTile.threads;
+  static constexpr int kStages = kTile.stages;
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // K or V
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // one stage of Q or dO
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;   // dS^T, [key][query]
@@ -74,6 +77,8 @@ struct BwdSm90Traits {
   static constexpr int kSmemBytes = 2 * kKvBytes + 2 * kStages * kQBytes + kDsBuffers * kDsBytes +
                                     2 * kDqPartBytes + 2 * kStages * kStatBytes +
                                     kStages * 8 + sm90::kAtomBytes;
+  static_assert(kBlockN == 2 * 64 && kBlockM == 64 && kThreads == 2 * 128,
+                "two warpgroups of 64 keys, 64 queries per step");
   static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma shapes are written for D 64 and 128");
 };
 
@@ -124,7 +129,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int warpgroup = warp / 4, wg_warp = warp % 4, wg_tid = tid % 128;
   const int g = lane / 4, t = lane % 4;
-  const int64_t h_kv = blockIdx.x, b = blockIdx.y, n_block = blockIdx.z;
+  const KeyBlockScheduler::Tile tile = KeyBlockOutermostScheduler::Get();
+  const int64_t h_kv = tile.h_kv, b = tile.b, n_block = tile.n_block;
   const int64_t n0 = n_block * kBlockN;
   const int64_t n0w = n0 + warpgroup * 64;  // this warpgroup's first key
   const int64_t seqlen_q = p.shape.seqlen_q, seqlen_k = p.shape.seqlen_k;
@@ -259,7 +265,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     ExpScoresT(st, lse2_s, scale_log2, t);
     if (!mask.AllVisible(m0, m0 + kBlockM, n0w, n0w + 64))
-      MaskProbabilitiesT(st, mask, n0w + key_row0, m0, g, t);
+      MaskFragment<Rows::kKeys>(st, mask, n0w + key_row0, m0, g, t, 0.f);
 
     // ---- dV += P^T dO: P^T from registers (RS), B = dO MN-major ------------
     uint32_t ap[kBlockM / kMmaK][4];
@@ -391,7 +397,7 @@ cudaError_t LaunchDkDv(const BwdArgs& args, cudaStream_t stream) {
   const AttentionShape& shape = args.p.shape;
   const int64_t n_blocks = CeilDiv(shape.seqlen_k, Traits::kBlockN);
   if (n_blocks == 0) return cudaSuccess;
-  if (n_blocks > 65535) return cudaErrorInvalidConfiguration;  // grid z, see below
+  if (n_blocks > KeyBlockOutermostScheduler::kMaxBlocks) return cudaErrorInvalidConfiguration;
   BwdTmaArgs tma_args;
   tma_args.args = args;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
@@ -407,13 +413,8 @@ cudaError_t LaunchDkDv(const BwdArgs& args, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          Traits::kSmemBytes);
   if (err != cudaSuccess) return err;
-  // Key blocks outermost: with a causal mask the first key blocks have the
-  // most query blocks to visit, and launching every head's block n before
-  // any block n + 1 leaves the short ones for the tail (H100, causal, S=4k:
-  // D=128 242 -> 291 TFLOP/s, D=64 218 -> 243; no change without a mask).
-  const dim3 grid(static_cast<unsigned>(shape.num_heads_kv), static_cast<unsigned>(shape.batch),
-                  static_cast<unsigned>(n_blocks));
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(tma_args);
+  kernel<<<KeyBlockOutermostScheduler::Grid(n_blocks, shape), Traits::kThreads,
+           Traits::kSmemBytes, stream>>>(tma_args);
   return cudaGetLastError();
 }
 

@@ -21,11 +21,14 @@
 #include <cmath>
 
 #include "cuda/common/copy.cuh"
+#include "cuda/common/epilogue_fwd.cuh"
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/fwd.cuh"
 #include "cuda/common/score.cuh"
 #include "cuda/common/softmax.cuh"
+#include "cuda/common/tile_scheduler.cuh"
 #include "cuda/sm90/copy.cuh"
+#include "cuda/sm90/tile_size.h"
 #include "cuda/sm90/wgmma.cuh"
 #include "jax_flash/params.h"
 
@@ -34,16 +37,19 @@ namespace jax_flash::cuda::sm90 {
 template <int kHeadDim_>
 struct FwdSm90Traits {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 128;  // 2 warpgroups x 64 rows
-  static constexpr int kBlockN = 128;
-  static constexpr int kThreads = 256;
+  static constexpr FwdTile kTile = FwdTileSize(kHeadDim);  // sm90/tile_size.h
+  static constexpr int kBlockM = kTile.block_m;
+  static constexpr int kBlockN = kTile.block_n;
+  static constexpr int kThreads = kTile.threads;
+  static constexpr int kStages = kTile.stages;
   static constexpr int kWarpRows = 16;
-  static constexpr int kStages = 2;
+  static constexpr int kDTiles = kHeadDim / kMmaN;  // n-tiles of O per warp
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // one K or V stage
   // + one swizzle period so that the tiles can start 1024-byte aligned.
-  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKvBytes + sm90::kAtomBytes;
-  static_assert(kHeadDim % sm90::kSwizzleElems == 0, "head dim must be a multiple of 64");
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKvBytes + kAtomBytes;
+  static_assert(kBlockM == 2 * 64 && kThreads == 2 * 128, "two warpgroups of 64 rows");
+  static_assert(kHeadDim % kSwizzleElems == 0, "head dim must be a multiple of 64");
 };
 
 template <typename T, typename Traits>
@@ -53,7 +59,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kNTiles = kBlockN / kMmaN;   // n-tiles of S per warp
-  constexpr int kDTiles = kHeadDim / kMmaN;  // n-tiles of O per warp
+  constexpr int kDTiles = Traits::kDTiles;  // n-tiles of O per warp
   const FwdParams& p = args.p;
 
   extern __shared__ unsigned char smem_raw[];
@@ -65,7 +71,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int warpgroup = warp / 4;
   const int g = lane / 4, t = lane % 4;
-  const FwdBlock<T> blk = FwdBlock<T>::template Make<kBlockM, kBlockN>(p);
+  const FwdBlock<T> blk =
+      FwdBlock<T>::template Make<kBlockM, kBlockN>(p, QueryBlockScheduler::Get());
   const int64_t m0 = blk.m0, n_begin = blk.n_begin, n_end = blk.n_end;
   const GmemRows<T>& q = blk.q;
   const GmemRows<T>& k = blk.k;
@@ -147,7 +154,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
 
   // ---- epilogue: O / l, lse = m + log(l) (common/) -----------------
-  WriteOutput<T>(p, blk.b, blk.h, m0 + warp_row0, o, row_m, row_l, scale_log2, g, t);
+  StoreOutput<T>(p, blk.b, blk.h, m0 + warp_row0, o, row_m, row_l, scale_log2, g, t);
 #else
   __trap();  // built without sm_90a; the dispatch never launches it then
 #endif

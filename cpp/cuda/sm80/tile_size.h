@@ -1,0 +1,86 @@
+// Tile shapes of the mma.sync kernels, one row per head-dim bucket
+// (jax_flash/_supported.py, CUDA_HEAD_DIM_BUCKETS; measurements and what was
+// tried: cpp/cuda/NOTES.md). The kernels' traits derive everything else
+// (warps, fragments, shared memory) from these.
+#pragma once
+
+namespace jax_flash::cuda::sm80 {
+
+// Forward: query rows per CTA, keys per K/V block, warps (each owns block_m /
+// warps rows: 16 per m-tile, two m-tiles where registers allow, halving the
+// shared-memory traffic of K and V per MMA), CTAs per SM the register
+// allocation must allow (__launch_bounds__).
+struct FwdTile {
+  int block_m, block_n, warps, min_blocks;
+};
+
+// dK/dV kernel: keys per CTA (16 per warp), queries per step, and head-dim
+// passes (registers hold dK and dV for 16 keys x head_dim / d_split columns;
+// above 128 that would not fit, so the kernel makes d_split passes over the
+// query blocks, recomputing S and dP).
+struct BwdTile {
+  int block_n, block_m, d_split;
+};
+
+// Deterministic dQ kernel: the forward's structure, query rows per CTA (16
+// per warp), keys per block, warps.
+struct DqTile {
+  int block_m, block_n, warps;
+};
+
+struct Tiles {
+  int head_dim;
+  FwdTile fwd;
+  BwdTile bwd;
+  DqTile dq;
+};
+
+// ptxas -v, sm_90a: no spills but the backward's at 96 and above (NOTES.md).
+inline constexpr Tiles kTiles[] = {
+    // head_dim, fwd {BM, BN, warps, min CTAs}, bwd {BN, BM, d_split}, dq {BM, BN, warps}
+    {32, {128, 64, 4, 1}, {128, 64, 1}, {64, 64, 4}},
+    {64, {128, 64, 4, 1}, {128, 64, 1}, {64, 64, 4}},
+    {96, {128, 64, 8, 1}, {128, 64, 1}, {64, 64, 4}},
+    {128, {128, 32, 4, 1}, {128, 32, 1}, {64, 64, 4}},
+    {192, {64, 32, 4, 1}, {64, 32, 2}, {64, 32, 4}},
+    {256, {64, 32, 4, 1}, {64, 32, 4}, {64, 32, 4}},
+};
+
+// Tuning hook (tests/gpu/tc_sweep.sh, tc_run.sh): with -DJAX_FLASH_TUNE_D=<bucket>,
+// each of -DJAX_FLASH_TUNE_{FWD_BM,FWD_BN,FWD_WARPS,FWD_MINB,BWD_BN,BWD_BM}=<n>
+// replaces that field of the bucket's row. (Separate scalar macros: nvcc
+// splits a -D value at its commas.)
+constexpr Tiles Tuned(Tiles t) {
+#ifdef JAX_FLASH_TUNE_D
+  if (t.head_dim != JAX_FLASH_TUNE_D) return t;
+#ifdef JAX_FLASH_TUNE_FWD_BM
+  t.fwd.block_m = JAX_FLASH_TUNE_FWD_BM;
+#endif
+#ifdef JAX_FLASH_TUNE_FWD_BN
+  t.fwd.block_n = JAX_FLASH_TUNE_FWD_BN;
+#endif
+#ifdef JAX_FLASH_TUNE_FWD_WARPS
+  t.fwd.warps = JAX_FLASH_TUNE_FWD_WARPS;
+#endif
+#ifdef JAX_FLASH_TUNE_FWD_MINB
+  t.fwd.min_blocks = JAX_FLASH_TUNE_FWD_MINB;
+#endif
+#ifdef JAX_FLASH_TUNE_BWD_BN
+  t.bwd.block_n = JAX_FLASH_TUNE_BWD_BN;
+#endif
+#ifdef JAX_FLASH_TUNE_BWD_BM
+  t.bwd.block_m = JAX_FLASH_TUNE_BWD_BM;
+#endif
+#endif
+  return t;
+}
+
+// The row of a compiled bucket; a head dim without a row gives zeros, which
+// the traits' static_asserts reject at compile time.
+constexpr Tiles TilesFor(int head_dim) {
+  for (const Tiles& t : kTiles)
+    if (t.head_dim == head_dim) return Tuned(t);
+  return Tiles{};
+}
+
+}  // namespace jax_flash::cuda::sm80
