@@ -8,8 +8,8 @@
 // 16-bit roundings such an implementation makes: P, dS and outputs) + atol.
 // Timing: cudaEvents, median of many after warm-up, FLOPs per FA papers.
 //
-// Build: tests/gpu/build.sh. Usage: tc_kernel_check [check|small|bench|bench_fp16|bench_d|
-// bench1 D S causal|prof D S causal]
+// Build: tests/gpu/build.sh. Usage: tc_kernel_check [check|small|bench|bench_fp16|bench_cap|
+// bench_d|bench1 D S causal|prof D S causal]
 #include <omp.h>
 
 #include <algorithm>
@@ -293,7 +293,8 @@ static bool RunCase(const Case& c, uint64_t seed, bool verbose = true) {
   return ok;
 }
 
-static void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once = false) {
+static void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once = false,
+                  float softcap = 0.f) {
   const size_t n = (size_t)B * S * H * D;
   Dev q(n * 2), k(n * 2), v(n * 2), o(n * 2), lse((size_t)B * H * S * 4), dout(n * 2), dq(n * 2), dk(n * 2),
       dv(n * 2);
@@ -304,6 +305,7 @@ static void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once 
   p.shape = AttentionShape{B, S, S, H, H, D};
   p.mask.causal = causal;
   p.score.scale = 1.0 / std::sqrt((double)D);
+  p.score.softcap = softcap;
   p.q = q.p(); p.k = k.p(); p.v = v.p(); p.out = o.p(); p.lse = lse.p(); p.dout = dout.p(); p.dq = dq.p(); p.dk = dk.p();
   p.dv = dv.p();
   check::SetContiguousStrides(&p);
@@ -320,8 +322,8 @@ static void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once 
   float tf = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchFwd(p, dtype, nullptr)); }, 20);
   float tb = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), false, nullptr)); }, 10);
   float td = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), true, nullptr)); }, 5);
-  std::printf("BENCH %s B%d S%d H%d D%d %s: fwd %.3f ms %.0f TF/s | bwd %.3f ms %.0f TF/s | bwd-det %.3f ms %.0f TF/s\n",
-              bf16 ? "bf16" : "fp16", B, S, H, D, causal ? "causal" : "full", tf, flops / tf * 1e-9, tb,
+  std::printf("BENCH %s B%d S%d H%d D%d %s%s: fwd %.3f ms %.0f TF/s | bwd %.3f ms %.0f TF/s | bwd-det %.3f ms %.0f TF/s\n",
+              bf16 ? "bf16" : "fp16", B, S, H, D, causal ? "causal" : "full", softcap > 0 ? " cap" : "", tf, flops / tf * 1e-9, tb,
               2.5 * flops / tb * 1e-9, td, 2.5 * flops / td * 1e-9);
 }
 
@@ -345,6 +347,12 @@ int main(int argc, char** argv) {
     for (int D : {64, 128})
       for (int S : {4096, 16384})
         for (bool causal : {false, true}) Bench(16384 / S, S, 2048 / D, D, causal, mode == "bench");
+    return 0;
+  }
+  if (mode == "bench_cap") {  // the bench shapes with a soft cap (its own Hopper bwd kernels)
+    for (int D : {64, 128})
+      for (int S : {4096, 16384})
+        for (bool causal : {false, true}) Bench(16384 / S, S, 2048 / D, D, causal, true, false, 30.f);
     return 0;
   }
   if (mode == "bench_d") {  // the other buckets, bf16, S = 4096
