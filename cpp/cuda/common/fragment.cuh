@@ -24,6 +24,23 @@ inline constexpr int kMmaM = 16;  // mma.m16n8k16 tile
 inline constexpr int kMmaN = 8;
 inline constexpr int kMmaK = 16;
 
+// A thread's place in its CTA, its warp and the fragments: g = lane / 4 (the
+// row in an 8-row group), t = lane % 4 (the column pair). Computed once per
+// kernel and handed to its mainloop and epilogue (computing the indices again
+// in each changed the register allocation of the mma.sync forward).
+struct ThreadPos {
+  int tid, warp, lane, g, t;
+  __device__ __forceinline__ static ThreadPos Here() {
+    ThreadPos pos;
+    pos.tid = threadIdx.x;
+    pos.warp = pos.tid / 32;
+    pos.lane = pos.tid % 32;
+    pos.g = pos.lane / 4;
+    pos.t = pos.lane % 4;
+    return pos;
+  }
+};
+
 // Two floats -> one register of two 16-bit values (low half = first).
 template <typename T>
 __device__ __forceinline__ uint32_t Pack2(float lo, float hi) {

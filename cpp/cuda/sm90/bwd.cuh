@@ -1,20 +1,12 @@
 // FlashAttention backward dK/dV and dQ for Hopper (sm_90a): the algorithm
 // of sm80/bwd_dkdv.cuh's DkDvKernel with its five GEMMs on warpgroup MMAs
-// (wgmma.cuh).
+// (wgmma.cuh). The kernel is its tile scheduler (common/tile_scheduler.cuh:
+// key blocks outermost), mainloop (sm90/mainloop_bwd.cuh) and epilogues
+// (common/epilogue_bwd.cuh for dK and dV, sm90/epilogue_bwd.cuh for dQ).
 //
 // Work partition: one CTA per (block of 128 keys, KV head, batch), two
 // warpgroups of 64 keys each; the CTA walks (query head of the GQA group,
-// block of 64 queries) steps. Q and dO come through TMA (tma.cuh), lse2 and
-// D through cp.async, double-buffered, all completing on the stage's
-// mbarrier. Per warpgroup and step:
-//   S^T  = K_w Q^T,  dP^T = V_w dO^T   SS, both operands K-major (64 x 64)
-//   P^T, dS^T in registers (mask, softcap: common/score.cuh)
-//   dV  += P^T dO (RS: P^T from registers), dK += dS^T Q (SS), B MN-major
-//   dQ part = dS K                      SS: dS^T through shared memory as an
-//                                        M-major A (and as dK's K-major A),
-//                                        K as an MN-major B
-// The GEMMs are issued as five commit groups so that P^T and the dV GEMM
-// overlap dP^T, and the dQ epilogue overlaps the dK GEMM.
+// block of 64 queries) steps.
 //
 // dQ leaves through shared memory and the TMA unit's bulk reduce-add into the
 // float32 accumulator: warpgroup w adds columns [w D/2, (w+1) D/2) of the
@@ -40,18 +32,16 @@
 #include <type_traits>
 
 #include "cuda/bwd/args.h"
-#include "cuda/bwd/preprocess.cuh"
 #include "cuda/bwd/workspace.h"
-#include "cuda/common/copy.cuh"
+#include "cuda/common/epilogue_bwd.cuh"
 #include "cuda/common/fragment.cuh"
-#include "cuda/common/score.cuh"
-#include "cuda/common/softmax.cuh"
 #include "cuda/common/tile_scheduler.cuh"
-#include "cuda/common/views.cuh"
-#include "cuda/sm90/copy.cuh"
+#include "cuda/sm90/epilogue_bwd.cuh"
+#include "cuda/sm90/mainloop_bwd.cuh"
 #include "cuda/sm90/tile_size.h"
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
+#include "jax_flash/math.h"
 
 namespace jax_flash::cuda::sm90 {
 
@@ -82,308 +72,22 @@ struct BwdSm90Traits {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma shapes are written for D 64 and 128");
 };
 
-// The kernel's parameters: Q and dO come through TMA (tma.cuh), in boxes
-// of 64 columns x kBlockM rows.
-struct BwdTmaArgs {
-  BwdArgs args;
-  CUtensorMap q_map;
-  CUtensorMap dout_map;
-};
-
-// Named barrier of one warpgroup (ids 1, 2; 0 is __syncthreads).
-__device__ __forceinline__ void WarpgroupBarrier(int warpgroup) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + warpgroup) : "memory");
-}
-
-// kSoftcap: a template parameter rather than a branch, because ptxas
-// serializes every wgmma of the kernel when the two waits of the two paths
-// below meet in one function.
+// One CTA: its key block from the scheduler, the mainloop over its steps
+// (adding dQ as it goes), the dK/dV epilogue.
 template <typename T, typename Traits, bool kSoftcap>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     BwdKernel(const __grid_constant__ BwdTmaArgs tma_args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
-  constexpr int kHeadDim = Traits::kHeadDim;
-  constexpr int kQTiles = kBlockM / kMmaN;   // n-tiles of S^T (queries)
-  constexpr int kDTiles = kHeadDim / kMmaN;  // n-tiles of dK, dV, dQ
-  constexpr uint32_t kRow = sm90::kSwizzleBytes;
-  const BwdArgs& args = tma_args.args;
-  const BwdParams& p = args.p;
-
-  extern __shared__ unsigned char smem_raw[];
-  const uint32_t base = (SmemAddr(smem_raw) + sm90::kAtomBytes - 1) & ~(sm90::kAtomBytes - 1);
-  const uint32_t sK = base;
-  const uint32_t sV = sK + Traits::kKvBytes;
-  const uint32_t sQ = sV + Traits::kKvBytes;              // [kStages]
-  const uint32_t sdO = sQ + Traits::kStages * Traits::kQBytes;   // [kStages]
-  const uint32_t sdS = sdO + Traits::kStages * Traits::kQBytes;
-  const uint32_t sDq = sdS + Traits::kDsBuffers * Traits::kDsBytes;  // [2 warpgroups]
-  float* sLse = reinterpret_cast<float*>(smem_raw + (sDq + 2 * Traits::kDqPartBytes -
-                                                     SmemAddr(smem_raw)));
-  float* sDelta = sLse + Traits::kStages * kBlockM;
-  // One mbarrier per stage: its phase completes when the stage's Q and dO
-  // tiles (TMA bytes) and lse2 and D (the cp.async arrivals of the threads
-  // that load them) are in.
-  const uint32_t full_bar = SmemAddr(sDelta + Traits::kStages * kBlockM);
-
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int warpgroup = warp / 4, wg_warp = warp % 4, wg_tid = tid % 128;
-  const int g = lane / 4, t = lane % 4;
+  const ThreadPos pos = ThreadPos::Here();
   const KeyBlockScheduler::Tile tile = KeyBlockOutermostScheduler::Get();
-  const int64_t h_kv = tile.h_kv, b = tile.b, n_block = tile.n_block;
-  const int64_t n0 = n_block * kBlockN;
-  const int64_t n0w = n0 + warpgroup * 64;  // this warpgroup's first key
-  const int64_t seqlen_q = p.shape.seqlen_q, seqlen_k = p.shape.seqlen_k;
-  const int64_t num_heads_q = p.shape.num_heads_q;
-  const int64_t group = p.shape.group_size();
-  const int head_dim = static_cast<int>(p.shape.head_dim);
-  const BatchMask mask = BatchMask::For(p.mask, b, seqlen_q, seqlen_k);
-
-  const GmemRows<T> k = GmemRows<T>::Head(p.k, p.k_strides, b, h_kv, seqlen_k, head_dim);
-  const GmemRows<T> v = GmemRows<T>::Head(p.v, p.v_strides, b, h_kv, seqlen_k, head_dim);
-
-  int64_t q_begin, q_end;
-  mask.QueryRange(n0, n0 + kBlockN, &q_begin, &q_end);
-  const int64_t m_begin = q_begin / kBlockM;
-  const int64_t m_count = q_begin < q_end ? CeilDiv(q_end, kBlockM) - m_begin : 0;
-  const int64_t steps = group * m_count;
-
-  // A step's loads, all onto the stage's mbarrier: Q and dO through TMA
-  // (thread 0; rows past seqlen_q and columns past head_dim arrive as
-  // zeros), lse2 and D with cp.async (threads 0..2 kBlockM - 1).
-  constexpr int kStatThreads = 2 * kBlockM;  // LoadRowStats
-  auto issue = [&](int64_t gi, int64_t mi, int stage) {
-    const int64_t h = h_kv * group + gi;
-    const int64_t m0 = (m_begin + mi) * kBlockM;
-    if (tid == 0) {
-      const uint32_t bar = full_bar + 8 * stage;
-      sm90::MbarrierArriveExpectTx(bar, 2 * Traits::kQBytes);
-#pragma unroll
-      for (int block = 0; block < kHeadDim / 64; ++block) {
-        const uint32_t offset = stage * Traits::kQBytes + block * kBlockM * kRow;
-        sm90::TmaLoadBox(sQ + offset, &tma_args.q_map, block * 64, static_cast<int>(m0),
-                         static_cast<int>(h), static_cast<int>(b), bar);
-        sm90::TmaLoadBox(sdO + offset, &tma_args.dout_map, block * 64, static_cast<int>(m0),
-                         static_cast<int>(h), static_cast<int>(b), bar);
-      }
-    }
-    LoadRowStats<kBlockM>(args, (b * num_heads_q + h) * seqlen_q, m0, seqlen_q,
-                          sLse + stage * kBlockM, sDelta + stage * kBlockM, tid);
-    if (tid < kStatThreads) sm90::CpAsyncArriveOn(full_bar + 8 * stage);
-  };
-
-  LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sK, k, n0, tid);
-  LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sV, v, n0, tid);
-  CpAsyncCommit();
-  if (tid == 0) {
-    for (int stage = 0; stage < Traits::kStages; ++stage)
-      sm90::MbarrierInit(full_bar + 8 * stage, 1 + kStatThreads);
-    sm90::FenceBarrierInit();
-  }
-  __syncthreads();  // the barriers are initialized before anyone uses them
-  if (steps > 0) issue(0, 0, 0);
-  CpAsyncWait<0>();  // K and V, published to all threads and to wgmma here
-  sm90::FenceProxyAsync();
-  __syncthreads();
-
-  float dk[kDTiles][4], dv[kDTiles][4];
-#pragma unroll
-  for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) { dk[dt][r] = 0.f; dv[dt][r] = 0.f; }
-
-  // This warpgroup's 64 keys: row 64 * warpgroup of every column block.
-  const uint32_t k_rows = sK + warpgroup * 64 * kRow;
-  const uint32_t v_rows = sV + warpgroup * 64 * kRow;
-  const uint32_t ds_rows = sdS + warpgroup * 64 * kRow;
-  const int key_row0 = wg_warp * 16;  // this warp's first key within the warpgroup
-  // This warpgroup's dQ columns: dq_col0.., in K's column block dq_col0 / 64
-  // (an MN-major B may start inside a swizzled row: the swizzle is applied to
-  // the address, as for the k-steps of a K-major operand).
-  constexpr int kDqCols = Traits::kDqCols;
-  const int dq_col0 = warpgroup * kDqCols;
-  const uint32_t dq_k_cols = sK + (dq_col0 / 64) * kBlockN * kRow + (dq_col0 % 64) * 2;
-  const uint32_t dq_part = sDq + warpgroup * Traits::kDqPartBytes;
-  // Descriptors of the tiles that stay put (the k-steps add offsets): dS^T
-  // as dQ's M-major A (all 128 keys) and as dK's K-major A (this warpgroup's
-  // rows), K's dQ columns as dQ's MN-major B.
-  const uint64_t desc_ds = sm90::SmemDescriptor(sdS, kBlockN * kRow, sm90::kAtomBytes);
-  const uint64_t desc_dst = sm90::SmemDescriptor(ds_rows, 0, sm90::kAtomBytes);
-  const uint64_t desc_kt = sm90::SmemDescriptor(dq_k_cols, kBlockN * kRow, sm90::kAtomBytes);
-  using Acc = DqAccumLayout<kHeadDim>;
-  // The staging rows' padding is added to the accumulator's: keep it zero.
-  for (int r = tid; r < 2 * kBlockM; r += Traits::kThreads) {
-    const uint32_t pad = sDq + r * Traits::kDqRowBytes + kDqCols * 4;
-    asm volatile("st.shared.v4.f32 [%0], {%1, %1, %1, %1};\n"
-                 "st.shared.v4.f32 [%0+16], {%1, %1, %1, %1};\n" ::"r"(pad), "f"(0.f));
-  }
-  const float scale_log2 = args.scale_log2;
-
-  int64_t gi = 0, mi = 0;
-  for (int64_t s = 0; s < steps; ++s) {
-    // No CTA barrier at the top of a step: a warpgroup that is done with
-    // step s - 1 starts step s while the other's dK GEMM may still run. The
-    // loads of step s were issued after the middle barrier of step s - 1,
-    // when both warpgroups were done with the stage; dS^T alternates
-    // between two buffers so that this step's writes miss the other
-    // warpgroup's dQ GEMM of step s - 1.
-    const int stage = static_cast<int>(s & 1);
-    const uint32_t ds_offset = static_cast<uint32_t>(s & 1) * Traits::kDsBytes;
-    const int64_t h = h_kv * group + gi;
-    const int64_t m0 = (m_begin + mi) * kBlockM;
-    if (++mi == m_count) { mi = 0; ++gi; }
-    // The stage's k-th use completes its barrier's phase k (parity k % 2).
-    sm90::MbarrierWait(full_bar + 8 * stage, static_cast<uint32_t>((s / Traits::kStages) & 1));
-    const uint32_t q_tile = sQ + stage * Traits::kQBytes;
-    const uint32_t do_tile = sdO + stage * Traits::kQBytes;
-    const float* lse2_s = sLse + stage * kBlockM;
-    const float* delta_s = sDelta + stage * kBlockM;
-
-    // ---- S^T = K_w Q^T, dP^T = V_w dO^T (64 keys x 64 queries) ------------
-    // Two commit groups, so that P^T (and the dV GEMM) can go ahead while
-    // dP^T is still being computed. Group order below: S^T, dP^T, dV, dQ, dK;
-    // each wait names how many of the latest may still run.
-    float st[kQTiles][4], dpt[kQTiles][4];
-    sm90::WgmmaFence();
-    sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(st, k_rows, q_tile);
-    sm90::WgmmaCommit();
-    sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(dpt, v_rows, do_tile);
-    sm90::WgmmaCommit();
-
-    // ---- P^T (common/softmax.cuh) -------------------------------------------
-    // With softcap, d x / d s needs x, which P overwrites: wait for dP^T too
-    // and fold that factor in now.
-    if constexpr (kSoftcap) {
-      sm90::WgmmaWait<0>();
-      sm90::FenceRegisters(st);
-      sm90::FenceRegisters(dpt);
-      SoftcapAndSubtractDelta(st, dpt, delta_s, args.softcap, args.scale_over_cap,
-                              args.inv_softcap, t);
-    } else {
-      sm90::WgmmaWait<1>();
-      sm90::FenceRegisters(st);
-    }
-    ExpScoresT(st, lse2_s, scale_log2, t);
-    if (!mask.AllVisible(m0, m0 + kBlockM, n0w, n0w + 64))
-      MaskFragment<Rows::kKeys>(st, mask, n0w + key_row0, m0, g, t, 0.f);
-
-    // ---- dV += P^T dO: P^T from registers (RS), B = dO MN-major ------------
-    uint32_t ap[kBlockM / kMmaK][4];
-#pragma unroll
-    for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
-      PackA<T>(ap[ks], st[2 * ks], st[2 * ks + 1]);
-    }
-    sm90::WgmmaFence();
-    const uint64_t desc_do = sm90::SmemDescriptor(do_tile, kBlockM * kRow, sm90::kAtomBytes);
-#pragma unroll
-    for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
-      // k-step ks = queries 16ks..16ks+15: two 8-row groups of the dO tile.
-      sm90::WgmmaRS<T, 1>(dv, ap[ks], sm90::DescriptorPlus(desc_do, ks * 2 * sm90::kAtomBytes), 1);
-    }
-    sm90::WgmmaCommit();
-
-    // ---- dS^T = P^T (dP^T - D) dx, to shared memory -------------------------
-    if constexpr (!kSoftcap) {
-      sm90::WgmmaWait<1>();  // dP^T (dV may still run)
-      sm90::FenceRegisters(dpt);
-      SubtractDelta(dpt, delta_s, t);
-    }
-    // dS^T goes through shared memory once and feeds two GEMMs from there:
-    // dK as a K-major A (rows = keys), dQ as an M-major A (transposed).
-    // One stmatrix per 16 queries: matrices (keys g, g + 8) x (queries
-    // 16ks + 0..7, 16ks + 8..15) of this warp's 16 keys; lane l addresses
-    // row l % 8 of matrix l / 8 in the swizzled [key][query] tile.
-    const int st_row = warpgroup * 64 + key_row0 + lane % 8 + ((lane / 8) % 2) * 8;
-#pragma unroll
-    for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
-      const float(&d0)[4] = dpt[2 * ks];
-      const float(&d1)[4] = dpt[2 * ks + 1];
-      const float(&p0)[4] = st[2 * ks];
-      const float(&p1)[4] = st[2 * ks + 1];
-      sm90::StMatrixX4(sdS + ds_offset + sm90::SwizzledOffset(st_row, 2 * ks + lane / 16, kBlockN),
-                       Pack2<T>(d0[0] * p0[0], d0[1] * p0[1]), Pack2<T>(d0[2] * p0[2], d0[3] * p0[3]),
-                       Pack2<T>(d1[0] * p1[0], d1[1] * p1[1]), Pack2<T>(d1[2] * p1[2], d1[3] * p1[3]));
-    }
-    // The dQ part's staging tile is free again once the bulk reduce of the
-    // previous step (issued long ago) has read it.
-    if (wg_tid == 0) sm90::BulkWaitRead<0>();
-    sm90::FenceProxyAsync();
-    // dQ reads the other warpgroup's dS^T rows too; and both warpgroups are
-    // done with step s - 1, so its stage takes step s + 1's loads.
-    __syncthreads();
-    if (s + 1 < steps) issue(gi, mi, stage ^ 1);
-
-    // dQ part: 64 queries x kDqCols columns, reduced over the CTA's keys.
-    {
-      float dq[kDqCols / kMmaN][4];
-      sm90::WgmmaFence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / kMmaK; ++kk) {
-        // k-step kk = keys 16kk..16kk+15: rows of dS^T and of K.
-        const uint32_t step = kk * 2 * sm90::kAtomBytes;
-        sm90::WgmmaSS<T, 1, 1>(dq, sm90::DescriptorPlus(desc_ds, ds_offset + step),
-                               sm90::DescriptorPlus(desc_kt, step), kk > 0);
-      }
-      sm90::WgmmaCommit();
-      // ---- dK += dS^T Q: A = dS^T K-major, B = Q MN-major -------------------
-      const uint64_t desc_q = sm90::SmemDescriptor(q_tile, kBlockM * kRow, sm90::kAtomBytes);
-#pragma unroll
-      for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
-        sm90::WgmmaSS<T, 1>(dk, sm90::DescriptorPlus(desc_dst, ds_offset + ks * 32),
-                            sm90::DescriptorPlus(desc_q, ks * 2 * sm90::kAtomBytes), 1);
-      }
-      sm90::WgmmaCommit();
-      sm90::WgmmaWait<1>();  // dQ (and dV) done; dK may still run
-      sm90::FenceRegisters(dq);
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const uint32_t row = dq_part + (wg_warp * 16 + g + hr * 8) * Traits::kDqRowBytes;
-#pragma unroll
-        for (int dt = 0; dt < kDqCols / kMmaN; ++dt)
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(row + (dt * 8 + 2 * t) * 4),
-                       "f"(dq[dt][2 * hr]), "f"(dq[dt][2 * hr + 1]));
-      }
-      sm90::FenceProxyAsync();
-      WarpgroupBarrier(warpgroup);
-      // One bulk reduction per warpgroup: its half of the step's rows is one
-      // range of the accumulator (DqAccumLayout), padding included.
-      if (wg_tid == 0) {
-        const int rows = static_cast<int>(seqlen_q - m0 < kBlockM ? seqlen_q - m0 : kBlockM);
-        float* acc = args.dq_accum + Acc::HalfRow(b * num_heads_q + h, seqlen_q, warpgroup, m0);
-        sm90::BulkReduceAddF32(acc, dq_part, rows * Traits::kDqRowBytes);
-        sm90::BulkCommit();
-      }
-    }
-    // dK is finished within its step although its inputs (this stage, this
-    // dS^T buffer) are not rewritten before step s + 2: left in flight across
-    // the loop's back edge, ptxas serializes the kernel's wgmmas (C7515)
-    // unless dK's first k-step zeroes instead, and that variant measured no
-    // faster (NOTES.md).
-    sm90::WgmmaWait<0>();
-    sm90::FenceRegisters(dv);
-    sm90::FenceRegisters(dk);
-  }
-
-  // ---- dK (times d score / d q.k) and dV -----------------------------------
-  T* dk_out = static_cast<T*>(p.dk) + p.dk_strides.offset(b, 0, h_kv);
-  T* dv_out = static_cast<T*>(p.dv) + p.dv_strides.offset(b, 0, h_kv);
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const int64_t j = n0w + key_row0 + g + hr * 8;
-    if (j < seqlen_k) {
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) {
-        const int col = dt * 8 + 2 * t;
-        if (col < head_dim) {
-          *reinterpret_cast<uint32_t*>(dk_out + j * p.dk_strides.row + col) =
-              Pack2<T>(dk[dt][2 * hr] * args.scale, dk[dt][2 * hr + 1] * args.scale);
-          *reinterpret_cast<uint32_t*>(dv_out + j * p.dv_strides.row + col) =
-              Pack2<T>(dv[dt][2 * hr], dv[dt][2 * hr + 1]);
-        }
-      }
-    }
-  }
-  if (wg_tid == 0) sm90::BulkWait<0>();  // the staging tile must outlive its reads
+  float dk[Traits::kHeadDim / kMmaN][4], dv[Traits::kHeadDim / kMmaN][4];
+  BwdMainloop<T, Traits, kSoftcap>(tma_args, tile, pos, dk, dv);  // steps -> dK, dV (+ dQ)
+  const int warpgroup = pos.warp / 4, wg_warp = pos.warp % 4;
+  // This warp's 16 keys: its warpgroup's 64, its quarter of them.
+  const int64_t key0 = tile.n_block * Traits::kBlockN + warpgroup * 64 + wg_warp * 16;
+  StoreDkDv<T>(tma_args.args.p, tile.b, tile.h_kv, key0, 0, dk, dv, tma_args.args.scale, pos.g,
+               pos.t);
+  DrainDqReductions(pos.tid % 128);
 #else
   __trap();  // built without sm_90a; the dispatch never launches it then
 #endif

@@ -1,0 +1,115 @@
+// The Hopper forward's mainloop: the CTA's key blocks, K/V through a
+// two-stage cp.async pipeline into swizzled shared tiles, both GEMMs on
+// wgmma; it produces this warp's O, m and l (common/fwd.cuh), one m-tile of 16
+// rows. A warp-specialized pipeline (a producer warpgroup loading K/V with
+// TMA, the consumers' softmax overlapping the next block's GEMM) replaces
+// this function alone: the scheduler, FwdBlock and the epilogue stay.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/common/copy.cuh"
+#include "cuda/common/fragment.cuh"
+#include "cuda/common/fwd.cuh"
+#include "cuda/common/score.cuh"
+#include "cuda/common/softmax.cuh"
+#include "cuda/sm90/copy.cuh"
+#include "cuda/sm90/wgmma.cuh"
+
+namespace jax_flash::cuda::sm90 {
+
+template <typename T, typename Traits>
+__device__ __forceinline__ void FwdMainloop(const FwdArgs& args, const FwdBlock<T>& blk,
+                                            const ThreadPos& pos,
+                                            float (&o)[1][Traits::kHeadDim / kMmaN][4],
+                                            float (&row_m)[1][2], float (&row_l)[1][2]) {
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kNTiles = kBlockN / kMmaN;   // n-tiles of S per warp
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t smem_base = (SmemAddr(smem_raw) + sm90::kAtomBytes - 1) & ~(sm90::kAtomBytes - 1);
+  const uint32_t sQ = smem_base;
+  const uint32_t sK = sQ + Traits::kQBytes;                       // [kStages] tiles
+  const uint32_t sV = sK + Traits::kStages * Traits::kKvBytes;    // [kStages] tiles
+
+  const int tid = pos.tid, warp = pos.warp, g = pos.g, t = pos.t;
+  const int warpgroup = warp / 4;
+  const int64_t m0 = blk.m0, n_begin = blk.n_begin, n_end = blk.n_end;
+  const GmemRows<T>& q = blk.q;
+  const GmemRows<T>& k = blk.k;
+  const GmemRows<T>& v = blk.v;
+
+  if (n_begin < n_end) {
+    LoadSwizzledTile<T, kBlockM, kHeadDim, Traits::kThreads>(sQ, q, m0, tid);
+    LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sK, k, n_begin * kBlockN, tid);
+    LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sV, v, n_begin * kBlockN, tid);
+    CpAsyncCommit();
+  }
+
+  const int warp_row0 = warp * Traits::kWarpRows;
+  // This warpgroup's 64 rows of Q: row 64 * warpgroup of every column block.
+  const uint32_t q_rows = sQ + warpgroup * 64 * sm90::kSwizzleBytes;
+  const float scale_log2 = args.scale_log2;
+  const float rescale_margin = kRescaleLog2 / scale_log2;
+
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const int stage = static_cast<int>((n - n_begin) & 1);
+    // One barrier per block: publishes this block's K/V (fenced for the async
+    // proxy that wgmma reads through) and tells that both warpgroups are done
+    // with the previous block, whose stage the prefetch below overwrites.
+    CpAsyncWait<0>();
+    sm90::FenceProxyAsync();
+    __syncthreads();
+    if (n + 1 < n_end) {
+      const int next = stage ^ 1;
+      LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sK + next * Traits::kKvBytes, k,
+                                                                (n + 1) * kBlockN, tid);
+      LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sV + next * Traits::kKvBytes, v,
+                                                                (n + 1) * kBlockN, tid);
+      CpAsyncCommit();
+    }
+    const uint32_t k_tile = sK + stage * Traits::kKvBytes;
+    const uint32_t v_tile = sV + stage * Traits::kKvBytes;
+
+    // ---- S = Q K^T ----------------------------------------------------------
+    float s[1][kNTiles][4];
+    sm90::WgmmaFence();
+    sm90::GemmKMajor<T, kHeadDim, kBlockM, kBlockN>(s[0], q_rows, k_tile);
+    sm90::WgmmaCommit();
+    sm90::WgmmaWait<0>();
+    sm90::FenceRegisters(s[0]);
+
+    // ---- soft cap, mask (common/score.cuh); online softmax: S -> P ----------
+    TransformAndMask<kBlockM>(s, args.softcap, args.scale_over_cap, blk.mask, m0, m0 + warp_row0,
+                              n * kBlockN, g, t);
+    OnlineSoftmax(s, o, row_m, row_l, scale_log2, rescale_margin);
+
+    // ---- O += P V -----------------------------------------------------------
+    // k-step ks covers keys 16ks..16ks+15: two 8-row groups, 2048 bytes into
+    // every column block of V.
+    uint32_t a[kBlockN / kMmaK][4];
+#pragma unroll
+    for (int ks = 0; ks < kBlockN / kMmaK; ++ks) {
+      PackA<T>(a[ks], s[0][2 * ks], s[0][2 * ks + 1]);
+    }
+    sm90::WgmmaFence();
+    sm90::FenceRegisters(o[0]);
+#pragma unroll
+    for (int ks = 0; ks < kBlockN / kMmaK; ++ks) {
+      const uint64_t desc_v =
+          sm90::SmemDescriptor(v_tile + ks * 2 * sm90::kAtomBytes,
+                               kBlockN * sm90::kSwizzleBytes, sm90::kAtomBytes);
+      sm90::WgmmaRS<T, 1>(o[0], a[ks], desc_v, 1);
+    }
+    sm90::WgmmaCommit();
+    sm90::WgmmaWait<0>();
+    sm90::FenceRegisters(o[0]);
+  }
+
+}
+
+}  // namespace jax_flash::cuda::sm90
