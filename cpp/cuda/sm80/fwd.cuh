@@ -6,6 +6,9 @@
 // keys stream through a two-stage cp.async pipeline; S = Q K^T, the online
 // softmax (m, l in registers, exp2 with the scale pre-multiplied by log2 e)
 // and O += P V all stay in registers, P converted to 16 bits in place.
+// The tile scheduler, the score policies, the softmax and the epilogue are
+// common/'s; the K/V loop stays in the kernel's body: as a function of its own
+// it compiled to different code for D=128 (cpp/cuda/NOTES.md).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -5,9 +5,10 @@
 // warpgroups of 4 warps, each warpgroup 64 query rows; every warp then owns
 // 16 rows, as in the sm_80 kernel with one m-tile, so the mask, the online
 // softmax (lazy rescale) and the epilogue are the ones it shares with that
-// kernel (common/). K/V blocks of
-// kBlockN keys stream through a two-stage cp.async pipeline into 128-byte-
-// swizzled shared tiles that wgmma reads directly (wgmma.cuh):
+// kernel (common/). The kernel is the tile scheduler, the mainloop
+// (sm90/mainloop_fwd.cuh) and the epilogue. K/V blocks of kBlockN keys stream
+// through a two-stage cp.async pipeline into 128-byte-swizzled shared tiles
+// that wgmma reads directly (wgmma.cuh):
 //   S = Q K^T: A = Q and B = K from shared memory (both K-major);
 //   O += P V:  A = P from registers (the S accumulators, converted to 16
 //              bits in place), B = V from shared memory (MN-major).
