@@ -40,6 +40,14 @@ CUDA_SM90_FWD_BUCKETS = (128,)
 CUDA_SM90_BWD_BUCKETS = (64, 128)
 
 
+# Arch paths whose kernels take the per-element score terms (a dense mask,
+# dropout): each bucket then has a second instantiation, its kTerms kernels,
+# in files of their own, so that the plain kernels compile to the code they
+# had (nvcc optimizes a kernel differently when a second one shares its
+# file; cpp/cuda/NOTES.md).
+CUDA_TERMS_ARCHS = (80,)
+
+
 def head_dim_bucket(head_dim: int) -> int:
   """The CUDA bucket a head dim is padded up to."""
   for bucket in CUDA_HEAD_DIM_BUCKETS:
@@ -85,8 +93,8 @@ inline constexpr int64_t kCudaTensorCoreMaxHeadDim = {CUDA_HEAD_DIM_BUCKETS[-1]}
 """
 
 
-# CUDA kernel instantiations: one .cu file per (direction, arch path, dtype,
-# bucket) for the tensor-core kernels and per (direction, dtype) for the exact
+# CUDA kernel instantiations: one .cu file per (direction, arch path, score
+# terms or not, dtype, bucket) for the tensor-core kernels and per (direction, dtype) for the exact
 # ones, so that a 2-core CI machine compiles them in parallel and a change to
 # one kernel rebuilds only its own files. Each file holds one instantiation
 # macro of cuda/kernels.h with template arguments only.
@@ -113,11 +121,13 @@ def cuda_sources() -> dict[str, str]:
   files = {}
   for (direction, arch), buckets in _TC_BUCKETS.items():
     header, macro = _TC_DIRECTIONS[direction]
-    for dtype in CUDA_TENSOR_CORE_DTYPES:
-      short, cuda_type = _CUDA_TYPES[dtype]
-      for bucket in buckets:
-        files[f"{direction}_sm{arch}_{short}_hd{bucket}.cu"] = _instantiation(
-            header, macro, f"{arch}, {cuda_type}, {bucket}")
+    for terms in (False, True) if arch in CUDA_TERMS_ARCHS else (False,):
+      variant = "_terms" if terms else ""
+      for dtype in CUDA_TENSOR_CORE_DTYPES:
+        short, cuda_type = _CUDA_TYPES[dtype]
+        for bucket in buckets:
+          files[f"{direction}_sm{arch}{variant}_{short}_hd{bucket}.cu"] = _instantiation(
+              header, macro, f"{arch}, {cuda_type}, {bucket}, {str(terms).lower()}")
   for direction, (header, macro) in _EXACT_DIRECTIONS.items():
     for dtype in DTYPES:
       short, cuda_type = _CUDA_TYPES[dtype]

@@ -28,11 +28,12 @@ def on_each_backend(backend):
   return backend
 
 
-def one_hot_problem(batch=2, seqlen_q=50, seqlen_k=64, heads=3, seed=0):
+def one_hot_problem(batch=2, seqlen_q=50, seqlen_k=64, heads=3, seed=0, kv_heads=None):
   rng = np.random.default_rng(seed)
+  kv_heads = heads if kv_heads is None else kv_heads
   q = jnp.asarray(0.3 * rng.standard_normal((batch, seqlen_q, heads, seqlen_k)))
-  k = jnp.asarray(0.3 * rng.standard_normal((batch, seqlen_k, heads, seqlen_k)))
-  v = jnp.broadcast_to(jnp.eye(seqlen_k)[None, :, None, :], (batch, seqlen_k, heads, seqlen_k))
+  k = jnp.asarray(0.3 * rng.standard_normal((batch, seqlen_k, kv_heads, seqlen_k)))
+  v = jnp.broadcast_to(jnp.eye(seqlen_k)[None, :, None, :], (batch, seqlen_k, kv_heads, seqlen_k))
   return q, k, v
 
 
@@ -102,8 +103,11 @@ def test_vmap_over_keys_is_exact():
     np.testing.assert_array_equal(np.asarray(batched[i]), np.asarray(f(keys[i])))
 
 
-@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32], ids=lambda d: jnp.dtype(d).name)
-def test_gradients_match_dense_reference_with_the_same_mask(dtype):
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32, jnp.bfloat16, jnp.float16],
+                         ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
+def test_gradients_match_dense_reference_with_the_same_mask(dtype, with_bias):
+  """16-bit inputs without a bias run the tensor-core kernels on a GPU."""
   q, k, v = one_hot_problem(seed=6)
   rng = jax.random.key(6)
   keep = recovered_mask(jax_flash.flash_attention(q, k, v, dropout_rate=RATE, dropout_rng=rng))
@@ -111,13 +115,15 @@ def test_gradients_match_dense_reference_with_the_same_mask(dtype):
   r = np.random.default_rng(7)
   v = jnp.asarray(r.standard_normal(v.shape))
   bias = jnp.asarray(r.standard_normal((1, 3, 50, 64)))
+  if not with_bias:
+    bias = jnp.zeros_like(bias)  # the same function; None below
   dout = jnp.asarray(r.standard_normal(q.shape))
   opts = Options(is_causal=True)
   visible = jnp.tril(jnp.ones((50, 64), bool))[None, None]
 
   def flash(q, k, v, bias):
-    return jax_flash.flash_attention(q, k, v, bias=bias, is_causal=True, dropout_rate=RATE,
-                                     dropout_rng=rng)
+    return jax_flash.flash_attention(q, k, v, bias=bias if with_bias else None, is_causal=True,
+                                     dropout_rate=RATE, dropout_rng=rng)
 
   def dense(q, k, v, bias):
     return attention(q, k, v, visible, opts, bias=bias, keep=keep, dropout_rate=REALISED)[0]
@@ -129,16 +135,24 @@ def test_gradients_match_dense_reference_with_the_same_mask(dtype):
   ref = (ref_out,) + ref_vjp(dout)
   plain_out, plain_vjp = jax.vjp(dense, *cast((q, k, v, bias), dtype))
   plain = (plain_out,) + plain_vjp(dout.astype(dtype))
-  for name, g, rf, p in zip(["out", "dq", "dk", "dv", "dbias"], got, ref, plain):
+  names = ["out", "dq", "dk", "dv", "dbias"] if with_bias else ["out", "dq", "dk", "dv"]
+  for name, g, rf, p in zip(names, got, ref, plain):
     assert_flash_close(name, g, rf, p, dtype)
 
 
 @pytest.mark.parametrize("broadcast", [False, True])
-def test_same_mask_on_both_platforms(backend, broadcast):
-  """Both backends call HeadDropout::Keep: the same key gives the same mask, bit for bit."""
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.bfloat16, jnp.float16],
+                         ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("kv_heads", [3, 1], ids=["mha", "gqa"])
+def test_same_mask_on_both_platforms(backend, broadcast, dtype, kv_heads):
+  """Both backends call HeadDropout::Keep: the same key gives the same mask, bit for bit.
+
+  16-bit inputs take the GPU's tensor-core kernels (one Philox call per 8
+  fragment elements), float64 its exact kernels (one per element)."""
   if backend != "gpu":
     pytest.skip("needs a GPU")
-  q, k, v = one_hot_problem(seqlen_q=70)
+  q, k, v = one_hot_problem(seqlen_q=70, kv_heads=kv_heads)
+  q, k, v = (x.astype(dtype) for x in (q, k, v))
   keys = jax.random.split(jax.random.key(8), 2)  # one key per batch element (vmap)
 
   def keep_on(platform):

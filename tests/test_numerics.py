@@ -42,6 +42,11 @@ OPTIONS = {
     "bias": Options(bias_shape=(2, 4, 100, 77)),
     "bias_broadcast": Options(bias_shape=(1, 4, 1, 77)),
     "mask": Options(mask_shape=(2, 1, 100, 77)),
+    "padding_mask": Options(mask_shape=(2, 1, 1, 77)),
+    # Per-head mask with every other option (on a GPU: the tensor cores for
+    # 16-bit inputs, with GQA).
+    "mask_everything": Options(mask_shape=(2, 4, 100, 77), is_causal=True, window=(30, 5),
+                               softcap=5.0, with_lengths=True, with_segments=True, scale=0.3),
     # (A bias constant along keys would not change the softmax: its exact
     # gradient is a sum whose terms cancel, a poor test of anything.)
     "bias_mask_softcap": Options(bias_shape=(4, 1, 77), mask_shape=(2, 4, 100, 77),
@@ -98,6 +103,28 @@ def test_every_option(backend, dtype, option):
   check_against_reference(make_inputs(rng, 2, 100, 77, 4, 2, 48), OPTIONS[option], dtype)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=lambda s: "x".join(map(str, s)))
+def test_dense_mask_every_shape(backend, dtype, shape):
+  """A (B, 1, T, S) mask with causal, every head-dim bucket (on a GPU: the tensor cores)."""
+  rng = np.random.default_rng(zlib.crc32(repr(("mask", shape)).encode()))
+  batch, seqlen_q, seqlen_k = shape[:3]
+  opts = Options(mask_shape=(batch, 1, seqlen_q, seqlen_k), is_causal=True)
+  check_against_reference(make_inputs(rng, *shape), opts, dtype)
+
+
+@pytest.mark.parametrize("path", ["sm80", "exact"])
+def test_forced_kernel_path(backend, monkeypatch, path):
+  """JAX_FLASH_FORCE_PATH (read at every launch) runs the sm80 kernels on Hopper, or the exact ones."""
+  if backend != "gpu":
+    pytest.skip("the switch chooses among CUDA kernels")
+  monkeypatch.setenv("JAX_FLASH_FORCE_PATH", path)
+  rng = np.random.default_rng(23)
+  # D = 120: the 128 bucket, which has Hopper kernels in both directions.
+  check_against_reference(make_inputs(rng, 2, 150, 170, 4, 2, 120), Options(is_causal=True),
+                          jnp.bfloat16)
+
+
 def test_long_sequence(backend):
   """S = 1000: many key and query blocks, partial last block."""
   rng = np.random.default_rng(3)
@@ -150,12 +177,18 @@ def test_extra_batch_dimensions(backend):
   np.testing.assert_array_equal(np.asarray(out), np.asarray(flat).reshape(out.shape))
 
 
-def test_deterministic_gradients(backend):
+@pytest.mark.parametrize("terms", [False, True], ids=["plain", "mask_dropout"])
+def test_deterministic_gradients(backend, terms):
   rng = np.random.default_rng(13)
   inputs = make_inputs(rng, 2, 130, 130, 4, 2, 64)
   q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in (inputs.q, inputs.k, inputs.v))
+  kwargs = {}
+  if terms:  # a dense mask and dropout (on a GPU: the tensor-core kernels' other variant)
+    kwargs = dict(mask=jnp.asarray(rng.random((2, 4, 130, 130)) > 0.3),
+                  dropout_rate=0.1, dropout_rng=jax.random.key(1))
   grad = jax.jit(jax.grad(lambda q, k, v: jax_flash.flash_attention(
-      q, k, v, is_causal=True, deterministic=True).astype(jnp.float32).sum(), argnums=(0, 1, 2)))
+      q, k, v, is_causal=True, deterministic=True, **kwargs).astype(jnp.float32).sum(),
+                          argnums=(0, 1, 2)))
   first, second = grad(q, k, v), grad(q, k, v)
   for a, b in zip(first, second):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))

@@ -9,6 +9,15 @@
 //                    sm_90a code: the forward of CUDA_SM90_FWD_BUCKETS and the
 //                    fast backward of CUDA_SM90_BWD_BUCKETS
 //
+// Per-element score terms (cuda/common/score.cuh, HasScoreTerms): a dense
+// mask and dropout run on the sm80 kernels (their kTerms instantiations, on
+// Hopper too); a bias still runs on the exact kernels.
+//
+// JAX_FLASH_FORCE_PATH (environment, read at every launch, for tests and
+// comparisons): "sm80" never takes the sm90 kernels (the mma.sync path on
+// Hopper), "exact" always takes the exact ones; unset or empty: the table
+// below. A path that cannot run a problem is not forced onto it.
+//
 // The lists (buckets, tiers, Hopper buckets) come from jax_flash/_supported.py
 // through the generated jax_flash/supported.h, like the instantiation files,
 // so the three cannot disagree.
@@ -19,9 +28,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "cuda/bwd/workspace.h"
+#include "cuda/common/score.cuh"
 #include "cuda/dispatch.h"
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
@@ -68,10 +80,9 @@ bool TensorCoresSupport(const AttentionShape& shape, DType dtype) {
 
 // The shape test plus what the 16-byte loads need of the buffers: every row
 // and head stride a multiple of 8 elements and every pointer 16-byte aligned;
-// and no bias, dropout or dense mask (not in these kernels yet: they use the
-// 4-argument BatchMask::For, which ignores a dense mask).
+// and no bias (not in these kernels yet).
 bool TensorCoresSupport(const FwdParams& p, DType dtype) {
-  if (p.score.bias != nullptr || p.dropout.enabled() || p.mask.dense != nullptr) return false;
+  if (p.score.bias != nullptr) return false;
   return TensorCoresSupport(p.shape, dtype) && Aligned(p.q) && Aligned(p.k) && Aligned(p.v) &&
          Aligned(p.out) && VectorStrides(p.q_strides) && VectorStrides(p.k_strides) &&
          VectorStrides(p.v_strides) && VectorStrides(p.out_strides);
@@ -129,6 +140,19 @@ bool InSm90BwdBuckets(int bucket) {
   return false;
 }
 
+// The sm90 kernels have no per-element score terms yet.
+bool Sm90Supports(const FwdParams& p) { return !HasScoreTerms(p); }
+
+// JAX_FLASH_FORCE_PATH (see the top of this file).
+enum class Forced { kNone, kSm80, kExact };
+Forced ForcedPath() {
+  const char* v = std::getenv("JAX_FLASH_FORCE_PATH");
+  if (v == nullptr || *v == 0) return Forced::kNone;
+  if (std::strcmp(v, "sm80") == 0) return Forced::kSm80;
+  if (std::strcmp(v, "exact") == 0) return Forced::kExact;
+  return Forced::kNone;
+}
+
 // ===========================================================================
 // Launching a chosen path: dtype and bucket as template arguments.
 
@@ -161,12 +185,26 @@ cudaError_t ByBucket(int bucket, Fn&& fn) {
   return cudaErrorNotSupported;
 }
 
+// fn(std::bool_constant<kTerms>) with kTerms = HasScoreTerms(params); the
+// sm90 path has no kTerms kernels (FwdPath and BwdPath do not choose it then).
+template <int kArch, typename Fn>
+cudaError_t ByTerms(const FwdParams& params, Fn&& fn) {
+  if constexpr (kArch == 80) {
+    if (HasScoreTerms(params)) return fn(std::true_type{});
+  }
+  return fn(std::false_type{});
+}
+
 template <int kArch>
 cudaError_t RunFwdPath(const FwdParams& params, DType dtype, cudaStream_t stream) {
   return ByBucket<kArch, true>(HeadDimBucket(params.shape.head_dim), [&](auto bucket) {
-    constexpr int kBucket = decltype(bucket)::value;
-    return dtype == DType::kBFloat16 ? RunFwd<kArch, __nv_bfloat16, kBucket>(params, stream)
-                                     : RunFwd<kArch, __half, kBucket>(params, stream);
+    return ByTerms<kArch>(params, [&](auto terms) {
+      constexpr int kBucket = decltype(bucket)::value;
+      constexpr bool kTerms = decltype(terms)::value;
+      return dtype == DType::kBFloat16
+                 ? RunFwd<kArch, __nv_bfloat16, kBucket, kTerms>(params, stream)
+                 : RunFwd<kArch, __half, kBucket, kTerms>(params, stream);
+    });
   });
 }
 
@@ -174,10 +212,15 @@ template <int kArch>
 cudaError_t RunBwdPath(const BwdParams& params, DType dtype, void* workspace, bool deterministic,
                        cudaStream_t stream) {
   return ByBucket<kArch, false>(HeadDimBucket(params.shape.head_dim), [&](auto bucket) {
-    constexpr int kBucket = decltype(bucket)::value;
-    return dtype == DType::kBFloat16
-               ? RunBwd<kArch, __nv_bfloat16, kBucket>(params, workspace, deterministic, stream)
-               : RunBwd<kArch, __half, kBucket>(params, workspace, deterministic, stream);
+    return ByTerms<kArch>(params, [&](auto terms) {
+      constexpr int kBucket = decltype(bucket)::value;
+      constexpr bool kTerms = decltype(terms)::value;
+      return dtype == DType::kBFloat16
+                 ? RunBwd<kArch, __nv_bfloat16, kBucket, kTerms>(params, workspace,
+                                                                 deterministic, stream)
+                 : RunBwd<kArch, __half, kBucket, kTerms>(params, workspace, deterministic,
+                                                          stream);
+    });
   });
 }
 
@@ -200,8 +243,10 @@ size_t TensorCoreBwdWorkspaceBytes(const AttentionShape& shape, bool determinist
 // THE ROUTING DECISION.
 
 KernelPath FwdPath(const FwdParams& params, DType dtype) {
-  if (!TensorCoresSupport(params, dtype)) return KernelPath::kExact;
-  if (OnHopperWithSm90a() && InSm90FwdBuckets(HeadDimBucket(params.shape.head_dim)))
+  const Forced forced = ForcedPath();
+  if (forced == Forced::kExact || !TensorCoresSupport(params, dtype)) return KernelPath::kExact;
+  if (forced == Forced::kNone && Sm90Supports(params) && OnHopperWithSm90a() &&
+      InSm90FwdBuckets(HeadDimBucket(params.shape.head_dim)))
     return KernelPath::kSm90;
   return KernelPath::kSm80;
 }
@@ -209,8 +254,9 @@ KernelPath FwdPath(const FwdParams& params, DType dtype) {
 // kSm90 runs its dK/dV on the sm_80 kernel where TMA cannot address Q or dO
 // (bwd/run.cuh).
 KernelPath BwdPath(const BwdParams& params, DType dtype, bool deterministic) {
-  if (!TensorCoresSupport(params, dtype)) return KernelPath::kExact;
-  if (!deterministic && OnHopperWithSm90a() &&
+  const Forced forced = ForcedPath();
+  if (forced == Forced::kExact || !TensorCoresSupport(params, dtype)) return KernelPath::kExact;
+  if (forced == Forced::kNone && !deterministic && Sm90Supports(params) && OnHopperWithSm90a() &&
       InSm90BwdBuckets(HeadDimBucket(params.shape.head_dim)))
     return KernelPath::kSm90;
   return KernelPath::kSm80;

@@ -16,18 +16,21 @@ namespace jax_flash::cuda {
 
 // Tensor-core kernels (T = __nv_bfloat16 or __half) of one arch path (80:
 // mma.sync, sm_80 and later; 90: wgmma and TMA, sm_90a) and head-dim bucket
-// (a smaller head_dim is zero-padded inside the kernel). Defined in
+// (a smaller head_dim is zero-padded inside the kernel). kTerms: the kernels
+// that take the per-element score terms (dense mask, dropout;
+// common/score.cuh's HasScoreTerms), for the arch paths of _supported.py's
+// CUDA_TERMS_ARCHS; the others run problems without them. Defined in
 // cuda/fwd.cuh and cuda/bwd/run.cuh.
 //
 // RunFwd writes params.out and params.lse.
-template <int kArch, typename T, int kHeadDim>
+template <int kArch, typename T, int kHeadDim, bool kTerms>
 cudaError_t RunFwd(const FwdParams& params, cudaStream_t stream);
 
 // RunBwd writes dq, dk, dv (and params.delta = rowsum(dout * out));
 // `workspace`: Lse2AndDqAccumBytes<kHeadDim>(...) bytes (bwd/workspace.h),
 // 256-byte aligned. deterministic = true: bitwise reproducible (dQ by a pass
 // parallel over query blocks, no atomics); arch path 90 is the fast mode only.
-template <int kArch, typename T, int kHeadDim>
+template <int kArch, typename T, int kHeadDim, bool kTerms>
 cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
                    cudaStream_t stream);
 
@@ -51,11 +54,11 @@ cudaError_t RunExactBwd(const BwdParams& params, cudaStream_t stream);
 }  // namespace jax_flash::cuda
 
 // The explicit instantiations, one per generated file.
-#define JAX_FLASH_INSTANTIATE_FWD(kArch, T, kHeadDim)                        \
-  template cudaError_t jax_flash::cuda::RunFwd<kArch, T, kHeadDim>(          \
+#define JAX_FLASH_INSTANTIATE_FWD(kArch, T, kHeadDim, kTerms)                \
+  template cudaError_t jax_flash::cuda::RunFwd<kArch, T, kHeadDim, kTerms>(  \
       const jax_flash::FwdParams&, cudaStream_t);
-#define JAX_FLASH_INSTANTIATE_BWD(kArch, T, kHeadDim)                        \
-  template cudaError_t jax_flash::cuda::RunBwd<kArch, T, kHeadDim>(          \
+#define JAX_FLASH_INSTANTIATE_BWD(kArch, T, kHeadDim, kTerms)                \
+  template cudaError_t jax_flash::cuda::RunBwd<kArch, T, kHeadDim, kTerms>(  \
       const jax_flash::BwdParams&, void*, bool, cudaStream_t);
 #define JAX_FLASH_INSTANTIATE_EXACT_FWD(T) \
   template cudaError_t jax_flash::cuda::RunExactFwd<T>(const jax_flash::FwdParams&, cudaStream_t);

@@ -8,8 +8,13 @@
 // 16-bit roundings such an implementation makes: P, dS and outputs) + atol.
 // Timing: cudaEvents, median of many after warm-up, FLOPs per FA papers.
 //
-// Build: tests/gpu/build.sh. Usage: tc_kernel_check [check|small|bench|bench_fp16|bench_cap|
-// bench_d|bench1 D S causal|prof D S causal]
+// Score terms: a dense boolean mask (MaskKind: its broadcast shape) and
+// dropout (keys, rate), the reference drawing the keep mask from
+// include/jax_flash/dropout.h on the host, so the kernels must drop exactly
+// the elements the CPU drops.
+//
+// Build: tests/gpu/build.sh. Usage: tc_kernel_check [check|small|features|bench|bench_fp16|
+// bench_cap|bench_d|bench1 D S causal|prof D S causal]
 #include <omp.h>
 
 #include <algorithm>
@@ -30,6 +35,20 @@ using namespace jax_flash;
 using cuda::DType;
 using cuda::KernelPath;
 
+// The dense mask's shape: (B, Hq, Sq, Sk) random blocks, (1, 1, Sq, Sk)
+// random blocks, (B, 1, 1, Sk) key padding, (1, 1, Sq, Sk) causal.
+enum class MaskKind { kNone, kFull, kShared, kPadding, kCausal };
+static const char* MaskName(MaskKind k) {
+  switch (k) {
+    case MaskKind::kNone: return "";
+    case MaskKind::kFull: return " mask(B,H,T,S)";
+    case MaskKind::kShared: return " mask(1,1,T,S)";
+    case MaskKind::kPadding: return " mask(B,1,1,S)";
+    case MaskKind::kCausal: return " mask=causal";
+  }
+  return "";
+}
+
 struct Case {
   int B, Sq, Sk, Hq, Hkv, D;
   bool causal = false;
@@ -38,12 +57,17 @@ struct Case {
   float softcap = 0.f;
   bool bf16 = true;
   bool det = false;
+  MaskKind mask = MaskKind::kNone;
+  double dropout = 0;       // rate (a multiple of 2^-16)
+  bool key_per_batch = false;  // dropout keys (B, 2) instead of (1, 2)
   std::string name() const {
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "%s B%d Sq%d Sk%d H%d/%d D%d%s%s%s%s%s%s", bf16 ? "bf16" : "fp16", B,
+    char buf[320];
+    std::snprintf(buf, sizeof buf, "%s B%d Sq%d Sk%d H%d/%d D%d%s%s%s%s%s%s%s%s", bf16 ? "bf16" : "fp16", B,
                   Sq, Sk, Hq, Hkv, D, causal ? " causal" : "",
                   (wl >= 0 || wr >= 0) ? (" win" + std::to_string(wl) + "," + std::to_string(wr)).c_str() : "",
                   lengths ? " lens" : "", segments ? " segs" : "", softcap > 0 ? " cap" : "",
+                  MaskName(mask),
+                  dropout > 0 ? (" drop" + std::to_string(dropout).substr(0, 5) + (key_per_batch ? "/b" : "")).c_str() : "",
                   det ? " det" : "");
     return buf;
   }
@@ -74,7 +98,10 @@ struct Ref {
 
 // exact = true: float64 everything. exact = false: the "plain same-dtype"
 // implementation: float32 math, P / dS / outputs rounded to the dtype.
-static void Reference(const Case& c, const MaskParams& mask_h, const std::vector<float>& q,
+// mask_h and drop_h point to host arrays; with dropout Z (HeadDropout on the
+// host) the output takes Z P / (1 - rate), dP = Z dO V^T / (1 - rate).
+static void Reference(const Case& c, const MaskParams& mask_h, const DropoutParams& drop_h,
+                      const std::vector<float>& q,
                       const std::vector<float>& k, const std::vector<float>& v,
                       const std::vector<float>& dout, double scale, bool exact, Ref* r) {
   const int B = c.B, Sq = c.Sq, Sk = c.Sk, Hq = c.Hq, Hkv = c.Hkv, D = c.D, G = Hq / Hkv;
@@ -90,8 +117,10 @@ static void Reference(const Case& c, const MaskParams& mask_h, const std::vector
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < Hq; ++h) {
       const int hk = h / G;
-      const BatchMask m = BatchMask::For(mask_h, b, Sq, Sk);
-      std::vector<double> x(Sk), p(Sk), dp(Sk), th(Sk);
+      const BatchMask m = BatchMask::For(mask_h, b, h, Sq, Sk);
+      const HeadDropout drop = HeadDropout::For(drop_h, B, b, h);
+      const double keep_scale = drop_h.keep_scale();
+      std::vector<double> x(Sk), p(Sk), dp(Sk), th(Sk), z(Sk);
       std::vector<char> vis(Sk);
       for (int i = 0; i < Sq; ++i) {
         const float* qi = &q[(((size_t)b * Sq + i) * Hq + h) * D];
@@ -113,11 +142,14 @@ static void Reference(const Case& c, const MaskParams& mask_h, const std::vector
         double* o = &r->out[(((size_t)b * Sq + i) * Hq + h) * D];
         r->lse[((size_t)b * Hq + h) * Sq + i] = l > 0 ? mx + std::log(l) : -INFINITY;
         if (l == 0) continue;
-        for (int j = 0; j < Sk; ++j) p[j] = p[j] / l;
+        for (int j = 0; j < Sk; ++j) {
+          p[j] = p[j] / l;
+          z[j] = !drop.enabled ? 1.0 : (drop.Keep(i, j) ? keep_scale : 0.0);
+        }
         for (int d = 0; d < D; ++d) {
           double acc = 0;
           for (int j = 0; j < Sk; ++j)
-            if (vis[j]) acc += rnd(p[j]) * v[(((size_t)b * Sk + j) * Hkv + hk) * D + d];
+            if (vis[j]) acc += rnd(p[j] * z[j]) * v[(((size_t)b * Sk + j) * Hkv + hk) * D + d];
           o[d] = rnd(acc);
         }
         // Backward: D = rowsum(dO * O) (from the rounded out, as the kernel).
@@ -129,7 +161,7 @@ static void Reference(const Case& c, const MaskParams& mask_h, const std::vector
           const float* vj = &v[(((size_t)b * Sk + j) * Hkv + hk) * D];
           double s = 0;
           for (int d = 0; d < D; ++d) s += (double)doi[d] * vj[d];
-          double ds = p[j] * (s - Di) * (c.softcap > 0 ? 1 - th[j] * th[j] : 1.0);
+          double ds = p[j] * (z[j] * s - Di) * (c.softcap > 0 ? 1 - th[j] * th[j] : 1.0);
           dp[j] = rnd(ds);  // dS, rounded as a 16-bit kernel would before its GEMMs
         }
         double* dqi = &r->dq[(((size_t)b * Sq + i) * Hq + h) * D];
@@ -143,7 +175,7 @@ static void Reference(const Case& c, const MaskParams& mask_h, const std::vector
           if (!vis[j]) continue;
           double* dkj = &dk_acc[(((size_t)b * Sk + j) * Hq + h) * D];
           double* dvj = &dv_acc[(((size_t)b * Sk + j) * Hq + h) * D];
-          const double pr = rnd(p[j]);
+          const double pr = rnd(p[j] * z[j]);
           for (int d = 0; d < D; ++d) {
             dkj[d] += dp[j] * qi[d] * scale;
             dvj[d] += pr * doi[d];
@@ -207,10 +239,50 @@ static bool RunCase(const Case& c, uint64_t seed, bool verbose = true) {
   mh.causal = c.causal; mh.window_left = c.wl; mh.window_right = c.wr;
   if (c.lengths) { mh.q_seqlens = qlen.data(); mh.kv_seqlens = kvlen.data(); }
   if (c.segments) { mh.q_segment_ids = qseg.data(); mh.kv_segment_ids = kvseg.data(); }
+  // Dense mask: 16 x 16 blocks all hidden, all visible or random (so tiles
+  // of every class appear), a few rows hidden entirely.
+  int64_t md[4] = {1, 1, 1, 1};  // the mask's own dims
+  if (c.mask == MaskKind::kFull) { md[0] = B; md[1] = Hq; md[2] = Sq; md[3] = Sk; }
+  if (c.mask == MaskKind::kShared || c.mask == MaskKind::kCausal) { md[2] = Sq; md[3] = Sk; }
+  if (c.mask == MaskKind::kPadding) { md[0] = B; md[3] = Sk; }
+  std::vector<uint8_t> dense(md[0] * md[1] * md[2] * md[3]);
+  {
+    std::vector<uint8_t> block_kind(4096);
+    for (auto& x : block_kind) x = rng() % 3;
+    size_t e = 0;
+    for (int64_t bb = 0; bb < md[0]; ++bb)
+      for (int64_t hh = 0; hh < md[1]; ++hh)
+        for (int64_t i = 0; i < md[2]; ++i) {
+          const bool hidden_row = md[2] > 1 && rng() % 29 == 0;
+          const int64_t pad = rng() % (Sk + 1);
+          for (int64_t j = 0; j < md[3]; ++j, ++e) {
+            const int kind = block_kind[((bb * 7 + hh * 5 + i / 16) * 31 + j / 16) % 4096];
+            bool visible = kind == 1 || (kind == 2 && rng() % 2);
+            if (c.mask == MaskKind::kPadding) visible = j < pad;
+            if (c.mask == MaskKind::kCausal) visible = j <= i;
+            dense[e] = (visible && !hidden_row) ? 1 : 0;
+          }
+        }
+  }
+  if (c.mask != MaskKind::kNone) {
+    mh.dense = dense.data();
+    mh.dense_strides = DenseStrides{md[0] > 1 ? md[1] * md[2] * md[3] : 0,
+                                    md[1] > 1 ? md[2] * md[3] : 0, md[2] > 1 ? md[3] : 0,
+                                    md[3] > 1 ? 1 : 0};
+  }
+  // Dropout keys: (1, 2) or (B, 2).
+  std::vector<uint32_t> keys(2 * B);
+  for (auto& x : keys) x = static_cast<uint32_t>(rng());
+  DropoutParams drop_h;
+  drop_h.rate = c.dropout;
+  drop_h.keys = keys.data();
+  drop_h.key_batch = c.key_per_batch ? B : 1;
 
   Dev dq_(nq * 2), dk_(nk * 2), dv_(nk * 2), ddo(nq * 2), dout_(nq * 2), dlse((size_t)B * Hq * Sq * 4),
       ddq(nq * 2), ddk(nk * 2), ddv(nk * 2), dql(B * 4), dkl(B * 4),
-      dqs((size_t)B * Sq * 4), dks((size_t)B * Sk * 4);
+      dqs((size_t)B * Sq * 4), dks((size_t)B * Sk * 4), ddense(dense.size()), dkeys(keys.size() * 4);
+  CHECK_CUDA(cudaMemcpy(ddense.p(), dense.data(), dense.size(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dkeys.p(), keys.data(), keys.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dq_.p(), qb.data(), nq * 2, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dk_.p(), kb.data(), nk * 2, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dv_.p(), vb.data(), nk * 2, cudaMemcpyHostToDevice));
@@ -227,6 +299,9 @@ static bool RunCase(const Case& c, uint64_t seed, bool verbose = true) {
   p.mask = mh;
   if (c.lengths) { p.mask.q_seqlens = (int32_t*)dql.p(); p.mask.kv_seqlens = (int32_t*)dkl.p(); }
   if (c.segments) { p.mask.q_segment_ids = (int32_t*)dqs.p(); p.mask.kv_segment_ids = (int32_t*)dks.p(); }
+  if (c.mask != MaskKind::kNone) p.mask.dense = (const uint8_t*)ddense.p();
+  p.dropout = drop_h;
+  p.dropout.keys = (const uint32_t*)dkeys.p();
   p.score.scale = scale; p.score.softcap = c.softcap;
   p.q = dq_.p(); p.k = dk_.p(); p.v = dv_.p(); p.out = dout_.p(); p.lse = dlse.p();
   check::SetContiguousStrides(&p);
@@ -268,8 +343,8 @@ static bool RunCase(const Case& c, uint64_t seed, bool verbose = true) {
   }
 
   Ref exact, plain;
-  Reference(c, mh, q, k, v, dout, scale, true, &exact);
-  Reference(c, mh, q, k, v, dout, scale, false, &plain);
+  Reference(c, mh, drop_h, q, k, v, dout, scale, true, &exact);
+  Reference(c, mh, drop_h, q, k, v, dout, scale, false, &plain);
   bool ok = det_ok;
   std::string msg;
   const char* names[] = {"out", "lse", "dq", "dk", "dv"};
@@ -327,6 +402,42 @@ static void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once 
               2.5 * flops / tb * 1e-9, td, 2.5 * flops / td * 1e-9);
 }
 
+// Dense masks and dropout, alone and with every other option, odd sizes,
+// every bucket (d_split passes at 192 and 256), both dtypes, both modes.
+static void AddFeatureCases(std::vector<Case>* cases) {
+  const double kRate = 6554.0 / 65536;  // 0.1, as a multiple of 2^-16
+  for (bool bf16 : {true, false})
+    for (int D : {32, 64, 96, 128, 192, 256}) {
+      Case c{2, 111, 143, 4, 2, D}; c.bf16 = bf16; c.dropout = kRate; cases->push_back(c);
+      c = Case{1, 150, 97, 2, 1, D}; c.bf16 = bf16; c.mask = MaskKind::kFull; c.causal = true;
+      cases->push_back(c);
+    }
+  const MaskKind kinds[] = {MaskKind::kFull, MaskKind::kShared, MaskKind::kPadding,
+                            MaskKind::kCausal};
+  for (MaskKind kind : kinds)
+    for (bool det : {false, true}) {
+      Case c{2, 200, 230, 4, 2, 64}; c.mask = kind; c.det = det; cases->push_back(c);
+      c = Case{2, 129, 257, 4, 1, 128}; c.mask = kind; c.det = det; c.dropout = 0.25;
+      c.causal = true; cases->push_back(c);
+      c = Case{1, 300, 300, 2, 2, 40}; c.mask = kind; c.det = det; c.wl = 50; c.wr = 3;
+      c.bf16 = false; cases->push_back(c);
+    }
+  Case c{3, 170, 190, 4, 2, 128}; c.dropout = kRate; c.causal = true; c.lengths = true;
+  cases->push_back(c);
+  c = Case{2, 190, 210, 2, 2, 64}; c.dropout = 0.5; c.segments = true; c.softcap = 4.f;
+  cases->push_back(c);
+  c = Case{2, 190, 210, 4, 2, 96}; c.dropout = kRate; c.segments = true; c.mask = MaskKind::kFull;
+  c.lengths = true; c.det = true; cases->push_back(c);
+  c = Case{2, 300, 300, 4, 1, 64}; c.dropout = kRate; c.wl = 37; c.wr = 5; c.key_per_batch = true;
+  cases->push_back(c);
+  c = Case{1, 1000, 1000, 2, 1, 128}; c.dropout = kRate; c.causal = true; c.det = true;
+  cases->push_back(c);
+  c = Case{4, 64, 64, 2, 2, 64}; c.dropout = 0.9; c.key_per_batch = true; cases->push_back(c);
+  c = Case{1, 1, 300, 2, 1, 64}; c.dropout = kRate; c.mask = MaskKind::kShared; cases->push_back(c);
+  c = Case{1, 150, 160, 4, 2, 192}; c.dropout = kRate; c.softcap = 3.f; c.mask = MaskKind::kCausal;
+  c.bf16 = false; cases->push_back(c);
+}
+
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "check";
   if (mode == "small") {  // for compute-sanitizer
@@ -335,6 +446,11 @@ int main(int argc, char** argv) {
     Case b{1, 33, 130, 2, 1, 64}; b.segments = true; b.softcap = 5; ok &= RunCase(b, 2);
     Case d{1, 65, 65, 2, 2, 128}; d.det = true; ok &= RunCase(d, 3);
     Case e{1, 70, 90, 4, 2, 128}; e.causal = true; ok &= RunCase(e, 4);  // Hopper: wgmma bwd
+    Case f{2, 77, 45, 4, 2, 72}; f.causal = true; f.dropout = 0.25; f.mask = MaskKind::kFull;
+    ok &= RunCase(f, 5);
+    Case h{1, 65, 100, 2, 1, 64}; h.det = true; h.dropout = 0.25; h.segments = true;
+    h.mask = MaskKind::kShared; ok &= RunCase(h, 6);
+    Case i{1, 40, 70, 2, 2, 256}; i.dropout = 0.25; i.mask = MaskKind::kPadding; ok &= RunCase(i, 7);
     std::printf(ok ? "SMALL OK\n" : "SMALL FAILED\n");
     return ok ? 0 : 1;
   }
@@ -361,6 +477,14 @@ int main(int argc, char** argv) {
   }
   std::vector<Case> cases;
   uint64_t seed = 100;
+  if (mode == "features") {  // the score terms alone (also part of check)
+    AddFeatureCases(&cases);
+    int fails = 0;
+    for (const Case& c : cases) fails += !RunCase(c, seed++);
+    std::printf("%s: %d of %zu cases failed\n", fails ? "FAILED" : "ALL PASSED", fails, cases.size());
+    return fails ? 1 : 0;
+  }
+  AddFeatureCases(&cases);
   for (bool bf16 : {true, false})
     for (int D : {40, 64, 72, 120, 128, 256}) {
       Case c{2, 127, 127, 4, 4, D}; c.bf16 = bf16; cases.push_back(c);

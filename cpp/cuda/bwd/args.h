@@ -20,10 +20,22 @@ struct BwdArgs {
   float inv_softcap;     // 1 / softcap, 0 when off (then d x / d s = 1 - 0 = 1)
   float* lse2;           // (B, Hq, Sq) float32 workspace: Lse2(lse), bwd/preprocess.cuh
   float* dq_accum;       // float32 workspace, fast mode only: DqAccumLayout
+  float keep_scale;      // dropout: 1 / (1 - rate), the kept elements' factor
+  // Where this chunk (bwd/workspace.h) starts in the whole problem: dropout
+  // draws from the global batch element and head (HeadDropout::For).
+  int64_t batch, batch0, head0;
+
+  // The dropout stream of the chunk's (batch element b, query head h).
+  __device__ __forceinline__ HeadDropout Dropout(int64_t b, int64_t h) const {
+    return HeadDropout::For(p.dropout, batch, batch0 + b, head0 + h);
+  }
 };
 
-// `workspace`: the kernels' part of the workspace (bwd/workspace.h).
-inline BwdArgs MakeBwdArgs(const BwdParams& params, void* workspace) {
+// `workspace`: the kernels' part of the workspace (bwd/workspace.h);
+// params: the chunk (ChunkParams) whose first batch element and query head
+// are batch0 and head0 of a problem of `batch` elements.
+inline BwdArgs MakeBwdArgs(const BwdParams& params, void* workspace, int64_t batch,
+                           int64_t batch0, int64_t head0) {
   BwdArgs args;
   args.p = params;
   args.scale = static_cast<float>(params.score.scale);
@@ -40,6 +52,10 @@ inline BwdArgs MakeBwdArgs(const BwdParams& params, void* workspace) {
   args.lse2 = static_cast<float*>(workspace);
   args.dq_accum =
       reinterpret_cast<float*>(static_cast<char*>(workspace) + Lse2Bytes(params.shape));
+  args.keep_scale = static_cast<float>(params.dropout.keep_scale());
+  args.batch = batch;
+  args.batch0 = batch0;
+  args.head0 = head0;
   return args;
 }
 

@@ -26,17 +26,18 @@
 
 namespace jax_flash::cuda {
 
-// One chunk (or the whole problem). kArch = 90: dK/dV on the Hopper kernel
-// (only with deterministic = false).
-template <int kArch, typename T, int kHeadDim>
+// One chunk (or the whole problem): batch elements from batch0 and query
+// heads from head0 of a problem of `batch` elements. kArch = 90: dK/dV on the
+// Hopper kernel (only with deterministic = false).
+template <int kArch, typename T, int kHeadDim, bool kTerms>
 cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool deterministic,
-                        cudaStream_t stream) {
+                        int64_t batch, int64_t batch0, int64_t head0, cudaStream_t stream) {
   const AttentionShape& shape = params.shape;
   if (shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
   if (shape.batch == 0 || shape.num_heads_q == 0 || (shape.seqlen_q == 0 && shape.seqlen_k == 0))
     return cudaSuccess;
   if (shape.num_heads_q > 65535 || shape.batch > 65535) return cudaErrorInvalidConfiguration;
-  const BwdArgs args = MakeBwdArgs(params, workspace);
+  const BwdArgs args = MakeBwdArgs(params, workspace, batch, batch0, head0);
   cudaError_t err;
 
   const int64_t rows = shape.batch * shape.num_heads_q * shape.seqlen_q;
@@ -58,29 +59,33 @@ cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool determini
     else if (err != cudaErrorNotSupported) return err;
   }
   if (!dkdv_launched) {
-    err = sm80::LaunchDkDv<T, kHeadDim>(args, /*accumulate_dq=*/!deterministic, stream);
+    err = sm80::LaunchDkDv<T, kHeadDim, kTerms>(args, /*accumulate_dq=*/!deterministic, stream);
     if (err != cudaSuccess) return err;
   }
 
   if (rows == 0) return cudaSuccess;
-  if (deterministic) return sm80::LaunchDq<T, kHeadDim>(args, stream);
+  if (deterministic) return sm80::LaunchDq<T, kHeadDim, kTerms>(args, stream);
   return LaunchDqConvert<T, kHeadDim>(args, rows, stream);
 }
 
-template <int kArch, typename T, int kHeadDim>
+template <int kArch, typename T, int kHeadDim, bool kTerms>
 cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
                    cudaStream_t stream) {
   static_assert(kArch == 80 || kArch == 90, "arch paths: 80 (mma.sync), 90 (wgmma)");
+  static_assert(kArch == 80 || !kTerms, "score terms: the sm80 kernels only");
+  if (HasScoreTerms(params) != kTerms) return cudaErrorInvalidValue;
   const AttentionShape& shape = params.shape;
   if (shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
   const BwdChunk chunk = ChunkFor<kHeadDim>(shape);
   if (deterministic || (chunk.batches >= shape.batch && chunk.kv_heads >= shape.num_heads_kv))
-    return RunBwdChunk<kArch, T, kHeadDim>(params, workspace, deterministic, stream);
+    return RunBwdChunk<kArch, T, kHeadDim, kTerms>(params, workspace, deterministic, shape.batch, 0, 0,
+                                           stream);
   for (int64_t b0 = 0; b0 < shape.batch; b0 += chunk.batches) {
     for (int64_t hk0 = 0; hk0 < shape.num_heads_kv; hk0 += chunk.kv_heads) {
       const AttentionShape sub = ChunkShape(shape, chunk, b0, hk0);
-      const cudaError_t err = RunBwdChunk<kArch, T, kHeadDim>(ChunkParams<T>(params, sub, b0, hk0),
-                                                              workspace, false, stream);
+      const cudaError_t err =
+          RunBwdChunk<kArch, T, kHeadDim, kTerms>(ChunkParams<T>(params, sub, b0, hk0), workspace, false,
+                                          shape.batch, b0, hk0 * shape.group_size(), stream);
       if (err != cudaSuccess) return err;
     }
   }

@@ -135,6 +135,9 @@ BwdParams ChunkParams(const BwdParams& p, const AttentionShape& sub, int64_t b0,
   if (m.kv_seqlens != nullptr) m.kv_seqlens += b0;
   if (m.q_segment_ids != nullptr) m.q_segment_ids += b0 * p.shape.seqlen_q;
   if (m.kv_segment_ids != nullptr) m.kv_segment_ids += b0 * p.shape.seqlen_k;
+  // Broadcast dims have stride 0. Dropout keeps the whole problem's indices
+  // through BwdArgs (its batch0, head0).
+  if (m.dense != nullptr) m.dense += b0 * m.dense_strides.batch + hq0 * m.dense_strides.head;
   return c;
 }
 

@@ -11,16 +11,17 @@
 //   BatchMask::AllVisible skips the per-element work of full tiles.
 // - soft cap: x = cap * tanh(x / cap) and its derivative, on the special-
 //   function unit for the tensor-core kernels, accurate for the exact ones.
-// - bias, dense mask, dropout: HeadTerms resolves them for one (batch, head);
-//   the exact kernels apply them per element. The tensor-core kernels do not
-//   have them yet (cuda/dispatch.cu sends such problems to the exact kernels).
+// - dense mask, dropout (the tensor-core kernels' kTerms instantiations,
+//   HasScoreTerms): MaskFragmentElementwise tests segments and the dense mask
+//   per element inside the band; dropout (common/dropout.cuh) drops P after
+//   the softmax, from one Philox call per 8 fragment elements.
+// - bias (exact kernels only so far), dense mask, dropout: HeadTerms resolves
+//   them for one (batch, head); the exact kernels apply them per element.
 //
-// The next policies belong here, next to their kin: bias, dense mask and
-// dropout for the tensor-core kernels as fragment functions like
-// MaskFragment, fed by HeadTerms; tile classification (empty / full /
-// partial, from the band, segments and a block-sparse mask) next to the band
-// windows, so that every kernel skips empty tiles and reads no mask in full
-// ones.
+// Next here: the bias for the tensor-core kernels, and tile classification
+// (empty / full / partial, from the band, segments, the dense mask and a
+// block-sparse mask) so that every kernel skips empty tiles and reads no
+// mask in full ones.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -33,6 +34,13 @@
 #include "jax_flash/params.h"
 
 namespace jax_flash::cuda {
+
+// True when a problem has per-element terms beyond the band, segments and the
+// soft cap (a dense mask, dropout): the tensor-core kernels then run their
+// kTerms instantiation.
+inline bool HasScoreTerms(const FwdParams& p) {
+  return p.mask.dense != nullptr || p.dropout.enabled();
+}
 
 // ---- mask: band windows ------------------------------------------------------
 
@@ -114,7 +122,69 @@ __device__ __forceinline__ void MaskFragment(float (&s)[kNTiles][4], const Batch
                       hidden);
 }
 
+// The elementwise parts of the mask at one visible-by-the-band element:
+// segments and the dense mask (BatchMask::Visible without the band).
+__device__ __forceinline__ bool ElementwiseVisible(const BatchMask& mask, int64_t i, int64_t j) {
+  if (mask.q_seg != nullptr && mask.q_seg[i] != mask.kv_seg[j]) return false;
+  return mask.dense == nullptr || mask.dense[i * mask.dense_row_stride + j * mask.dense_col_stride];
+}
+
+// MaskFragment for the tiles the tile map (common/tile_map.h) leaves partial:
+// the band through the row's window, then segments and the dense mask per
+// element. A separate function, not a branch in MaskFragment, so that the
+// kernels without a dense mask keep their code as it is.
+template <Rows kRows, int kMT, int kNTiles>
+__device__ __forceinline__ void MaskFragmentElementwise(float (&s)[kMT][kNTiles][4],
+                                                        const BatchMask& mask, int64_t row0,
+                                                        int64_t col0, int g, int t,
+                                                        float hidden) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int64_t r = row0 + mt * 16 + g + hr * 8;
+      const ColWindow w = kRows == Rows::kQueries ? KeyWindow(mask, r, col0, kNTiles * 8)
+                                                  : QueryWindow(mask, r, col0, kNTiles * 8);
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int cr = nt * 8 + 2 * t + c;
+          // In the window, so (r, col0 + cr) is inside the sequences.
+          const bool visible =
+              w.Contains(cr) && (kRows == Rows::kQueries ? ElementwiseVisible(mask, r, col0 + cr)
+                                                         : ElementwiseVisible(mask, col0 + cr, r));
+          if (!visible) s[mt][nt][2 * hr + c] = hidden;
+        }
+    }
+}
+
+template <Rows kRows, int kNTiles>
+__device__ __forceinline__ void MaskFragmentElementwise(float (&s)[kNTiles][4],
+                                                        const BatchMask& mask, int64_t row0,
+                                                        int64_t col0, int g, int t,
+                                                        float hidden) {
+  MaskFragmentElementwise<kRows>(reinterpret_cast<float(&)[1][kNTiles][4]>(s), mask, row0, col0,
+                                 g, t, hidden);
+}
+
 // ---- soft cap (tensor-core kernels) ---------------------------------------------
+
+// Soft cap on a warp's fragments of S: x = cap * tanh(x * scale / cap);
+// softcap = 0: off.
+template <int kMT, int kNTiles>
+__device__ __forceinline__ void SoftCap(float (&s)[kMT][kNTiles][4], float softcap,
+                                        float scale_over_cap) {
+  if (softcap > 0.f) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          s[mt][nt][r] = softcap * FastTanh(s[mt][nt][r] * scale_over_cap);
+  }
+}
 
 // Soft cap, then the mask (-inf where hidden) on one key block of S whose
 // first key is n0; `row0` is the warp's first query row. kBlockM is the CTA's,

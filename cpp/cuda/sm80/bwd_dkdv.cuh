@@ -10,6 +10,10 @@
 // Fast mode also computes dQ += dS K per query block (dS^T through a
 // double-buffered shared tile, one step late so a step has a single barrier)
 // and adds it with float32 atomics into the workspace (bwd/workspace.h).
+// kTerms (a separate instantiation, the plain kernel's code unchanged): the
+// dense mask and dropout. With dropout Z (keep mask) and s = 1 / (1 - rate),
+// dV takes the kept and scaled P^T, dP^T becomes Z s dP^T before D is
+// subtracted, and dS^T = P^T (Z s dP^T - D) from the unscaled P^T.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,6 +24,7 @@
 #include "cuda/bwd/preprocess.cuh"
 #include "cuda/bwd/workspace.h"
 #include "cuda/common/copy.cuh"
+#include "cuda/common/dropout.cuh"
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/score.cuh"
 #include "cuda/common/softmax.cuh"
@@ -62,7 +67,7 @@ struct BwdTraits {
   static_assert(kThreads >= 2 * kBlockM, "one thread per lse / D element");
 };
 
-template <typename T, typename Traits, bool kAccumDq>
+template <typename T, typename Traits, bool kAccumDq, bool kTerms>
 __global__ void __launch_bounds__(Traits::kThreads)
     DkDvKernel(const __grid_constant__ BwdArgs args) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
@@ -226,6 +231,10 @@ __global__ void __launch_bounds__(Traits::kThreads)
       const uint32_t stage_off = stage * (kBlockM * kStride * 2);
       const float* lse2_s = sLse + stage * kBlockM;
       const float* delta_s = sDelta + stage * kBlockM;
+      // With kTerms: query head h's view of the dense mask, its dropout.
+      const BatchMask head_mask =
+          kTerms ? BatchMask::For(p.mask, b, h, seqlen_q, seqlen_k) : mask;
+      const HeadDropout dropout = kTerms ? args.Dropout(b, h) : HeadDropout{};
 
       // ---- S^T = K Q^T and dP^T = V dO^T (16 keys x kBlockM queries) ----
       float st[kQTiles][4], dpt[kQTiles][4];
@@ -255,6 +264,13 @@ __global__ void __launch_bounds__(Traits::kThreads)
       // The common case (no softcap, every pair visible) costs 4 instructions
       // per element; softcap and the mask are uniform branches around it.
       // Column qi = nt * 8 + 2t + c of this lane: lse2 and D as float2.
+      uint32_t keep = 0;  // dropout's keep bits of this warp's 16 keys x kBlockM queries
+      if constexpr (kTerms) {
+        if (dropout.enabled) {
+          keep = KeepBitsT<kQTiles>(dropout, n0 + warp_row0, m0, g, t);
+          ApplyKeepT(dpt, keep, args.keep_scale);
+        }
+      }
       if (softcap) {
         SoftcapAndSubtractDelta(st, dpt, delta_s, args.softcap, args.scale_over_cap,
                                 args.inv_softcap, t);
@@ -262,12 +278,18 @@ __global__ void __launch_bounds__(Traits::kThreads)
         SubtractDelta(dpt, delta_s, t);
       }
       ExpScoresT(st, lse2_s, scale_log2, t);
-      if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN))
+      if (kTerms && head_mask.HasElementwiseTerms()) {
+        MaskFragmentElementwise<Rows::kKeys>(st, head_mask, n0 + warp_row0, m0, g, t, 0.f);
+      } else if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN)) {
         MaskFragment<Rows::kKeys>(st, mask, n0 + warp_row0, m0, g, t, 0.f);
+      }
 #pragma unroll
       for (int nt = 0; nt < kQTiles; ++nt)
 #pragma unroll
         for (int r = 0; r < 4; ++r) dpt[nt][r] *= st[nt][r];
+      if constexpr (kTerms) {
+        if (dropout.enabled) ApplyKeepT(st, keep, args.keep_scale);  // dV takes Z s P^T
+      }
 
       // ---- dV += P^T dO, dK += dS^T Q (this pass's head-dim slice) -------
 #pragma unroll
@@ -334,14 +356,15 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
 // Launches the dK/dV kernel over (key blocks, kv heads, batch); with
 // accumulate_dq (the fast mode) it also adds dQ into args.dq_accum.
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kTerms>
 cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t stream) {
   using Traits = BwdTraits<kHeadDim>;
   const AttentionShape& shape = args.p.shape;
   const int64_t n_blocks = CeilDiv(shape.seqlen_k, Traits::kBlockN);
   if (n_blocks == 0) return cudaSuccess;
   const dim3 grid = KeyBlockScheduler::Grid(n_blocks, shape);
-  auto kernel = accumulate_dq ? DkDvKernel<T, Traits, true> : DkDvKernel<T, Traits, false>;
+  auto kernel = accumulate_dq ? DkDvKernel<T, Traits, true, kTerms>
+                              : DkDvKernel<T, Traits, false, kTerms>;
   const cudaError_t err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Traits::kSmemBytes));
   if (err != cudaSuccess) return err;

@@ -1,6 +1,7 @@
 // The deterministic dQ kernel of the tensor-core backward on mma.sync
 // (sm_80+): parallel over query blocks, it recomputes S and dP and sums dQ
-// over keys in a fixed order (no atomics, so bitwise reproducible).
+// over keys in a fixed order (no atomics, so bitwise reproducible). kTerms:
+// the dense mask and dropout, as in sm80/bwd_dkdv.cuh.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,6 +11,7 @@
 
 #include "cuda/bwd/args.h"
 #include "cuda/common/copy.cuh"
+#include "cuda/common/dropout.cuh"
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/score.cuh"
 #include "cuda/common/tile_scheduler.cuh"
@@ -39,7 +41,7 @@ struct BwdDqTraits {
 };
 
 // Deterministic dQ: one CTA per (query block, q head, batch), keys in order.
-template <typename T, typename Traits>
+template <typename T, typename Traits, bool kTerms>
 __global__ void __launch_bounds__(Traits::kThreads)
     DqKernel(const __grid_constant__ BwdArgs args) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
@@ -62,7 +64,9 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const int64_t m0 = m_block * kBlockM;
   const int64_t seqlen_q = p.shape.seqlen_q, seqlen_k = p.shape.seqlen_k;
   const int head_dim = static_cast<int>(p.shape.head_dim);
-  const BatchMask mask = BatchMask::For(p.mask, b, seqlen_q, seqlen_k);
+  const BatchMask mask = kTerms ? BatchMask::For(p.mask, b, h, seqlen_q, seqlen_k)
+                                : BatchMask::For(p.mask, b, seqlen_q, seqlen_k);
+  const HeadDropout dropout = kTerms ? args.Dropout(b, h) : HeadDropout{};
 
   const GmemRows<T> q = GmemRows<T>::Head(p.q, p.q_strides, b, h, seqlen_q, head_dim);
   const GmemRows<T> d_o = GmemRows<T>::Head(p.dout, p.dout_strides, b, h, seqlen_q, head_dim);
@@ -146,6 +150,10 @@ __global__ void __launch_bounds__(Traits::kThreads)
     }
 
     // ---- P and dS (softcap and mask as in sm80/bwd_dkdv.cuh) -------------
+    if constexpr (kTerms) {
+      if (dropout.enabled)
+        DropoutRows(dp, dropout, m0 + warp_row0, n * kBlockN, g, t, args.keep_scale);
+    }
     if (args.softcap > 0.f) {
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
@@ -167,8 +175,11 @@ __global__ void __launch_bounds__(Traits::kThreads)
 #pragma unroll
       for (int r = 0; r < 4; ++r) s[nt][r] = FastExp2(fmaf(s[nt][r], scale_log2, -lse2[r / 2]));
     const int64_t n0 = n * kBlockN;
-    if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN))
+    if (kTerms && mask.HasElementwiseTerms()) {
+      MaskFragmentElementwise<Rows::kQueries>(s, mask, m0 + warp_row0, n0, g, t, 0.f);
+    } else if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN)) {
       MaskFragment<Rows::kQueries>(s, mask, m0 + warp_row0, n0, g, t, 0.f);
+    }
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
@@ -208,12 +219,12 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
 
 // Launches the deterministic dQ kernel over (query blocks, q heads, batch).
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kTerms>
 cudaError_t LaunchDq(const BwdArgs& args, cudaStream_t stream) {
   using Traits = BwdDqTraits<kHeadDim>;
   const AttentionShape& shape = args.p.shape;
   const int64_t m_blocks = CeilDiv(shape.seqlen_q, Traits::kBlockM);
-  auto kernel = DqKernel<T, Traits>;
+  auto kernel = DqKernel<T, Traits, kTerms>;
   const cudaError_t err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Traits::kSmemBytes));
   if (err != cudaSuccess) return err;

@@ -7,7 +7,9 @@
 // softmax (m, l in registers, exp2 with the scale pre-multiplied by log2 e)
 // and O += P V all stay in registers, P converted to 16 bits in place.
 // The tile scheduler, the score policies, the softmax and the epilogue are
-// common/'s; the K/V loop stays in the kernel's body: as a function of its own
+// common/'s. kTerms adds the per-element terms of the score (dense mask,
+// dropout) as a separate instantiation, so the plain kernel's code stays as
+// it is; the K/V loop stays in the kernel's body: as a function of its own
 // it compiled to different code for D=128 (cpp/cuda/NOTES.md).
 #pragma once
 
@@ -16,6 +18,7 @@
 #include <cmath>
 
 #include "cuda/common/copy.cuh"
+#include "cuda/common/dropout.cuh"
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/fwd.cuh"
 #include "cuda/common/epilogue_fwd.cuh"
@@ -48,7 +51,7 @@ struct FwdTraits {
   static_assert(kWarpRows % kMmaM == 0 && kHeadDim % 16 == 0 && kBlockN % 16 == 0);
 };
 
-template <typename T, typename Traits>
+template <typename T, typename Traits, bool kTerms>
 __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     FwdKernel(const __grid_constant__ FwdArgs args) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
@@ -69,6 +72,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const GmemRows<T>& q = blk.q;
   const GmemRows<T>& k = blk.k;
   const GmemRows<T>& v = blk.v;
+  // With kTerms: this head's view of the dense mask, and its dropout stream.
+  const BatchMask mask =
+      kTerms ? BatchMask::For(p.mask, blk.b, blk.h, p.shape.seqlen_q, p.shape.seqlen_k)
+             : BatchMask{};
+  const HeadDropout dropout = kTerms ? HeadDropout::For(p.dropout, p.shape.batch, blk.b, blk.h)
+                                     : HeadDropout{};
 
   // O and the running statistics of the rows this lane owns: rows (mt, half)
   // = warp row + mt*16 + g + 8*half.
@@ -146,9 +155,25 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     }
 
     // ---- score transform, mask, online softmax (common/score.cuh, common/softmax.cuh) ------------
-    TransformAndMask<kBlockM>(s, args.softcap, args.scale_over_cap, blk.mask, m0, m0 + warp_row0,
-                              n * kBlockN, g, t);
+    if constexpr (kTerms) {
+      if (mask.HasElementwiseTerms()) {
+        SoftCap(s, args.softcap, args.scale_over_cap);
+        MaskFragmentElementwise<Rows::kQueries>(s, mask, m0 + warp_row0, n * kBlockN, g, t,
+                                                -INFINITY);
+      } else {  // dropout alone: tiles inside the band need no mask
+        TransformAndMask<kBlockM>(s, args.softcap, args.scale_over_cap, mask, m0,
+                                  m0 + warp_row0, n * kBlockN, g, t);
+      }
+    } else {
+      TransformAndMask<kBlockM>(s, args.softcap, args.scale_over_cap, blk.mask, m0,
+                                m0 + warp_row0, n * kBlockN, g, t);
+    }
     OnlineSoftmax(s, o, row_m, row_l, scale_log2, rescale_margin);
+    if constexpr (kTerms) {
+      // Dropout after the softmax: l sums P before it (as every backend);
+      // the 1 / (1 - rate) of the kept elements goes into the epilogue.
+      if (dropout.enabled) DropoutRows(s, dropout, m0 + warp_row0, n * kBlockN, g, t, 1.f);
+    }
 
     // ---- O += P V (P from registers) -------------------------------------
 #pragma unroll
@@ -172,14 +197,18 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   }
 
   // ---- epilogue: O / l, lse = m + log(l) ---------------------------------
+  if constexpr (kTerms) {
+    if (dropout.enabled) ScaleFragment(o, static_cast<float>(p.dropout.keep_scale()));
+  }
   StoreOutput<T>(p, blk.b, blk.h, m0 + warp_row0, o, row_m, row_l, scale_log2, g, t);
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kTerms>
 cudaError_t LaunchFwd(const FwdParams& params, cudaStream_t stream) {
   using Traits = FwdTraits<kHeadDim>;
   if (params.shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
-  return LaunchFwdGrid<Traits::kBlockM>(FwdKernel<T, Traits>, Traits::kThreads,
+  if (HasScoreTerms(params) != kTerms) return cudaErrorInvalidValue;
+  return LaunchFwdGrid<Traits::kBlockM>(FwdKernel<T, Traits, kTerms>, Traits::kThreads,
                                         Traits::kSmemElems * sizeof(T), params, stream);
 }
 
