@@ -33,6 +33,7 @@ NB_MODULE(_jax_flash, m) {
     nb::dict cuda;
     cuda["jax_flash_fwd"] = Capsule(JaxFlashFwdCuda);
     cuda["jax_flash_bwd"] = Capsule(JaxFlashBwdCuda);
+    cuda["jax_flash_jvp"] = Capsule(JaxFlashJvpCuda);
     by_platform["CUDA"] = cuda;
 #endif
     return by_platform;

@@ -15,7 +15,7 @@ from jax_flash import _jax_flash
 
 FWD_TARGET = "jax_flash_fwd"
 BWD_TARGET = "jax_flash_bwd"
-JVP_TARGET = "jax_flash_jvp"  # forward mode; compiled for the CPU only (see primitives.py)
+JVP_TARGET = "jax_flash_jvp"  # forward mode
 
 
 def _register_targets() -> None:

@@ -102,12 +102,16 @@ _CUDA_TYPES = {"float32": ("f32", "float"), "float64": ("f64", "double"),
                "bfloat16": ("bf16", "__nv_bfloat16"), "float16": ("fp16", "__half")}
 # direction -> (header that defines it, instantiation macro)
 _TC_DIRECTIONS = {"fwd": ("cuda/fwd.cuh", "JAX_FLASH_INSTANTIATE_FWD"),
-                  "bwd": ("cuda/bwd/run.cuh", "JAX_FLASH_INSTANTIATE_BWD")}
+                  "bwd": ("cuda/bwd/run.cuh", "JAX_FLASH_INSTANTIATE_BWD"),
+                  "jvp": ("cuda/sm80/jvp.cuh", "JAX_FLASH_INSTANTIATE_JVP")}
 _EXACT_DIRECTIONS = {"fwd": ("cuda/simt/fwd.cuh", "JAX_FLASH_INSTANTIATE_EXACT_FWD"),
-                     "bwd": ("cuda/simt/bwd.cuh", "JAX_FLASH_INSTANTIATE_EXACT_BWD")}
+                     "bwd": ("cuda/simt/bwd.cuh", "JAX_FLASH_INSTANTIATE_EXACT_BWD"),
+                     "jvp": ("cuda/simt/jvp.cuh", "JAX_FLASH_INSTANTIATE_EXACT_JVP")}
 # (direction, arch path) -> the buckets compiled for it. Arch path 80
 # (mma.sync) runs on every sm_80+ GPU; 90 (wgmma, TMA) on sm_90a.
+# The forward-mode derivative (jvp) runs on mma.sync on every sm_80+ GPU.
 _TC_BUCKETS = {("fwd", 80): CUDA_HEAD_DIM_BUCKETS, ("bwd", 80): CUDA_HEAD_DIM_BUCKETS,
+               ("jvp", 80): CUDA_HEAD_DIM_BUCKETS,
                ("fwd", 90): CUDA_SM90_FWD_BUCKETS, ("bwd", 90): CUDA_SM90_BWD_BUCKETS}
 
 

@@ -5,8 +5,8 @@ compute, from the same operands (the forward's out and lse among them), with
 the same semantics (masks, soft cap, bias, GQA, the kernels' dropout mask via
 dropout.py). They serve twice:
 
-* as the CUDA lowering of flash_jvp_p (and of the lse part of the backward)
-  until fused CUDA JVP kernels exist;
+* ``bwd`` as the part of the backward that an lse cotangent adds (one
+  reaches the transpose only in second order, autodiff.py);
 * as the second-order rules: the JVPs of flash_jvp_p and flash_bwd_p are
   ``jax.jvp`` of these functions, and JAX transposes those for reverse mode.
 

@@ -175,15 +175,6 @@ def _lowering(target):
   return rule
 
 
-def _jvp_as_jax_code(*args, **params):
-  """flash_jvp_p as the blockwise JAX formulation: CUDA's JVP until it has kernels.
-
-  Imported here, not at the top: blockwise.py reads this module's operand names.
-  """
-  from jax_flash import blockwise
-  return blockwise.jvp(*args, **params)
-
-
 def _cuda_bwd_lowering():
   """The CUDA backward has one more result than the primitive: its workspace.
 
@@ -296,13 +287,11 @@ _define_lowering(flash_fwd_p, _fwd_abstract_eval,
                  {p: _lowering(_ffi.FWD_TARGET) for p in _LOWERING_PLATFORMS}, _fwd_layout)
 _define_lowering(flash_bwd_p, _bwd_abstract_eval,
                  {"cpu": _lowering(_ffi.BWD_TARGET), "cuda": _cuda_bwd_lowering()}, _bwd_layout)
-# The JVP has a fused kernel on the CPU. On CUDA it is, for now, the blockwise
-# JAX formulation (exact, O(S * block) memory, but not a fused kernel); fused
-# CUDA JVP kernels come with the restructured cpp/cuda.
+# The JVP is a fused kernel on both platforms (on CUDA: tensor cores for
+# bf16/fp16 without bias, dense mask or dropout, the exact kernel otherwise).
 _jvp_kernel = _define_lowering(
-    flash_jvp_p, _jvp_abstract_eval,
-    {"cpu": _lowering(_ffi.JVP_TARGET),
-     "cuda": mlir.lower_fun(_jvp_as_jax_code, multiple_results=True)}, _jvp_layout)
+    flash_jvp_p, _jvp_abstract_eval, {p: _lowering(_ffi.JVP_TARGET) for p in _LOWERING_PLATFORMS},
+    _jvp_layout)
 
 
 # -- batching ------------------------------------------------------------------

@@ -2,8 +2,10 @@
 
 First order runs the kernels (forward mode the JVP kernel, reverse mode the
 backward kernel); second order runs the blockwise JAX rules (blockwise.py),
-which are also the GPU's JVP until fused CUDA JVP kernels exist, so they are
-tested here on the CPU as well, through a CPU lowering of the same function.
+whose JVP is also tested at first order here, through a CPU lowering of the
+JVP primitive to it. On a GPU the 'gpu' half of each test runs the CUDA
+kernels: float32/float64 (and bf16/fp16 with a bias, dense mask or dropout)
+the exact JVP kernel, bf16/fp16 otherwise the tensor-core one.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from jax.test_util import check_grads
 
 import jax_flash
 from conftest import assert_flash_close
-from jax_flash import _ffi, dropout, primitives
+from jax_flash import _ffi, blockwise, dropout, primitives
 from jax_flash.primitives import flash_fwd_p, flash_jvp_p
 from reference import Options, attention, make_inputs, visible_mask
 
@@ -47,6 +49,15 @@ OPTIONS = {
     "everything": lambda b, n, t, s: (
         Options(is_causal=True, window=(3, 1), softcap=2.0, with_lengths=True,
                 with_segments=True, bias_shape=(1, n, t, s), mask_shape=(b, n, t, s)), RATE),
+}
+
+
+# Options the tensor-core JVP kernel takes itself (no bias, dense mask or
+# dropout); the low-precision tests run them on the GPU's sm80 path.
+TENSOR_CORE_OPTIONS = {
+    "band_cap_segments": lambda b, n, t, s: (
+        Options(is_causal=True, window=(40, 7), softcap=2.0, with_lengths=True,
+                with_segments=True), 0.0),
 }
 
 
@@ -80,7 +91,8 @@ class Problem:
 
   def __init__(self, option, shape=SMALL, seed=0):
     batch, seqlen_q, seqlen_k, heads = shape[:4]
-    self.opts, self.rate = OPTIONS[option](batch, heads, seqlen_q, seqlen_k)
+    self.opts, self.rate = {**OPTIONS, **TENSOR_CORE_OPTIONS}[option](batch, heads, seqlen_q,
+                                                                      seqlen_k)
     self.inputs = make_inputs(np.random.default_rng(seed_of(option, shape, seed)), *shape)
     self.inputs.kv_lengths[0] = max(self.inputs.kv_lengths[0], 2)  # not all rows empty
     kwargs = self.opts.kwargs(self.inputs)
@@ -134,12 +146,14 @@ def check_transform(transform, pb, *args):
 
 @contextlib.contextmanager
 def blockwise_jvp_on_cpu():
-  """Lowers the JVP on the CPU as it is lowered on CUDA (for now): blockwise JAX.
+  """Lowers the JVP on the CPU to the blockwise JAX formulation (blockwise.jvp).
 
   Swaps the rule of the per-device kernel primitive under the sharding rule,
-  so that sharded calls reach the JAX code with their offsets as on CUDA.
+  so that sharded calls reach the JAX code with their offsets as they reach
+  the kernel.
   """
-  jax_code = mlir.lower_fun(primitives._jvp_as_jax_code, multiple_results=True)
+  jax_code = mlir.lower_fun(lambda *args, **params: blockwise.jvp(*args, **params),
+                            multiple_results=True)
   mlir.register_lowering(primitives._jvp_kernel, jax_code, platform="cpu")
   try:
     yield
@@ -186,15 +200,15 @@ def test_jvp_every_option_float64(backend, option):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16],
                          ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("option", ["plain", "everything"])
+@pytest.mark.parametrize("option", ["plain", "everything", "band_cap_segments"])
 def test_jvp_low_precision(backend, dtype, option):
   check_jvp(Problem(option, shape=(2, 100, 150, 4, 2, 40)), dtype)
 
 
 @pytest.mark.parametrize("option,dtype", [("everything", jnp.float32), ("bias", jnp.float64)],
                          ids=["everything-float32", "bias-float64"])
-def test_blockwise_jvp_the_gpu_path(backend, option, dtype):
-  """The blockwise JVP (CUDA's lowering, for now) matches the reference too."""
+def test_blockwise_jvp_at_first_order(backend, option, dtype):
+  """The blockwise JVP (whose jax.jvp is the second-order rule) matches the reference too."""
   pb = Problem(option, shape=(2, 70, 150, 4, 2, 16))  # two key blocks, the second partial
   with blockwise_jvp_on_cpu():
     run = jax.jit(lambda p, t: jax.jvp(pb.flash, p, t))  # traced and lowered in here
@@ -352,14 +366,15 @@ def test_jit_grad_runs_no_jvp(backend):
   assert "flash_jvp" not in jaxpr and jaxpr.count("flash_bwd") == 1
 
 
-def test_cuda_lowers_the_jvp_to_blockwise_jax():
-  """On CUDA the JVP is, until fused CUDA JVP kernels exist, the blockwise JAX code."""
-  spec = jax.ShapeDtypeStruct((1, 40, 2, 16), jnp.float32)
+def test_cuda_lowers_the_jvp_to_its_kernel():
+  """On CUDA, forward mode is the forward kernel and then the fused JVP kernel."""
+  spec = jax.ShapeDtypeStruct((1, 40, 2, 16), jnp.bfloat16)
   f = lambda q, k, v: jax_flash.flash_attention(q, k, v, is_causal=True)
   jvp = jax.jit(lambda q, k, v: jax.jvp(f, (q, k, v), (q, k, v)))
   text = jvp.trace(spec, spec, spec).lower(lowering_platforms=("cuda",)).as_text()
-  assert "custom_call @jax_flash_fwd(" in text
-  assert "jax_flash_jvp" not in text and "stablehlo.while" in text
+  assert text.count("custom_call @jax_flash_fwd(") == 1
+  assert text.count("custom_call @jax_flash_jvp(") == 1
+  assert "stablehlo.while" not in text and "dot_general" not in text
 
 
 def test_bench_autodiff_runs(capsys):

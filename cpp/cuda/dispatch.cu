@@ -8,6 +8,7 @@
 //   sm90    (sm90/)  the same on wgmma and TMA, on Hopper when the build has
 //                    sm_90a code: the forward of CUDA_SM90_FWD_BUCKETS and the
 //                    fast backward of CUDA_SM90_BWD_BUCKETS
+// The forward-mode derivative (JVP) has an exact and an sm80 kernel.
 //
 // Per-element score terms (cuda/common/score.cuh, HasScoreTerms): a dense
 // mask and dropout run on the sm80 kernels (their kTerms instantiations, on
@@ -96,6 +97,14 @@ bool TensorCoresSupport(const BwdParams& p, DType dtype) {
          Aligned(p.dq) && Aligned(p.dk) && Aligned(p.dv) && VectorStrides(p.dout_strides) &&
          VectorStrides(p.dq_strides) && VectorStrides(p.dk_strides) &&
          VectorStrides(p.dv_strides);
+}
+
+// The JVP reads its tangents like their primals and writes out_dot like out.
+bool TensorCoresSupport(const JvpParams& p, DType dtype) {
+  return TensorCoresSupport(static_cast<const FwdParams&>(p), dtype) && Aligned(p.q_dot) &&
+         Aligned(p.k_dot) && Aligned(p.v_dot) && Aligned(p.out_dot) &&
+         VectorStrides(p.q_dot_strides) && VectorStrides(p.k_dot_strides) &&
+         VectorStrides(p.v_dot_strides) && VectorStrides(p.out_dot_strides);
 }
 
 // True when the current device is a Hopper GPU and this build holds sm_90a
@@ -224,6 +233,14 @@ cudaError_t RunBwdPath(const BwdParams& params, DType dtype, void* workspace, bo
   });
 }
 
+cudaError_t RunJvpSm80(const JvpParams& params, DType dtype, cudaStream_t stream) {
+  return ByBucket<80, true>(HeadDimBucket(params.shape.head_dim), [&](auto bucket) {
+    constexpr int kBucket = decltype(bucket)::value;
+    return dtype == DType::kBFloat16 ? RunJvp<80, __nv_bfloat16, kBucket>(params, stream)
+                                     : RunJvp<80, __half, kBucket>(params, stream);
+  });
+}
+
 // Bytes the tensor-core backward needs of the workspace (after delta).
 size_t TensorCoreBwdWorkspaceBytes(const AttentionShape& shape, bool deterministic) {
   switch (HeadDimBucket(shape.head_dim)) {
@@ -261,6 +278,12 @@ KernelPath BwdPath(const BwdParams& params, DType dtype, bool deterministic) {
     return KernelPath::kSm90;
   return KernelPath::kSm80;
 }
+
+// The forward-mode derivative: mma.sync on every sm_80+ GPU, Hopper included
+// (no wgmma JVP yet).
+KernelPath JvpPath(const JvpParams& params, DType dtype) {
+  return TensorCoresSupport(params, dtype) ? KernelPath::kSm80 : KernelPath::kExact;
+}
 // ===========================================================================
 
 cudaError_t LaunchFwd(const FwdParams& params, DType dtype, cudaStream_t stream) {
@@ -270,6 +293,11 @@ cudaError_t LaunchFwd(const FwdParams& params, DType dtype, cudaStream_t stream)
     case KernelPath::kExact: break;
   }
   return ByDType(dtype, [&](auto tag) { return RunExactFwd<decltype(tag)>(params, stream); });
+}
+
+cudaError_t LaunchJvp(const JvpParams& params, DType dtype, cudaStream_t stream) {
+  if (JvpPath(params, dtype) == KernelPath::kSm80) return RunJvpSm80(params, dtype, stream);
+  return ByDType(dtype, [&](auto tag) { return RunExactJvp<decltype(tag)>(params, stream); });
 }
 
 size_t BwdWorkspaceBytes(const AttentionShape& shape, DType dtype, bool deterministic) {

@@ -14,8 +14,9 @@ enum class KernelPath {
   kSm90,   // tensor cores through wgmma and TMA (sm90/), sm_90a builds on Hopper
 };
 
-// The path LaunchFwd / LaunchBwd take for this problem on the current device.
+// The path LaunchFwd / LaunchBwd / LaunchJvp take for this problem on the current device.
 KernelPath FwdPath(const FwdParams& params, DType dtype);
 KernelPath BwdPath(const BwdParams& params, DType dtype, bool deterministic);
+KernelPath JvpPath(const JvpParams& params, DType dtype);
 
 }  // namespace jax_flash::cuda

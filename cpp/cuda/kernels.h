@@ -51,6 +51,16 @@ cudaError_t RunExactFwd(const FwdParams& params, cudaStream_t stream);
 template <typename T>
 cudaError_t RunExactBwd(const BwdParams& params, cudaStream_t stream);
 
+// RunExactJvp writes out_dot and lse_dot (forward mode; simt/jvp.cuh).
+template <typename T>
+cudaError_t RunExactJvp(const JvpParams& params, cudaStream_t stream);
+
+// RunJvp: the forward-mode derivative on mma.sync (arch path 80 only; T =
+// __nv_bfloat16 or __half), for the options of the sm_80 forward (no bias,
+// dense mask or dropout: those take RunExactJvp). Defined in sm80/jvp.cuh.
+template <int kArch, typename T, int kHeadDim>
+cudaError_t RunJvp(const JvpParams& params, cudaStream_t stream);
+
 }  // namespace jax_flash::cuda
 
 // The explicit instantiations, one per generated file.
@@ -64,3 +74,8 @@ cudaError_t RunExactBwd(const BwdParams& params, cudaStream_t stream);
   template cudaError_t jax_flash::cuda::RunExactFwd<T>(const jax_flash::FwdParams&, cudaStream_t);
 #define JAX_FLASH_INSTANTIATE_EXACT_BWD(T) \
   template cudaError_t jax_flash::cuda::RunExactBwd<T>(const jax_flash::BwdParams&, cudaStream_t);
+#define JAX_FLASH_INSTANTIATE_EXACT_JVP(T) \
+  template cudaError_t jax_flash::cuda::RunExactJvp<T>(const jax_flash::JvpParams&, cudaStream_t);
+#define JAX_FLASH_INSTANTIATE_JVP(kArch, T, kHeadDim)                        \
+  template cudaError_t jax_flash::cuda::RunJvp<kArch, T, kHeadDim>(          \
+      const jax_flash::JvpParams&, cudaStream_t);

@@ -26,6 +26,10 @@ inline constexpr size_t kWorkspaceAlignment = 16;
 // Writes params.out and params.lse.
 cudaError_t LaunchFwd(const FwdParams& params, DType dtype, cudaStream_t stream);
 
+// Forward mode: writes params.out_dot and params.lse_dot from the forward's
+// out and lse and the tangents (null = zero). Needs no workspace.
+cudaError_t LaunchJvp(const JvpParams& params, DType dtype, cudaStream_t stream);
+
 // Bytes of device workspace LaunchBwd needs for any problem of this shape
 // (delta = rowsum(dout * out), plus what the tensor-core kernels need when
 // the shape allows them); never 0, so callers always pass a real pointer.

@@ -117,6 +117,32 @@ ffi::Error BwdCuda(cudaStream_t stream, ffi::AnyBuffer q,
   return ffi::Error::Success();
 }
 
+// Forward mode: the tangents of out and lse (decode.h's JVP contract).
+ffi::Error JvpCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                   ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer q_dot,
+                   ffi::AnyBuffer k_dot, ffi::AnyBuffer v_dot, ffi::AnyBuffer bias_dot,
+                   ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
+                   ffi::AnyBuffer q_segment_ids, ffi::AnyBuffer kv_segment_ids,
+                   ffi::AnyBuffer bias, ffi::AnyBuffer mask, ffi::AnyBuffer dropout_key,
+                   ffi::AnyBuffer offsets, ffi::Result<ffi::AnyBuffer> out_dot,
+                   ffi::Result<ffi::AnyBuffer> lse_dot, double scale, double softcap,
+                   bool is_causal, int64_t window_left, int64_t window_right,
+                   double dropout_rate, bool broadcast_dropout) {
+  const ScoreAndMaskAttrs attrs{scale,        softcap,      is_causal,        window_left,
+                                window_right, dropout_rate, broadcast_dropout};
+  const ffi_decode::MaskOperands ops{q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids,
+                                     bias,      mask,       dropout_key, offsets};
+  JvpParams p;
+  if (auto e = ffi_decode::DecodeJvp(attrs, q, k, v, out, lse, ops, q_dot, k_dot, v_dot, bias_dot,
+                                     out_dot, lse_dot, &p);
+      e.failure())
+    return e;
+  if (cudaError_t err = cuda::LaunchJvp(p, ToCudaDType(q.element_type()), stream);
+      err != cudaSuccess)
+    return LaunchError("forward-mode derivative", err);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 CapturedCalls CudaCapturedCalls() { return {captured_fwd.load(), captured_bwd.load()}; }
@@ -169,4 +195,23 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
             .Ret<ffi::AnyBuffer>()   // dbias: bias's shape, or (0,)
             .Ret<ffi::AnyBuffer>())  // workspace: uint8 (CudaBwdWorkspaceBytes,)
         .Attr<bool>("deterministic"),   // bitwise-reproducible gradients
+    {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxFlashJvpCuda, jax_flash::JvpCuda,
+    jax_flash::ffi_decode::AddScoreAndMaskAttrs(
+        jax_flash::ffi_decode::AddMaskOperands(
+            ffi::Ffi::Bind()
+                .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                .Arg<ffi::AnyBuffer>()   // q
+                .Arg<ffi::AnyBuffer>()   // k
+                .Arg<ffi::AnyBuffer>()   // v
+                .Arg<ffi::AnyBuffer>()   // out (forward result)
+                .Arg<ffi::AnyBuffer>()   // lse (forward result)
+                .Arg<ffi::AnyBuffer>()   // q_dot, like q, or (0,)
+                .Arg<ffi::AnyBuffer>()   // k_dot, like k, or (0,)
+                .Arg<ffi::AnyBuffer>()   // v_dot, like v, or (0,)
+                .Arg<ffi::AnyBuffer>())  // bias_dot, like bias, or (0,)
+            .Ret<ffi::AnyBuffer>()     // out_dot, like out
+            .Ret<ffi::AnyBuffer>()),   // lse_dot, like lse
     {ffi::Traits::kCmdBufferCompatible});

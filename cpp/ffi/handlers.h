@@ -10,8 +10,7 @@
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxFlashFwdCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxFlashBwdCpu);
-// Forward mode; CPU only for now (on CUDA the primitive lowers to JAX code).
-XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxFlashJvpCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxFlashJvpCpu);  // forward mode
 
 #ifdef JAX_FLASH_WITH_CUDA
 #include <cstddef>
@@ -22,6 +21,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxFlashJvpCpu);
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxFlashFwdCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxFlashBwdCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxFlashJvpCuda);
 
 namespace jax_flash {
 // Bytes of the CUDA backward's workspace result (its last result, uint8) for

@@ -1,8 +1,9 @@
 #!/bin/bash
 # Builds the kernel drivers without CMake or Python packaging: every kernel
 # instantiation (generated from jax_flash/_supported.py), the dispatch, and
-# the drivers exact_kernel_check, exact_features_check and tc_kernel_check,
-# all against the launch API the FFI handlers call (cpp/cuda/launch.h).
+# the drivers exact_kernel_check, exact_features_check, tc_kernel_check and
+# jvp_kernel_check, all against the launch API the FFI handlers call
+# (cpp/cuda/launch.h).
 #
 #   tests/gpu/build.sh BUILD_DIR [extra nvcc flags, for every file...]
 #
@@ -27,7 +28,7 @@ arch=${ARCH:-90a}
 python3 "$root/jax_flash/_supported.py" --header "$build/gen/jax_flash/supported.h" \
   --cuda-sources "$build/gen/cuda" > "$build/sources.txt"
 echo "$root/cpp/cuda/dispatch.cu" >> "$build/sources.txt"
-drivers="exact_kernel_check exact_features_check tc_kernel_check"
+drivers="exact_kernel_check exact_features_check tc_kernel_check jvp_kernel_check"
 kernels=$(sed 's|.*/||; s|\.cu$|.o|' "$build/sources.txt" | sed "s|^|$build/obj/|")
 # The flags of cmake/cuda_sources.cmake.
 flags="-std=c++17 -O3 -lineinfo -gencode=arch=compute_${arch},code=sm_${arch}
@@ -48,4 +49,4 @@ for d in $drivers; do
   $NVCC -gencode=arch=compute_${arch},code=sm_${arch} -Xcompiler -fopenmp $kernels \
     "$build/obj/$d.o" -o "$build/$d"
 done
-echo "built $build/{exact_kernel_check,exact_features_check,tc_kernel_check} (sm_$arch)"
+echo "built $build/{exact_kernel_check,exact_features_check,tc_kernel_check,jvp_kernel_check} (sm_$arch)"

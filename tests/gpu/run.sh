@@ -9,6 +9,7 @@
 #            too (the CPU half is what CI runs; PYTEST_K="not cpu" skips it)
 #   kernels  standalone kernel drivers against float64 host references:
 #            exact kernels (base and bias/mask/dropout), tensor-core kernels,
+#            the JVP kernels (jvp_kernel_check),
 #            then compute-sanitizer memcheck and racecheck on small cases
 #   bench    python -m jax_flash.bench (fa3 preset), then --memory (memory preset)
 #   gpt      the GPT example, jax_flash vs Flax attention, a few steps
@@ -62,6 +63,14 @@ if has kernels; then
     compute-sanitizer --tool racecheck --error-exitcode 9 "$build/tc_kernel_check" small \
         > "$LOG_DIR/tc_racecheck.log" 2>&1 || status=1
     grep SUMMARY "$LOG_DIR/tc_racecheck.log"
+    # The forward-mode derivative: exact and sm80 JVP kernels.
+    "$build/jvp_kernel_check" check > "$LOG_DIR/jvp_check.log" 2>&1 || status=1
+    tail -n 1 "$LOG_DIR/jvp_check.log"
+    for tool in memcheck racecheck; do
+      compute-sanitizer --tool $tool --error-exitcode 9 "$build/jvp_kernel_check" small \
+          > "$LOG_DIR/jvp_$tool.log" 2>&1 || status=1
+      grep SUMMARY "$LOG_DIR/jvp_$tool.log"
+    done
   else
     status=1; tail -n 20 "$LOG_DIR/exact.log"
   fi

@@ -24,7 +24,7 @@ inline int HeadDimTier(int64_t head_dim) {
   return 0;
 }
 
-// Query rows (kBlockM) and keys (kBlockN) per block, forward and backward.
+// Query rows (kBlockM) and keys (kBlockN) per block: forward, backward, JVP.
 // Chosen so that shared memory stays under kMaxSharedBytes (simt/common.cuh)
 // and each thread holds at most 64 accumulator registers' worth of output
 // tile.
@@ -38,6 +38,11 @@ struct ExactTiles {
                                          : (kMaxD <= 32 ? 64 : kMaxD <= 64 ? 64 : kMaxD <= 128 ? 32 : 16);
   static constexpr int kBwdBlockN = kF64 ? (kMaxD <= 64 ? 32 : kMaxD <= 128 ? 16 : 8)
                                          : (kMaxD <= 32 ? 64 : kMaxD <= 64 ? 32 : kMaxD <= 128 ? 32 : 16);
+  // The JVP holds Q, Q_dot and four key-side tiles (K, K_dot, V, V_dot).
+  static constexpr int kJvpBlockM = kF64 ? (kMaxD <= 64 ? 32 : kMaxD <= 128 ? 16 : 8)
+                                         : (kMaxD <= 64 ? 64 : kMaxD <= 128 ? 32 : 16);
+  static constexpr int kJvpBlockN = kF64 ? (kMaxD <= 32 ? 32 : kMaxD <= 64 ? 16 : 8)
+                                         : (kMaxD <= 32 ? 64 : kMaxD <= 64 ? 32 : 16);
   static constexpr int kLd = kMaxD + 1;  // row stride of a head-dim tile
 };
 

@@ -83,4 +83,22 @@ constexpr Tiles TilesFor(int head_dim) {
   return Tiles{};
 }
 
+// The forward-mode derivative (sm80/jvp.cuh): query rows per CTA (16 per
+// warp), keys per block, and pipeline stages, each holding K, K_dot, V and
+// V_dot (one stage where two would not fit an A100's 163 KiB).
+struct JvpTile {
+  int head_dim, block_m, block_n, stages;
+};
+
+inline constexpr JvpTile kJvpTiles[] = {
+    {32, 64, 64, 2}, {64, 64, 32, 2}, {96, 64, 32, 2},
+    {128, 64, 32, 2}, {192, 64, 16, 2}, {256, 64, 16, 2},
+};
+
+constexpr JvpTile JvpTileFor(int head_dim) {
+  for (const JvpTile& t : kJvpTiles)
+    if (t.head_dim == head_dim) return t;
+  return JvpTile{};
+}
+
 }  // namespace jax_flash::cuda::sm80
