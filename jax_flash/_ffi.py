@@ -8,6 +8,8 @@ initialises no backend (a platform's handlers wait until its plugin loads).
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 
@@ -26,6 +28,23 @@ def _register_targets() -> None:
 
 
 _register_targets()
+
+# The documented switch that routes the CUDA kernels as on an older GPU, for
+# tests and kernel comparisons (cuda/dispatch.cu reads it at every launch).
+FORCE_PATH_ENV = "JAX_FLASH_FORCE_PATH"
+FORCE_PATH_VALUES = ("sm80", "sm75", "exact")
+
+
+def _check_force_path_env() -> None:
+  value = os.environ.get(FORCE_PATH_ENV, "")
+  if value and value not in FORCE_PATH_VALUES:
+    raise ValueError(
+        f"{FORCE_PATH_ENV}={value!r}: expected one of {', '.join(FORCE_PATH_VALUES)} (route the "
+        f"CUDA kernels as on an Ampere GPU, as on a Turing GPU, or every problem on the exact "
+        f"kernels), or unset to let the GPU decide")
+
+
+_check_force_path_env()
 
 
 def build_info() -> dict:

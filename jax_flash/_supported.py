@@ -39,13 +39,21 @@ CUDA_SM90_FWD_BUCKETS = (128,)
 # 217-232 for mma.sync (cpp/cuda/NOTES.md).
 CUDA_SM90_BWD_BUCKETS = (64, 128)
 
+# The Turing family (sm_75, e.g. T4): the mma.sync kernels with tiles for 64 KiB
+# of shared memory, m16n8k8 and synchronous copies, compiled for compute_75 (so
+# a Hopper GPU can run them too, JIT-compiled by the driver, for testing).
+# float16 only: Turing has no bfloat16 tensor cores, so bfloat16 runs the exact
+# kernels there.
+CUDA_SM75_BUCKETS = CUDA_HEAD_DIM_BUCKETS
+CUDA_SM75_DTYPES = ("float16",)
+
 
 # Arch paths whose kernels take the per-element score terms (a dense mask,
 # dropout): each bucket then has a second instantiation, its kTerms kernels,
 # in files of their own, so that the plain kernels compile to the code they
 # had (nvcc optimizes a kernel differently when a second one shares its
 # file; cpp/cuda/NOTES.md).
-CUDA_TERMS_ARCHS = (80,)
+CUDA_TERMS_ARCHS = (75, 80)
 
 
 def head_dim_bucket(head_dim: int) -> int:
@@ -74,6 +82,7 @@ def _header() -> str:
       _x_macro("JAX_FLASH_FOR_EACH_BUCKET", CUDA_HEAD_DIM_BUCKETS),
       _x_macro("JAX_FLASH_FOR_EACH_SM90_FWD_BUCKET", CUDA_SM90_FWD_BUCKETS),
       _x_macro("JAX_FLASH_FOR_EACH_SM90_BWD_BUCKET", CUDA_SM90_BWD_BUCKETS),
+      _x_macro("JAX_FLASH_FOR_EACH_SM75_BUCKET", CUDA_SM75_BUCKETS),
       _x_macro("JAX_FLASH_FOR_EACH_EXACT_TIER", CUDA_EXACT_HEAD_DIM_TIERS),
   ])
   return f"""// Generated from jax_flash/_supported.py by CMake; do not edit.
@@ -108,11 +117,16 @@ _EXACT_DIRECTIONS = {"fwd": ("cuda/simt/fwd.cuh", "JAX_FLASH_INSTANTIATE_EXACT_F
                      "bwd": ("cuda/simt/bwd.cuh", "JAX_FLASH_INSTANTIATE_EXACT_BWD"),
                      "jvp": ("cuda/simt/jvp.cuh", "JAX_FLASH_INSTANTIATE_EXACT_JVP")}
 # (direction, arch path) -> the buckets compiled for it. Arch path 80
-# (mma.sync) runs on every sm_80+ GPU; 90 (wgmma, TMA) on sm_90a.
+# (mma.sync) runs on every sm_80+ GPU; 90 (wgmma, TMA) on sm_90a; 75 (the
+# Turing family) is compiled for compute_75 alone (cmake/cuda_sources.cmake).
 # The forward-mode derivative (jvp) runs on mma.sync on every sm_80+ GPU.
 _TC_BUCKETS = {("fwd", 80): CUDA_HEAD_DIM_BUCKETS, ("bwd", 80): CUDA_HEAD_DIM_BUCKETS,
                ("jvp", 80): CUDA_HEAD_DIM_BUCKETS,
-               ("fwd", 90): CUDA_SM90_FWD_BUCKETS, ("bwd", 90): CUDA_SM90_BWD_BUCKETS}
+               ("fwd", 90): CUDA_SM90_FWD_BUCKETS, ("bwd", 90): CUDA_SM90_BWD_BUCKETS,
+               ("fwd", 75): CUDA_SM75_BUCKETS, ("bwd", 75): CUDA_SM75_BUCKETS}
+_TC_DTYPES = {75: CUDA_SM75_DTYPES, 80: CUDA_TENSOR_CORE_DTYPES, 90: CUDA_TENSOR_CORE_DTYPES}
+# Directions whose instantiations take the kTerms argument (CUDA_TERMS_ARCHS).
+_TERMS_DIRECTIONS = ("fwd", "bwd")
 
 
 def _instantiation(header: str, macro: str, args: str) -> str:
@@ -125,13 +139,15 @@ def cuda_sources() -> dict[str, str]:
   files = {}
   for (direction, arch), buckets in _TC_BUCKETS.items():
     header, macro = _TC_DIRECTIONS[direction]
-    for terms in (False, True) if arch in CUDA_TERMS_ARCHS else (False,):
+    has_terms = direction in _TERMS_DIRECTIONS
+    for terms in (False, True) if has_terms and arch in CUDA_TERMS_ARCHS else (False,):
       variant = "_terms" if terms else ""
-      for dtype in CUDA_TENSOR_CORE_DTYPES:
+      for dtype in _TC_DTYPES[arch]:
         short, cuda_type = _CUDA_TYPES[dtype]
         for bucket in buckets:
+          args = f"{arch}, {cuda_type}, {bucket}" + (f", {str(terms).lower()}" if has_terms else "")
           files[f"{direction}_sm{arch}{variant}_{short}_hd{bucket}.cu"] = _instantiation(
-              header, macro, f"{arch}, {cuda_type}, {bucket}, {str(terms).lower()}")
+              header, macro, args)
   for direction, (header, macro) in _EXACT_DIRECTIONS.items():
     for dtype in DTYPES:
       short, cuda_type = _CUDA_TYPES[dtype]

@@ -105,3 +105,15 @@ def test_a_checkout_with_no_build_anywhere_says_what_to_run(tmp_path):
   message = result.stdout
   assert "pip install ." in message and str(checkout) in message, message
   assert "circular" not in message
+
+
+@pytest.mark.parametrize("value", ["sm70", "SM80", "75"])
+def test_a_bad_force_path_is_named_on_import(value, tmp_path):
+  # JAX_FLASH_FORCE_PATH (README "What runs where") is read by the CUDA
+  # dispatch at each launch, where a bad value could only be ignored.
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  env["JAX_FLASH_FORCE_PATH"] = value
+  result = subprocess.run([sys.executable, "-c", "import jax_flash"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+  assert result.returncode != 0
+  assert "JAX_FLASH_FORCE_PATH" in result.stderr and repr(value) in result.stderr

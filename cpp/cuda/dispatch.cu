@@ -8,16 +8,23 @@
 //   sm90    (sm90/)  the same on wgmma and TMA, on Hopper when the build has
 //                    sm_90a code: the forward of CUDA_SM90_FWD_BUCKETS and the
 //                    fast backward of CUDA_SM90_BWD_BUCKETS
+//   sm75    (sm80/ compiled for compute_75) float16 on Turing (T4, RTX 20xx):
+//                    the mma.sync kernels with m16n8k8, synchronous copies and
+//                    tiles for 64 KiB of shared memory; bfloat16 runs exact there
 // The forward-mode derivative (JVP) has an exact and an sm80 kernel.
 //
 // Per-element score terms (cuda/common/score.cuh, HasScoreTerms): a dense
 // mask and dropout run on the sm80 kernels (their kTerms instantiations, on
 // Hopper too); a bias still runs on the exact kernels.
 //
-// JAX_FLASH_FORCE_PATH (environment, read at every launch, for tests and
-// comparisons): "sm80" never takes the sm90 kernels (the mma.sync path on
-// Hopper), "exact" always takes the exact ones; unset or empty: the table
-// below. A path that cannot run a problem is not forced onto it.
+// The routing follows the GPU's compute capability. JAX_FLASH_FORCE_PATH
+// (environment, read at every launch, for tests and comparisons; jax_flash
+// checks its value on import) routes as on an older GPU: "sm80" as on an
+// Ampere GPU (the mma.sync kernels on Hopper), "sm75" as on a Turing GPU
+// (float16 on the Turing family, whose compute_75 code the driver compiles
+// for the GPU at hand; the rest exact), "exact" every problem on the exact
+// kernels; unset or empty: the GPU decides. A path that cannot run a problem
+// is not forced onto it.
 //
 // The lists (buckets, tiers, Hopper buckets) come from jax_flash/_supported.py
 // through the generated jax_flash/supported.h, like the instantiation files,
@@ -107,30 +114,66 @@ bool TensorCoresSupport(const JvpParams& p, DType dtype) {
          VectorStrides(p.v_dot_strides) && VectorStrides(p.out_dot_strides);
 }
 
-// True when the current device is a Hopper GPU and this build holds sm_90a
-// code for it (the wgmma kernels exist only there). The device query runs
-// once per device; after that a launch pays one cudaGetDevice.
-bool OnHopperWithSm90a() {
-#ifdef JAX_FLASH_HAS_SM90A
+// The current device's compute capability, major * 10 + minor (0 if it
+// cannot be read). The query runs once per device; after that a launch pays
+// one cudaGetDevice.
+int DeviceArch() {
   constexpr int kCachedDevices = 64;
-  static std::atomic<int> cache[kCachedDevices] = {};  // 0 unknown, 1 yes, 2 no
+  static std::atomic<int> cache[kCachedDevices] = {};  // 0: not asked yet
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (device >= 0 && device < kCachedDevices) {
-    if (const int known = cache[device].load(std::memory_order_relaxed); known != 0)
-      return known == 1;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  const bool cached = device >= 0 && device < kCachedDevices;
+  if (cached) {
+    if (const int known = cache[device].load(std::memory_order_relaxed); known != 0) return known;
   }
   int major = 0, minor = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-    return false;
-  const bool hopper = major == 9 && minor == 0;
-  if (device >= 0 && device < kCachedDevices)
-    cache[device].store(hopper ? 1 : 2, std::memory_order_relaxed);
-  return hopper;
+    return 0;
+  const int arch = major * 10 + minor;
+  if (cached) cache[device].store(arch, std::memory_order_relaxed);
+  return arch;
+}
+
+// The compute capability the routing follows: the device's, lowered by
+// JAX_FLASH_FORCE_PATH (see the top of this file); 0 routes everything to
+// the exact kernels.
+int RoutingArch() {
+  const int arch = DeviceArch();
+  const char* v = std::getenv("JAX_FLASH_FORCE_PATH");
+  if (v == nullptr || *v == 0) return arch;
+  if (std::strcmp(v, "sm80") == 0) return arch < 80 ? arch : 80;
+  if (std::strcmp(v, "sm75") == 0) return arch < 75 ? arch : 75;
+  if (std::strcmp(v, "exact") == 0) return 0;
+  return arch;
+}
+
+// What this build holds (cmake/cuda_sources.cmake): the sm80 family (and
+// the JVP's) needs an sm_80+ architecture in the build, sm90 sm_90a code and
+// a Hopper GPU (sm_90a code runs on compute capability 9.0 alone), the
+// Turing family the architecture 75.
+#ifdef JAX_FLASH_HAS_SM80
+constexpr bool kHasSm80 = true;
 #else
-  return false;
+constexpr bool kHasSm80 = false;
 #endif
+#ifdef JAX_FLASH_HAS_SM90A
+constexpr bool kHasSm90a = true;
+#else
+constexpr bool kHasSm90a = false;
+#endif
+#ifdef JAX_FLASH_HAS_SM75
+constexpr bool kHasSm75 = true;
+#else
+constexpr bool kHasSm75 = false;
+#endif
+
+// The tensor-core family for a problem the tensor cores support.
+KernelPath TensorCorePath(int arch, DType dtype, bool sm90_runs_it) {
+  if (kHasSm90a && arch == 90 && sm90_runs_it) return KernelPath::kSm90;
+  if (kHasSm80 && arch >= 80) return KernelPath::kSm80;
+  if (kHasSm75 && arch >= 75 && dtype == DType::kFloat16) return KernelPath::kSm75;
+  return KernelPath::kExact;
 }
 
 bool InSm90FwdBuckets(int bucket) {
@@ -151,16 +194,6 @@ bool InSm90BwdBuckets(int bucket) {
 
 // The sm90 kernels have no per-element score terms yet.
 bool Sm90Supports(const FwdParams& p) { return !HasScoreTerms(p); }
-
-// JAX_FLASH_FORCE_PATH (see the top of this file).
-enum class Forced { kNone, kSm80, kExact };
-Forced ForcedPath() {
-  const char* v = std::getenv("JAX_FLASH_FORCE_PATH");
-  if (v == nullptr || *v == 0) return Forced::kNone;
-  if (std::strcmp(v, "sm80") == 0) return Forced::kSm80;
-  if (std::strcmp(v, "exact") == 0) return Forced::kExact;
-  return Forced::kNone;
-}
 
 // ===========================================================================
 // Launching a chosen path: dtype and bucket as template arguments.
@@ -187,6 +220,8 @@ cudaError_t ByBucket(int bucket, Fn&& fn) {
     switch (bucket) { JAX_FLASH_FOR_EACH_SM90_FWD_BUCKET(JAX_FLASH_CASE) default: break; }
   } else if constexpr (kArch == 90) {
     switch (bucket) { JAX_FLASH_FOR_EACH_SM90_BWD_BUCKET(JAX_FLASH_CASE) default: break; }
+  } else if constexpr (kArch == 75) {
+    switch (bucket) { JAX_FLASH_FOR_EACH_SM75_BUCKET(JAX_FLASH_CASE) default: break; }
   } else {
     switch (bucket) { JAX_FLASH_FOR_EACH_BUCKET(JAX_FLASH_CASE) default: break; }
   }
@@ -198,7 +233,7 @@ cudaError_t ByBucket(int bucket, Fn&& fn) {
 // sm90 path has no kTerms kernels (FwdPath and BwdPath do not choose it then).
 template <int kArch, typename Fn>
 cudaError_t ByTerms(const FwdParams& params, Fn&& fn) {
-  if constexpr (kArch == 80) {
+  if constexpr (kArch != 90) {
     if (HasScoreTerms(params)) return fn(std::true_type{});
   }
   return fn(std::false_type{});
@@ -210,9 +245,13 @@ cudaError_t RunFwdPath(const FwdParams& params, DType dtype, cudaStream_t stream
     return ByTerms<kArch>(params, [&](auto terms) {
       constexpr int kBucket = decltype(bucket)::value;
       constexpr bool kTerms = decltype(terms)::value;
-      return dtype == DType::kBFloat16
-                 ? RunFwd<kArch, __nv_bfloat16, kBucket, kTerms>(params, stream)
-                 : RunFwd<kArch, __half, kBucket, kTerms>(params, stream);
+      if constexpr (kArch == 75) {  // float16 only (TensorCorePath)
+        return RunFwd<kArch, __half, kBucket, kTerms>(params, stream);
+      } else {
+        return dtype == DType::kBFloat16
+                   ? RunFwd<kArch, __nv_bfloat16, kBucket, kTerms>(params, stream)
+                   : RunFwd<kArch, __half, kBucket, kTerms>(params, stream);
+      }
     });
   });
 }
@@ -224,15 +263,20 @@ cudaError_t RunBwdPath(const BwdParams& params, DType dtype, void* workspace, bo
     return ByTerms<kArch>(params, [&](auto terms) {
       constexpr int kBucket = decltype(bucket)::value;
       constexpr bool kTerms = decltype(terms)::value;
-      return dtype == DType::kBFloat16
-                 ? RunBwd<kArch, __nv_bfloat16, kBucket, kTerms>(params, workspace,
-                                                                 deterministic, stream)
-                 : RunBwd<kArch, __half, kBucket, kTerms>(params, workspace, deterministic,
-                                                          stream);
+      if constexpr (kArch == 75) {  // float16 only (TensorCorePath)
+        return RunBwd<kArch, __half, kBucket, kTerms>(params, workspace, deterministic, stream);
+      } else {
+        return dtype == DType::kBFloat16
+                   ? RunBwd<kArch, __nv_bfloat16, kBucket, kTerms>(params, workspace,
+                                                                   deterministic, stream)
+                   : RunBwd<kArch, __half, kBucket, kTerms>(params, workspace, deterministic,
+                                                            stream);
+      }
     });
   });
 }
 
+#ifdef JAX_FLASH_HAS_SM80
 cudaError_t RunJvpSm80(const JvpParams& params, DType dtype, cudaStream_t stream) {
   return ByBucket<80, true>(HeadDimBucket(params.shape.head_dim), [&](auto bucket) {
     constexpr int kBucket = decltype(bucket)::value;
@@ -240,6 +284,7 @@ cudaError_t RunJvpSm80(const JvpParams& params, DType dtype, cudaStream_t stream
                                      : RunJvp<80, __half, kBucket>(params, stream);
   });
 }
+#endif
 
 // Bytes the tensor-core backward needs of the workspace (after delta).
 size_t TensorCoreBwdWorkspaceBytes(const AttentionShape& shape, bool deterministic) {
@@ -260,43 +305,48 @@ size_t TensorCoreBwdWorkspaceBytes(const AttentionShape& shape, bool determinist
 // THE ROUTING DECISION.
 
 KernelPath FwdPath(const FwdParams& params, DType dtype) {
-  const Forced forced = ForcedPath();
-  if (forced == Forced::kExact || !TensorCoresSupport(params, dtype)) return KernelPath::kExact;
-  if (forced == Forced::kNone && Sm90Supports(params) && OnHopperWithSm90a() &&
-      InSm90FwdBuckets(HeadDimBucket(params.shape.head_dim)))
-    return KernelPath::kSm90;
-  return KernelPath::kSm80;
+  if (!TensorCoresSupport(params, dtype)) return KernelPath::kExact;
+  return TensorCorePath(RoutingArch(), dtype,
+                        Sm90Supports(params) &&
+                            InSm90FwdBuckets(HeadDimBucket(params.shape.head_dim)));
 }
 
 // kSm90 runs its dK/dV on the sm_80 kernel where TMA cannot address Q or dO
 // (bwd/run.cuh).
 KernelPath BwdPath(const BwdParams& params, DType dtype, bool deterministic) {
-  const Forced forced = ForcedPath();
-  if (forced == Forced::kExact || !TensorCoresSupport(params, dtype)) return KernelPath::kExact;
-  if (forced == Forced::kNone && !deterministic && Sm90Supports(params) && OnHopperWithSm90a() &&
-      InSm90BwdBuckets(HeadDimBucket(params.shape.head_dim)))
-    return KernelPath::kSm90;
-  return KernelPath::kSm80;
+  if (!TensorCoresSupport(params, dtype)) return KernelPath::kExact;
+  return TensorCorePath(RoutingArch(), dtype,
+                        !deterministic && Sm90Supports(params) &&
+                            InSm90BwdBuckets(HeadDimBucket(params.shape.head_dim)));
 }
 
 // The forward-mode derivative: mma.sync on every sm_80+ GPU, Hopper included
-// (no wgmma JVP yet).
+// (no wgmma JVP yet); exact on Turing (no sm75 JVP yet).
 KernelPath JvpPath(const JvpParams& params, DType dtype) {
-  return TensorCoresSupport(params, dtype) ? KernelPath::kSm80 : KernelPath::kExact;
+  return kHasSm80 && TensorCoresSupport(params, dtype) && RoutingArch() >= 80
+             ? KernelPath::kSm80
+             : KernelPath::kExact;
 }
 // ===========================================================================
 
 cudaError_t LaunchFwd(const FwdParams& params, DType dtype, cudaStream_t stream) {
   switch (FwdPath(params, dtype)) {
+#ifdef JAX_FLASH_HAS_SM80
     case KernelPath::kSm90: return RunFwdPath<90>(params, dtype, stream);
     case KernelPath::kSm80: return RunFwdPath<80>(params, dtype, stream);
-    case KernelPath::kExact: break;
+#endif
+#ifdef JAX_FLASH_HAS_SM75
+    case KernelPath::kSm75: return RunFwdPath<75>(params, dtype, stream);
+#endif
+    default: break;
   }
   return ByDType(dtype, [&](auto tag) { return RunExactFwd<decltype(tag)>(params, stream); });
 }
 
 cudaError_t LaunchJvp(const JvpParams& params, DType dtype, cudaStream_t stream) {
+#ifdef JAX_FLASH_HAS_SM80
   if (JvpPath(params, dtype) == KernelPath::kSm80) return RunJvpSm80(params, dtype, stream);
+#endif
   return ByDType(dtype, [&](auto tag) { return RunExactJvp<decltype(tag)>(params, stream); });
 }
 
@@ -320,9 +370,14 @@ cudaError_t LaunchBwd(const BwdParams& params, DType dtype, void* workspace, boo
   void* rest = static_cast<char*>(workspace) +
                DeltaBytes(p.shape, dtype == DType::kFloat64 ? sizeof(double) : sizeof(float));
   switch (BwdPath(p, dtype, deterministic)) {
+#ifdef JAX_FLASH_HAS_SM80
     case KernelPath::kSm90: return RunBwdPath<90>(p, dtype, rest, false, stream);
     case KernelPath::kSm80: return RunBwdPath<80>(p, dtype, rest, deterministic, stream);
-    case KernelPath::kExact: break;
+#endif
+#ifdef JAX_FLASH_HAS_SM75
+    case KernelPath::kSm75: return RunBwdPath<75>(p, dtype, rest, deterministic, stream);
+#endif
+    default: break;
   }
   // The exact backward is deterministic by construction, whatever was asked.
   return ByDType(dtype, [&](auto tag) { return RunExactBwd<decltype(tag)>(p, stream); });

@@ -12,6 +12,7 @@ enum class KernelPath {
   kExact,  // SIMT, IEEE arithmetic (simt/)
   kSm80,   // tensor cores through mma.sync (sm80/), every sm_80+ GPU
   kSm90,   // tensor cores through wgmma and TMA (sm90/), sm_90a builds on Hopper
+  kSm75,   // float16 tensor cores through mma.sync m16n8k8 (sm80/ for compute_75), Turing
 };
 
 // The path LaunchFwd / LaunchBwd / LaunchJvp take for this problem on the current device.

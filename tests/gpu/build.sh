@@ -31,17 +31,23 @@ echo "$root/cpp/cuda/dispatch.cu" >> "$build/sources.txt"
 drivers="exact_kernel_check exact_features_check tc_kernel_check jvp_kernel_check"
 kernels=$(sed 's|.*/||; s|\.cu$|.o|' "$build/sources.txt" | sed "s|^|$build/obj/|")
 # The flags of cmake/cuda_sources.cmake.
-flags="-std=c++17 -O3 -lineinfo -gencode=arch=compute_${arch},code=sm_${arch}
-  -DJAX_FLASH_WITH_CUDA=1 -Xcompiler -fopenmp -I$root/cpp/include -I$root/cpp -I$build/gen $*"
+# The Turing family's files (*_sm75_*) are compute_75 PTX (and sm_75 code)
+# whatever ARCH is: a newer GPU runs them JIT-compiled by the driver, with
+# JAX_FLASH_CUDA_DEVICE_ARCH=75 (cuda/dispatch.cu).
+flags="-std=c++17 -O3 -lineinfo -DJAX_FLASH_WITH_CUDA=1 -DJAX_FLASH_HAS_SM80=1
+  -DJAX_FLASH_HAS_SM75=1 -Xcompiler -fopenmp -I$root/cpp/include -I$root/cpp -I$build/gen $*"
 [ "$arch" = 90a ] && flags="$flags -DJAX_FLASH_HAS_SM90A=1"
+gencode="-gencode=arch=compute_${arch},code=sm_${arch}"
+gencode75="-gencode=arch=compute_75,code=[sm_75,compute_75]"
 : > "$build/compile_times.txt"
-export NVCC flags build
+export NVCC flags build gencode gencode75
 export REUSE=${REUSE:-} REBUILD=${REBUILD:-.}
 xargs -P "${JOBS:-$(nproc)}" -I{} bash -c 'f={}; n=$(basename "$f" .cu); s=$(date +%s%N)
   if [ -n "$REUSE" ] && ! echo "$n" | grep -qE "$REBUILD" && [ -f "$REUSE/obj/$n.o" ]; then
     cp "$REUSE/obj/$n.o" "$REUSE/obj/$n.log" "$build/obj/"; exit 0
   fi
-  $NVCC $flags -Xptxas -v -c "$f" -o "$build/obj/$n.o" > "$build/obj/$n.log" 2>&1 ||
+  case "$n" in *_sm75_*) g=$gencode75 ;; *) g=$gencode ;; esac
+  $NVCC $flags $g -Xptxas -v -c "$f" -o "$build/obj/$n.o" > "$build/obj/$n.log" 2>&1 ||
     { cat "$build/obj/$n.log"; exit 255; }
   echo "$n $(( ($(date +%s%N) - s) / 1000000 )) ms" >> "$build/compile_times.txt"' \
   < <(cat "$build/sources.txt"; for d in $drivers; do echo "$root/tests/gpu/$d.cu"; done)

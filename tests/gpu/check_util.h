@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda/dispatch.h"
@@ -79,8 +80,17 @@ inline const char* PathName(jax_flash::cuda::KernelPath path) {
     case jax_flash::cuda::KernelPath::kExact: return "exact";
     case jax_flash::cuda::KernelPath::kSm80: return "sm80";
     case jax_flash::cuda::KernelPath::kSm90: return "sm90";
+    case jax_flash::cuda::KernelPath::kSm75: return "sm75";
   }
   return "?";
+}
+
+// True when JAX_FLASH_FORCE_PATH=sm75 routes as on a Turing GPU, where only
+// float16 takes the tensor cores: the drivers then run their bfloat16 cases
+// in float16, so that every case exercises the sm75 family.
+inline bool RoutesAsTuring() {
+  const char* env = std::getenv("JAX_FLASH_FORCE_PATH");
+  return env != nullptr && std::string(env) == "sm75";
 }
 
 // ---- device memory -------------------------------------------------------------

@@ -59,20 +59,23 @@ cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool determini
     else if (err != cudaErrorNotSupported) return err;
   }
   if (!dkdv_launched) {
-    err = sm80::LaunchDkDv<T, kHeadDim, kTerms>(args, /*accumulate_dq=*/!deterministic, stream);
+    // Arch path 75: the same kernels with the Turing tiles.
+    err = sm80::LaunchDkDv<T, kHeadDim, kTerms, kArch == 75 ? 75 : 80>(
+        args, /*accumulate_dq=*/!deterministic, stream);
     if (err != cudaSuccess) return err;
   }
 
   if (rows == 0) return cudaSuccess;
-  if (deterministic) return sm80::LaunchDq<T, kHeadDim, kTerms>(args, stream);
+  if (deterministic) return sm80::LaunchDq<T, kHeadDim, kTerms, kArch == 75 ? 75 : 80>(args, stream);
   return LaunchDqConvert<T, kHeadDim>(args, rows, stream);
 }
 
 template <int kArch, typename T, int kHeadDim, bool kTerms>
 cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
                    cudaStream_t stream) {
-  static_assert(kArch == 80 || kArch == 90, "arch paths: 80 (mma.sync), 90 (wgmma)");
-  static_assert(kArch == 80 || !kTerms, "score terms: the sm80 kernels only");
+  static_assert(kArch == 75 || kArch == 80 || kArch == 90,
+                "arch paths: 75 (mma.sync, Turing), 80 (mma.sync), 90 (wgmma)");
+  static_assert(kArch != 90 || !kTerms, "score terms: the mma.sync kernels only");
   if (HasScoreTerms(params) != kTerms) return cudaErrorInvalidValue;
   const AttentionShape& shape = params.shape;
   if (shape.head_dim > kHeadDim) return cudaErrorInvalidValue;

@@ -37,10 +37,10 @@
 namespace jax_flash::cuda::sm80 {
 
 // dK/dV kernel traits, from the bucket's row of sm80/tile_size.h.
-template <int kHeadDim_>
+template <int kHeadDim_, int kArch = 80>
 struct BwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr BwdTile kTile = TilesFor(kHeadDim).bwd;
+  static constexpr BwdTile kTile = TilesFor(kHeadDim, kArch).bwd;
   static constexpr int kBlockN = kTile.block_n;  // keys per CTA
   static constexpr int kBlockM = kTile.block_m;  // queries per step
   static constexpr int kNWarps = kBlockN / kMmaM;             // 16 keys per warp
@@ -65,6 +65,7 @@ struct BwdTraits {
   static_assert(kBlockN > 0, "no sm80 tile for this head-dim bucket (sm80/tile_size.h)");
   static_assert(kNWarps % kWarpsQ == 0 && kDqCols % 16 == 0 && kDPart % 16 == 0);
   static_assert(kThreads >= 2 * kBlockM, "one thread per lse / D element");
+  static_assert(kSmemBytes <= MaxSmemBytes(kArch), "tile exceeds the arch's shared memory");
 };
 
 template <typename T, typename Traits, bool kAccumDq, bool kTerms>
@@ -356,9 +357,9 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
 // Launches the dK/dV kernel over (key blocks, kv heads, batch); with
 // accumulate_dq (the fast mode) it also adds dQ into args.dq_accum.
-template <typename T, int kHeadDim, bool kTerms>
+template <typename T, int kHeadDim, bool kTerms, int kArch = 80>
 cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t stream) {
-  using Traits = BwdTraits<kHeadDim>;
+  using Traits = BwdTraits<kHeadDim, kArch>;
   const AttentionShape& shape = args.p.shape;
   const int64_t n_blocks = CeilDiv(shape.seqlen_k, Traits::kBlockN);
   if (n_blocks == 0) return cudaSuccess;

@@ -24,10 +24,10 @@ namespace jax_flash::cuda::sm80 {
 
 // Deterministic dQ kernel tile shape: the forward's structure (warps split
 // the query block, keys stream through a two-stage pipeline).
-template <int kHeadDim_>
+template <int kHeadDim_, int kArch = 80>
 struct BwdDqTraits {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr DqTile kTile = TilesFor(kHeadDim).dq;  // sm80/tile_size.h
+  static constexpr DqTile kTile = TilesFor(kHeadDim, kArch).dq;  // sm80/tile_size.h
   static constexpr int kNWarps = kTile.warps;
   static constexpr int kThreads = kNWarps * 32;
   static constexpr int kBlockM = kTile.block_m;
@@ -38,6 +38,7 @@ struct BwdDqTraits {
       sizeof(uint16_t) * (2 * kBlockM * kStride + 2 * kStages * kBlockN * kStride);
   static_assert(kBlockM > 0, "no sm80 tile for this head-dim bucket (sm80/tile_size.h)");
   static_assert(kBlockM == kNWarps * kMmaM, "warps split the query block, 16 rows each");
+  static_assert(kSmemBytes <= MaxSmemBytes(kArch), "tile exceeds the arch's shared memory");
 };
 
 // Deterministic dQ: one CTA per (query block, q head, batch), keys in order.
@@ -219,9 +220,9 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
 
 // Launches the deterministic dQ kernel over (query blocks, q heads, batch).
-template <typename T, int kHeadDim, bool kTerms>
+template <typename T, int kHeadDim, bool kTerms, int kArch = 80>
 cudaError_t LaunchDq(const BwdArgs& args, cudaStream_t stream) {
-  using Traits = BwdDqTraits<kHeadDim>;
+  using Traits = BwdDqTraits<kHeadDim, kArch>;
   const AttentionShape& shape = args.p.shape;
   const int64_t m_blocks = CeilDiv(shape.seqlen_q, Traits::kBlockM);
   auto kernel = DqKernel<T, Traits, kTerms>;

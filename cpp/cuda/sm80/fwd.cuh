@@ -31,10 +31,10 @@
 
 namespace jax_flash::cuda::sm80 {
 
-template <int kHeadDim_>
+template <int kHeadDim_, int kArch = 80>
 struct FwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr FwdTile kTile = TilesFor(kHeadDim).fwd;  // sm80/tile_size.h
+  static constexpr FwdTile kTile = TilesFor(kHeadDim, kArch).fwd;  // sm80/tile_size.h
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kNWarps = kTile.warps;
@@ -49,6 +49,7 @@ struct FwdTraits {
   static constexpr int kSmemElems = kBlockM * kStride + 2 * kStages * kBlockN * kStride;
   static_assert(kBlockM > 0, "no sm80 tile for this head-dim bucket (sm80/tile_size.h)");
   static_assert(kWarpRows % kMmaM == 0 && kHeadDim % 16 == 0 && kBlockN % 16 == 0);
+  static_assert(kSmemElems * 2 <= MaxSmemBytes(kArch), "tile exceeds the arch's shared memory");
 };
 
 template <typename T, typename Traits, bool kTerms>
@@ -203,9 +204,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   StoreOutput<T>(p, blk.b, blk.h, m0 + warp_row0, o, row_m, row_l, scale_log2, g, t);
 }
 
-template <typename T, int kHeadDim, bool kTerms>
+// kArch: 80 (sm_80+), or 75 for the Turing family's tiles (compiled for
+// compute_75, where copy.cuh and mma.cuh take their sm_75 forms).
+template <typename T, int kHeadDim, bool kTerms, int kArch = 80>
 cudaError_t LaunchFwd(const FwdParams& params, cudaStream_t stream) {
-  using Traits = FwdTraits<kHeadDim>;
+  using Traits = FwdTraits<kHeadDim, kArch>;
   if (params.shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
   if (HasScoreTerms(params) != kTerms) return cudaErrorInvalidValue;
   return LaunchFwdGrid<Traits::kBlockM>(FwdKernel<T, Traits, kTerms>, Traits::kThreads,

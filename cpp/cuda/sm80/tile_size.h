@@ -46,6 +46,25 @@ inline constexpr Tiles kTiles[] = {
     {256, {64, 32, 4, 1}, {64, 32, 4}, {64, 32, 4}},
 };
 
+// The Turing family (sm_75: these kernels compiled for compute_75): 64 KiB
+// of shared memory per CTA at most, so smaller tiles; the traits'
+// static_asserts check each row against kMaxSmemBytes. Rows chosen so every
+// tile divides evenly among its threads' 16-byte copies (NOTES.md).
+inline constexpr Tiles kTuringTiles[] = {
+    // head_dim, fwd {BM, BN, warps, min CTAs}, bwd {BN, BM, d_split}, dq {BM, BN, warps}
+    {32, {128, 64, 4, 1}, {64, 64, 1}, {64, 64, 4}},
+    {64, {128, 64, 4, 1}, {64, 32, 1}, {64, 64, 4}},
+    {96, {64, 32, 4, 1}, {64, 32, 1}, {64, 32, 4}},
+    {128, {64, 32, 4, 1}, {64, 16, 1}, {32, 32, 2}},
+    {192, {64, 16, 4, 1}, {32, 16, 2}, {32, 16, 2}},
+    {256, {32, 16, 2, 1}, {16, 16, 4}, {16, 16, 1}},
+};
+
+// Dynamic shared memory one CTA may use: 64 KiB on sm_75, 163 KiB on sm_80
+// (A100; Hopper has 227). sm_86 and sm_89 allow 99 KiB, which the larger
+// sm80 tiles exceed: their launches fail there (cpp/cuda/NOTES.md).
+constexpr int MaxSmemBytes(int arch) { return arch < 80 ? 64 * 1024 : 163 * 1024; }
+
 // Tuning hook (tests/gpu/tc_sweep.sh, tc_run.sh): with -DJAX_FLASH_TUNE_D=<bucket>,
 // each of -DJAX_FLASH_TUNE_{FWD_BM,FWD_BN,FWD_WARPS,FWD_MINB,BWD_BN,BWD_BM}=<n>
 // replaces that field of the bucket's row. (Separate scalar macros: nvcc
@@ -75,9 +94,15 @@ constexpr Tiles Tuned(Tiles t) {
   return t;
 }
 
-// The row of a compiled bucket; a head dim without a row gives zeros, which
-// the traits' static_asserts reject at compile time.
-constexpr Tiles TilesFor(int head_dim) {
+// The row of a compiled bucket for arch path 80 (mma.sync, sm_80+) or 75
+// (Turing); a head dim without a row gives zeros, which the traits'
+// static_asserts reject at compile time.
+constexpr Tiles TilesFor(int head_dim, int arch = 80) {
+  if (arch < 80) {
+    for (const Tiles& t : kTuringTiles)
+      if (t.head_dim == head_dim) return Tuned(t);
+    return Tiles{};
+  }
   for (const Tiles& t : kTiles)
     if (t.head_dim == head_dim) return Tuned(t);
   return Tiles{};
