@@ -321,9 +321,11 @@ KernelPath BwdPath(const BwdParams& params, DType dtype, bool deterministic) {
 }
 
 // The forward-mode derivative: mma.sync on every sm_80+ GPU, Hopper included
-// (no wgmma JVP yet); exact on Turing (no sm75 JVP yet).
+// (no wgmma JVP yet); exact on Turing (no sm75 JVP yet) and for the score
+// terms (a dense mask, dropout: the sm80 JVP kernel has none yet).
 KernelPath JvpPath(const JvpParams& params, DType dtype) {
-  return kHasSm80 && TensorCoresSupport(params, dtype) && RoutingArch() >= 80
+  return kHasSm80 && TensorCoresSupport(params, dtype) && !HasScoreTerms(params) &&
+                 RoutingArch() >= 80
              ? KernelPath::kSm80
              : KernelPath::kExact;
 }
