@@ -9,7 +9,9 @@
 // Timing: cudaEvents, median of many after warm-up, FLOPs per FA papers.
 //
 // Build: tests/gpu/build.sh. Usage: tc_kernel_check [check|small|bench|bench_fp16|bench_cap|
-// bench_d|bench1 D S causal|prof D S causal]
+// bench_d|bench_fwd|bench1 D S causal|prof D S causal]
+// (tests/gpu/fwd_ws_run.sh checks and times the warp-specialized Hopper
+// forward against the one without and against a baseline tree.)
 #include <omp.h>
 
 #include <algorithm>
@@ -294,7 +296,7 @@ static bool RunCase(const Case& c, uint64_t seed, bool verbose = true) {
 }
 
 static void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once = false,
-                  float softcap = 0.f) {
+                  float softcap = 0.f, bool fwd_only = false) {
   const size_t n = (size_t)B * S * H * D;
   Dev q(n * 2), k(n * 2), v(n * 2), o(n * 2), lse((size_t)B * H * S * 4), dout(n * 2), dq(n * 2), dk(n * 2),
       dv(n * 2);
@@ -320,6 +322,12 @@ static void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once 
     return;
   }
   float tf = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchFwd(p, dtype, nullptr)); }, 20);
+  if (fwd_only) {
+    std::printf("BENCH %s B%d S%d H%d D%d %s%s: fwd %.3f ms %.0f TF/s\n", bf16 ? "bf16" : "fp16", B,
+                S, H, D, causal ? "causal" : "full", softcap > 0 ? " cap" : "", tf,
+                flops / tf * 1e-9);
+    return;
+  }
   float tb = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), false, nullptr)); }, 10);
   float td = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), true, nullptr)); }, 5);
   std::printf("BENCH %s B%d S%d H%d D%d %s%s: fwd %.3f ms %.0f TF/s | bwd %.3f ms %.0f TF/s | bwd-det %.3f ms %.0f TF/s\n",
@@ -335,6 +343,9 @@ int main(int argc, char** argv) {
     Case b{1, 33, 130, 2, 1, 64}; b.segments = true; b.softcap = 5; ok &= RunCase(b, 2);
     Case d{1, 65, 65, 2, 2, 128}; d.det = true; ok &= RunCase(d, 3);
     Case e{1, 70, 90, 4, 2, 128}; e.causal = true; ok &= RunCase(e, 4);  // Hopper: wgmma bwd
+    // More tiles (2 x 40 heads x 2 query blocks) than an H100 has SMs: the
+    // persistent forward's CTAs take several, empty ones (length 0) among them.
+    Case f{2, 129, 70, 40, 8, 64}; f.causal = true; f.lengths = true; ok &= RunCase(f, 5);
     std::printf(ok ? "SMALL OK\n" : "SMALL FAILED\n");
     return ok ? 0 : 1;
   }
@@ -353,6 +364,13 @@ int main(int argc, char** argv) {
     for (int D : {64, 128})
       for (int S : {4096, 16384})
         for (bool causal : {false, true}) Bench(16384 / S, S, 2048 / D, D, causal, true, false, 30.f);
+    return 0;
+  }
+  if (mode == "bench_fwd") {  // forward only, FA3 shapes (B * S = 16k, H * D = 2048), S 1k-16k
+    for (int D : {64, 128})
+      for (bool causal : {false, true})
+        for (int S : {1024, 2048, 4096, 8192, 16384})
+          Bench(16384 / S, S, 2048 / D, D, causal, true, false, 0.f, true);
     return 0;
   }
   if (mode == "bench_d") {  // the other buckets, bf16, S = 4096
@@ -383,6 +401,13 @@ int main(int argc, char** argv) {
     c = Case{1, 129, 65, 2, 2, 256}; c.det = true; c.softcap = 2.f; cases.push_back(c);
     c = Case{2, 300, 129, 2, 1, 40}; c.det = true; c.lengths = true; c.bf16 = false; cases.push_back(c);
     c = Case{1, 64, 0, 2, 2, 64}; cases.push_back(c);  // no keys: out 0, lse -inf
+    // More tiles than SMs (the Hopper forward's persistent grid): several
+    // per CTA, the ring's phases wrapping across tiles.
+    c = Case{2, 600, 650, 24, 8, 64}; cases.push_back(c);
+    c = Case{1, 900, 900, 24, 6, 128}; c.causal = true; cases.push_back(c);
+    c = Case{2, 500, 700, 20, 4, 128}; c.lengths = true; c.wl = 300; c.wr = 40; cases.push_back(c);
+    c = Case{2, 400, 400, 20, 20, 120}; c.segments = true; c.softcap = 4.f; c.bf16 = false;
+    cases.push_back(c);
   }
   int fails = 0;
   for (const Case& c : cases) fails += !RunCase(c, seed++);
