@@ -113,18 +113,18 @@ __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSme
     q_phase ^= 1;
     for (int64_t n = blk.n_begin; n < blk.n_end; ++n) {
       const int row = static_cast<int>(n * kBlockN);
-      MbarrierWait(sm.empty_k(kv.stage), kv.phase ^ 1);
-      MbarrierArriveExpectTx(sm.full_k(kv.stage), Traits::kKvBytes);
+      MbarrierWait(sm.empty_k(kv.stage()), kv.phase() ^ 1);
+      MbarrierArriveExpectTx(sm.full_k(kv.stage()), Traits::kKvBytes);
 #pragma unroll
       for (int cb = 0; cb < kColBlocks; ++cb)
-        TmaLoadBox(sm.k_tile(kv.stage) + cb * kBlockN * kSwizzleBytes, &a.k_map,
-                   cb * kSwizzleElems, row, h_kv, b, sm.full_k(kv.stage));
-      MbarrierWait(sm.empty_v(kv.stage), kv.phase ^ 1);
-      MbarrierArriveExpectTx(sm.full_v(kv.stage), Traits::kKvBytes);
+        TmaLoadBox(sm.k_tile(kv.stage()) + cb * kBlockN * kSwizzleBytes, &a.k_map,
+                   cb * kSwizzleElems, row, h_kv, b, sm.full_k(kv.stage()));
+      MbarrierWait(sm.empty_v(kv.stage()), kv.phase() ^ 1);
+      MbarrierArriveExpectTx(sm.full_v(kv.stage()), Traits::kKvBytes);
 #pragma unroll
       for (int cb = 0; cb < kColBlocks; ++cb)
-        TmaLoadBox(sm.v_tile(kv.stage) + cb * kBlockN * kSwizzleBytes, &a.v_map,
-                   cb * kSwizzleElems, row, h_kv, b, sm.full_v(kv.stage));
+        TmaLoadBox(sm.v_tile(kv.stage()) + cb * kBlockN * kSwizzleBytes, &a.v_map,
+                   cb * kSwizzleElems, row, h_kv, b, sm.full_v(kv.stage()));
       kv.Advance();
     }
   }
@@ -251,16 +251,16 @@ __device__ __forceinline__ void FwdWsConsumerTile(
   uint32_t p[kBlockN / kMmaK][4];
   float alpha[1][2];
   {
-    MbarrierWait(sm.full_k(kv.stage), kv.phase);
+    MbarrierWait(sm.full_k(kv.stage()), kv.phase());
     float s[1][kNTiles][4];
     ping.WaitTurn();
     WgmmaFence();
-    IssueQK<T, Traits>(s[0], q_rows, sm.k_tile(kv.stage));
+    IssueQK<T, Traits>(s[0], q_rows, sm.k_tile(kv.stage()));
     WgmmaCommit();
     ping.PassTurn();
     WgmmaWait<0>();
     FenceRegisters(s[0]);
-    release(sm.empty_k(kv.stage));
+    release(sm.empty_k(kv.stage()));
     if (n_begin + 1 == n_end) release(sm.empty_q());
     // O is still 0: no rescale whatever the softmax says.
     ScoresToP<Traits>(s, row_m, row_l, alpha, args, blk.mask, m0, warp_row0, n_begin, g, t);
@@ -269,37 +269,37 @@ __device__ __forceinline__ void FwdWsConsumerTile(
   RingPos<Traits::kStages> prev = kv;  // the stage of V for P
   kv.Advance();
   for (int64_t n = n_begin + 1; n < n_end; ++n) {
-    MbarrierWait(sm.full_k(kv.stage), kv.phase);
-    MbarrierWait(sm.full_v(prev.stage), prev.phase);
+    MbarrierWait(sm.full_k(kv.stage()), kv.phase());
+    MbarrierWait(sm.full_v(prev.stage()), prev.phase());
     float s[1][kNTiles][4];
     ping.WaitTurn();
     FenceRegisters(o[0]);
     WgmmaFence();
-    IssueQK<T, Traits>(s[0], q_rows, sm.k_tile(kv.stage));
+    IssueQK<T, Traits>(s[0], q_rows, sm.k_tile(kv.stage()));
     WgmmaCommit();
-    IssuePV<T, Traits>(o[0], p, sm.v_tile(prev.stage));
+    IssuePV<T, Traits>(o[0], p, sm.v_tile(prev.stage()));
     ping.PassTurn();
     WgmmaWait<1>();  // S_n (O += P V may still run)
     FenceRegisters(s[0]);
-    release(sm.empty_k(kv.stage));
+    release(sm.empty_k(kv.stage()));
     if (n + 1 == n_end) release(sm.empty_q());
     const bool rescale =
         ScoresToP<Traits>(s, row_m, row_l, alpha, args, blk.mask, m0, warp_row0, n, g, t);
     WgmmaWait<0>();  // O += P_{n-1} V_{n-1}
     FenceRegisters(o[0]);
-    release(sm.empty_v(prev.stage));
+    release(sm.empty_v(prev.stage()));
     if (rescale) RescaleO(o, alpha);
     PackP<T>(p, s);
     prev = kv;
     kv.Advance();
   }
-  MbarrierWait(sm.full_v(prev.stage), prev.phase);
+  MbarrierWait(sm.full_v(prev.stage()), prev.phase());
   FenceRegisters(o[0]);
   WgmmaFence();
-  IssuePV<T, Traits>(o[0], p, sm.v_tile(prev.stage));
+  IssuePV<T, Traits>(o[0], p, sm.v_tile(prev.stage()));
   WgmmaWait<0>();
   FenceRegisters(o[0]);
-  release(sm.empty_v(prev.stage));
+  release(sm.empty_v(prev.stage()));
 }
 
 }  // namespace jax_flash::cuda::sm90

@@ -26,15 +26,16 @@
 
 namespace jax_flash::cuda::sm90 {
 
-// A position in a ring of kStages stages: the stage and the parity of its
-// current use; advanced once per fill (producer) or use (consumer).
+// A position in a ring of kStages stages: the number of fills (producer) or
+// uses (consumer) so far; its stage and the parity of that stage's use. One
+// counter rather than (stage, phase): the consumers keep two positions live
+// (K of block n, V of block n - 1), and registers are what they lack.
 template <int kStages>
 struct RingPos {
-  int stage = 0;
-  uint32_t phase = 0;  // (uses of this stage so far) % 2
-  __device__ __forceinline__ void Advance() {
-    if (++stage == kStages) { stage = 0; phase ^= 1; }
-  }
+  uint32_t count = 0;
+  __device__ __forceinline__ int stage() const { return static_cast<int>(count % kStages); }
+  __device__ __forceinline__ uint32_t phase() const { return (count / kStages) & 1; }
+  __device__ __forceinline__ void Advance() { ++count; }
 };
 
 // One arrival (count 1) of this thread.
