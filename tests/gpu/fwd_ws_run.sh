@@ -5,8 +5,12 @@
 #                                     forward), classic (sm90/fwd.cuh for every
 #                                     Hopper bucket: -DJAX_FLASH_SM90_FWD_WS=0),
 #                                     base (tests/gpu/baseline_src, if present:
-#                                     git archive BASE cpp jax_flash tests/gpu)
-#   tests/gpu/fwd_ws_run.sh check     tc_kernel_check check + small, ws and classic
+#                                     git archive BASE cpp jax_flash tests/gpu),
+#                                     and tile variants of the new forward at
+#                                     D=128 (sm90/tile_size.h's hook): ws_s3
+#                                     (3 K/V stages), ws_bn64 (64-key blocks)
+#   tests/gpu/fwd_ws_run.sh check     tc_kernel_check check + small of each build
+#                                     but base
 #   tests/gpu/fwd_ws_run.sh sanitize  compute-sanitizer memcheck, racecheck,
 #                                     synccheck on `small` (ws)
 #   tests/gpu/fwd_ws_run.sh bench     bench_fwd (D 64/128, S 1k-16k, causal or
@@ -28,6 +32,11 @@ if [ "$step" = build ] || [ "$step" = all ]; then
     { echo "WS BUILD FAILED"; tail -30 "$out/build_ws.log"; }
   (REUSE=$b/gpu_ws REBUILD='^fwd_sm90' JOBS=4 bash tests/gpu/build.sh $b/gpu_classic \
      -DJAX_FLASH_SM90_FWD_WS=0 > "$out/build_classic.log" 2>&1 || echo "CLASSIC BUILD FAILED") &
+  for v in "s3 -DJAX_FLASH_TUNE_WS_STAGES=3" "bn64 -DJAX_FLASH_TUNE_WS_BN=64"; do
+    (REUSE=$b/gpu_ws REBUILD='^fwd_sm90_bf16_hd128$' JOBS=2 bash tests/gpu/build.sh $b/gpu_ws_${v%% *} \
+       -DJAX_FLASH_TUNE_D=128 ${v#* } > "$out/build_ws_${v%% *}.log" 2>&1 ||
+       echo "VARIANT ${v%% *} BUILD FAILED") &
+  done
   wait
   grep -h -A2 "FwdWsKernel\|FwdKernel" $b/gpu_ws/obj/fwd_sm90_*.log |
     grep -E "Function|registers|spill" | sed 's/_ZN9jax_flash4cuda//' | cut -c1-120 |
@@ -36,7 +45,8 @@ if [ "$step" = build ] || [ "$step" = all ]; then
 fi
 
 if [ "$step" = check ] || [ "$step" = all ]; then
-  for v in ws classic; do
+  for v in ws classic ws_s3 ws_bn64; do
+    [ -x $b/gpu_$v/tc_kernel_check ] || { echo "no $v build"; continue; }
     echo "== check ($v)"
     timeout 300 $b/gpu_$v/tc_kernel_check check > "$out/check_$v.log" 2>&1
     echo "check $v rc $?"; grep -v "^PASS" "$out/check_$v.log" | tail -12
@@ -54,7 +64,7 @@ if [ "$step" = sanitize ] || [ "$step" = all ]; then
 fi
 
 if [ "$step" = bench ] || [ "$step" = all ]; then
-  for v in ws classic base; do
+  for v in ws classic base ws_s3 ws_bn64; do
     [ -x $b/gpu_$v/tc_kernel_check ] || continue
     if grep -q bench_fwd "$( [ $v = base ] && echo tests/gpu/baseline_src/ )tests/gpu/tc_kernel_check.cu" 2>/dev/null; then
       timeout 150 $b/gpu_$v/tc_kernel_check bench_fwd 2>&1 | sed "s/^BENCH/$v/" | tee -a "$out/bench.log"

@@ -30,8 +30,21 @@ struct FwdWsTile {
 };
 
 constexpr FwdTile FwdTileSize(int /*head_dim*/) { return FwdTile{128, 128, 256, 2}; }
+// Tuning hook (tests/gpu/fwd_ws_run.sh): with -DJAX_FLASH_TUNE_D=<bucket>,
+// -DJAX_FLASH_TUNE_WS_STAGES=<n> and -DJAX_FLASH_TUNE_WS_BN=<64 or 128>
+// replace that field of the bucket's warp-specialized forward tile.
 constexpr FwdWsTile FwdWsTileSize(int head_dim) {
-  return head_dim <= 64 ? FwdWsTile{128, 128, 4, 24, 240} : FwdWsTile{128, 128, 2, 24, 240};
+  FwdWsTile t = head_dim <= 64 ? FwdWsTile{128, 128, 4, 24, 240} : FwdWsTile{128, 128, 2, 24, 240};
+#ifdef JAX_FLASH_TUNE_D
+  if (head_dim != JAX_FLASH_TUNE_D) return t;
+#ifdef JAX_FLASH_TUNE_WS_STAGES
+  t.stages = JAX_FLASH_TUNE_WS_STAGES;
+#endif
+#ifdef JAX_FLASH_TUNE_WS_BN
+  t.block_n = JAX_FLASH_TUNE_WS_BN;
+#endif
+#endif
+  return t;
 }
 constexpr BwdTile BwdTileSize(int /*head_dim*/) { return BwdTile{128, 64, 256, 2}; }
 
