@@ -14,7 +14,8 @@
 #   tests/gpu/fwd_ws_run.sh sanitize  compute-sanitizer memcheck, racecheck,
 #                                     synccheck on `small` (ws)
 #   tests/gpu/fwd_ws_run.sh bench     bench_fwd (D 64/128, S 1k-16k, causal or
-#                                     not, TFLOP/s) of ws, classic, base
+#                                     not, TFLOP/s) of every build, then torch
+#                                     SDPA flash and cuDNN at the same shapes
 # Every run has a timeout: a deadlocked pipeline shows up as rc 124.
 set -uo pipefail
 out=${OUT:-/tmp/fwd_ws_out}; mkdir -p "$out"
@@ -75,4 +76,6 @@ if [ "$step" = bench ] || [ "$step" = all ]; then
       done; done; done
     fi
   done
+  PYTHONUNBUFFERED=1 timeout 120 python3 tests/gpu/tc_torch_bench.py --fwd \
+    --seqs 1024,2048,4096,8192,16384 2>&1 | tee "$out/torch.log" | grep -E "TORCH|Error"
 fi
