@@ -9,8 +9,9 @@
 #                                     and tile variants of the new forward at
 #                                     D=128 (sm90/tile_size.h's hook): ws_s3
 #                                     (3 K/V stages), ws_bn64 (64-key blocks)
-#   tests/gpu/fwd_ws_run.sh check     tc_kernel_check check + small of each build
-#                                     but base
+#   tests/gpu/fwd_ws_run.sh check [BUILDS]  tc_kernel_check check + small of
+#                                     the builds named (default: ws classic;
+#                                     a variant before adopting it: ws_s3 ws_bn64)
 #   tests/gpu/fwd_ws_run.sh sanitize  compute-sanitizer memcheck, racecheck,
 #                                     synccheck on `small` (ws)
 #   tests/gpu/fwd_ws_run.sh bench     bench_fwd (D 64/128, S 1k-16k, causal or
@@ -46,7 +47,8 @@ if [ "$step" = build ] || [ "$step" = all ]; then
 fi
 
 if [ "$step" = check ] || [ "$step" = all ]; then
-  for v in ws classic ws_s3 ws_bn64; do
+  builds=${*:2}
+  for v in ${builds:-ws classic}; do
     [ -x $b/gpu_$v/tc_kernel_check ] || { echo "no $v build"; continue; }
     echo "== check ($v)"
     timeout 300 $b/gpu_$v/tc_kernel_check check > "$out/check_$v.log" 2>&1
