@@ -29,10 +29,14 @@ CUDA_HEAD_DIM_BUCKETS = (32, 64, 96, 128, 192, 256)
 CUDA_TENSOR_CORE_DTYPES = ("bfloat16", "float16")
 
 # Head-dim buckets with a Hopper (sm_90a, wgmma) forward; on Hopper the other
-# buckets run the sm_80 tensor-core kernels. D=64 stays
-# on those: its wgmma forward measured 269-281 TFLOP/s against 315-323 for
-# mma.sync on an H100 (cpp/cuda/NOTES.md).
-CUDA_SM90_FWD_BUCKETS = (128,)
+# buckets run the sm_80 tensor-core kernels.
+CUDA_SM90_FWD_BUCKETS = (64, 128)
+# Of those, the buckets whose forward is the warp-specialized pipeline
+# (cpp/cuda/sm90/fwd_ws.cuh: TMA producer, ping-pong consumers, persistent
+# grid); the others run sm90/fwd.cuh. D=64 ran on mma.sync before: the wgmma
+# forward without warp specialization measured 269-281 TFLOP/s against
+# 315-323 (H100, cpp/cuda/NOTES.md). Not yet timed on a GPU.
+CUDA_SM90_FWD_WS_BUCKETS = (64, 128)
 # Buckets with a Hopper backward (all five GEMMs on wgmma; the fast mode only,
 # deterministic=True keeps the sm_80 kernels). H100, kernel alone, bf16,
 # S 4k-16k: 219-302 TFLOP/s at D=64 and 242-363 at D=128 against 210-229 and
@@ -81,6 +85,7 @@ def _header() -> str:
   macros = "\n".join([
       _x_macro("JAX_FLASH_FOR_EACH_BUCKET", CUDA_HEAD_DIM_BUCKETS),
       _x_macro("JAX_FLASH_FOR_EACH_SM90_FWD_BUCKET", CUDA_SM90_FWD_BUCKETS),
+      _x_macro("JAX_FLASH_FOR_EACH_SM90_FWD_WS_BUCKET", CUDA_SM90_FWD_WS_BUCKETS),
       _x_macro("JAX_FLASH_FOR_EACH_SM90_BWD_BUCKET", CUDA_SM90_BWD_BUCKETS),
       _x_macro("JAX_FLASH_FOR_EACH_SM75_BUCKET", CUDA_SM75_BUCKETS),
       _x_macro("JAX_FLASH_FOR_EACH_EXACT_TIER", CUDA_EXACT_HEAD_DIM_TIERS),

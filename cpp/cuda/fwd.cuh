@@ -1,6 +1,10 @@
 // The tensor-core forward of one (arch path, dtype, head-dim bucket): the
 // mma.sync kernel (sm80/fwd.cuh; arch path 75 is the same kernel with the
-// Turing tiles, compiled for compute_75) or the wgmma one (sm90/fwd.cuh).
+// Turing tiles, compiled for compute_75) or a wgmma one: the warp-specialized
+// pipeline (sm90/fwd_ws.cuh) for CUDA_SM90_FWD_WS_BUCKETS, sm90/fwd.cuh for
+// the other Hopper buckets and wherever TMA cannot address the operands.
+// -DJAX_FLASH_SM90_FWD_WS=0 builds sm90/fwd.cuh for every Hopper bucket (to
+// check and time the two against each other).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,9 +12,23 @@
 #include "cuda/kernels.h"
 #include "cuda/sm80/fwd.cuh"
 #include "cuda/sm90/fwd.cuh"
+#include "cuda/sm90/fwd_ws.cuh"
 #include "jax_flash/params.h"
+#include "jax_flash/supported.h"
+
+#ifndef JAX_FLASH_SM90_FWD_WS
+#define JAX_FLASH_SM90_FWD_WS 1
+#endif
 
 namespace jax_flash::cuda {
+
+constexpr bool InSm90FwdWsBuckets(int head_dim) {
+#define JAX_FLASH_BUCKET(D) \
+  if (head_dim == (D)) return true;
+  JAX_FLASH_FOR_EACH_SM90_FWD_WS_BUCKET(JAX_FLASH_BUCKET)
+#undef JAX_FLASH_BUCKET
+  return false;
+}
 
 template <int kArch, typename T, int kHeadDim, bool kTerms>
 cudaError_t RunFwd(const FwdParams& params, cudaStream_t stream) {
@@ -18,6 +36,10 @@ cudaError_t RunFwd(const FwdParams& params, cudaStream_t stream) {
                 "arch paths: 75 (mma.sync, Turing), 80 (mma.sync), 90 (wgmma)");
   static_assert(kArch != 90 || !kTerms, "score terms: the mma.sync kernels only");
   if constexpr (kArch == 90) {
+    if constexpr (JAX_FLASH_SM90_FWD_WS && InSm90FwdWsBuckets(kHeadDim)) {
+      const cudaError_t err = sm90::LaunchFwdWs<T, kHeadDim>(params, stream);
+      if (err != cudaErrorNotSupported) return err;
+    }
     return sm90::LaunchFwd<T, kHeadDim>(params, stream);
   } else {
     return sm80::LaunchFwd<T, kHeadDim, kTerms, kArch>(params, stream);

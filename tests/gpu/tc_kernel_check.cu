@@ -14,7 +14,9 @@
 // the elements the CPU drops.
 //
 // Build: tests/gpu/build.sh. Usage: tc_kernel_check [check|small|features|bench|bench_fp16|
-// bench_cap|bench_d|bench1 D S causal|prof D S causal]
+// bench_cap|bench_d|bench_fwd|bench1 D S causal|prof D S causal]
+// (tests/gpu/fwd_ws_run.sh checks and times the warp-specialized Hopper
+// forward against the one without and against a baseline tree.)
 #include <omp.h>
 
 #include <algorithm>
@@ -372,7 +374,7 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
 }
 
 static void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once = false,
-                  float softcap = 0.f) {
+                  float softcap = 0.f, bool fwd_only = false) {
   if (check::RoutesAsTuring()) bf16 = false;  // as RunCase
   const size_t n = (size_t)B * S * H * D;
   Dev q(n * 2), k(n * 2), v(n * 2), o(n * 2), lse((size_t)B * H * S * 4), dout(n * 2), dq(n * 2), dk(n * 2),
@@ -399,6 +401,12 @@ static void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once 
     return;
   }
   float tf = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchFwd(p, dtype, nullptr)); }, 20);
+  if (fwd_only) {
+    std::printf("BENCH %s B%d S%d H%d D%d %s%s: fwd %.3f ms %.0f TF/s\n", bf16 ? "bf16" : "fp16", B,
+                S, H, D, causal ? "causal" : "full", softcap > 0 ? " cap" : "", tf,
+                flops / tf * 1e-9);
+    return;
+  }
   float tb = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), false, nullptr)); }, 10);
   float td = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), true, nullptr)); }, 5);
   std::printf("BENCH %s B%d S%d H%d D%d %s%s: fwd %.3f ms %.0f TF/s | bwd %.3f ms %.0f TF/s | bwd-det %.3f ms %.0f TF/s\n",
@@ -455,6 +463,9 @@ int main(int argc, char** argv) {
     Case h{1, 65, 100, 2, 1, 64}; h.det = true; h.dropout = 0.25; h.segments = true;
     h.mask = MaskKind::kShared; ok &= RunCase(h, 6);
     Case i{1, 40, 70, 2, 2, 256}; i.dropout = 0.25; i.mask = MaskKind::kPadding; ok &= RunCase(i, 7);
+    // More tiles (2 x 40 heads x 2 query blocks) than an H100 has SMs: the
+    // persistent forward's CTAs take several, empty ones (length 0) among them.
+    Case w{2, 129, 70, 40, 8, 64}; w.causal = true; w.lengths = true; ok &= RunCase(w, 8);
     std::printf(ok ? "SMALL OK\n" : "SMALL FAILED\n");
     return ok ? 0 : 1;
   }
@@ -473,6 +484,13 @@ int main(int argc, char** argv) {
     for (int D : {64, 128})
       for (int S : {4096, 16384})
         for (bool causal : {false, true}) Bench(16384 / S, S, 2048 / D, D, causal, true, false, 30.f);
+    return 0;
+  }
+  if (mode == "bench_fwd") {  // forward only, FA3 shapes (B * S = 16k, H * D = 2048), S 1k-16k
+    for (int D : {64, 128})
+      for (bool causal : {false, true})
+        for (int S : {1024, 2048, 4096, 8192, 16384})
+          Bench(16384 / S, S, 2048 / D, D, causal, true, false, 0.f, true);
     return 0;
   }
   if (mode == "bench_d") {  // the other buckets, bf16, S = 4096
@@ -511,6 +529,13 @@ int main(int argc, char** argv) {
     c = Case{1, 129, 65, 2, 2, 256}; c.det = true; c.softcap = 2.f; cases.push_back(c);
     c = Case{2, 300, 129, 2, 1, 40}; c.det = true; c.lengths = true; c.bf16 = false; cases.push_back(c);
     c = Case{1, 64, 0, 2, 2, 64}; cases.push_back(c);  // no keys: out 0, lse -inf
+    // More tiles than SMs (the Hopper forward's persistent grid): several
+    // per CTA, the ring's phases wrapping across tiles.
+    c = Case{2, 600, 650, 24, 8, 64}; cases.push_back(c);
+    c = Case{1, 900, 900, 24, 6, 128}; c.causal = true; cases.push_back(c);
+    c = Case{2, 500, 700, 20, 4, 128}; c.lengths = true; c.wl = 300; c.wr = 40; cases.push_back(c);
+    c = Case{2, 400, 400, 20, 20, 120}; c.segments = true; c.softcap = 4.f; c.bf16 = false;
+    cases.push_back(c);
   }
   int fails = 0;
   for (const Case& c : cases) fails += !RunCase(c, seed++);

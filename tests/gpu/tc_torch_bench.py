@@ -1,5 +1,12 @@
 """Speed of torch's scaled_dot_product_attention (flash and cuDNN backends)
-at the shapes tc_kernel_check bench uses, for a same-machine comparison."""
+at the shapes tc_kernel_check bench uses (B * S = 16k tokens, H * D = 2048),
+for a same-machine comparison.
+
+  python3 tests/gpu/tc_torch_bench.py                      # bench's shapes, fwd and bwd
+  python3 tests/gpu/tc_torch_bench.py --fwd --seqs 1024,2048,4096,8192,16384   # bench_fwd's
+"""
+import argparse
+
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 import torch.nn.functional as F
@@ -16,9 +23,14 @@ def bench(fn, iters=20):
   return ts[len(ts) // 2]
 
 
+parser = argparse.ArgumentParser()
+parser.add_argument("--fwd", action="store_true", help="forward only")
+parser.add_argument("--seqs", default="4096,16384", help="sequence lengths, comma-separated")
+opts = parser.parse_args()
+
 for d in (64, 128):
-  for s in (4096, 16384):
-    for causal in (False, True):
+  for causal in (False, True):
+    for s in (int(x) for x in opts.seqs.split(",")):
       bsz, h = 16384 // s, 2048 // d
       q, k, v = (torch.randn(bsz, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                  for _ in range(3))
@@ -27,11 +39,15 @@ for d in (64, 128):
       for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         try:
           with sdpa_kernel(be):
+            tf = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+            if opts.fwd:
+              row.append(f"{name} fwd {flops / tf * 1e-9:.0f}")
+              continue
             out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             g = torch.randn_like(out)
-            tf = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
             tb = bench(lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True))
           row.append(f"{name} fwd {flops / tf * 1e-9:.0f} bwd {2.5 * flops / tb * 1e-9:.0f}")
         except Exception as e:  # a backend may be unavailable
           row.append(f"{name} n/a ({type(e).__name__})")
-      print(f"TORCH B{bsz} S{s} H{h} D{d} {'causal' if causal else 'full'}: " + " | ".join(row), flush=True)
+      print(f"TORCH B{bsz} S{s} H{h} D{d} {'causal' if causal else 'full'}: " + " | ".join(row),
+            flush=True)

@@ -87,7 +87,11 @@ enum class Rows { kQueries, kKeys };
 // lse) still gives P = dS = 0. kMT m-tiles of 16 rows from row0 (rows g and
 // g + 8 of each), kNTiles n-tiles of 8 columns from col0. The band (causal,
 // window, lengths) through the row's window of columns; segments per element
-// inside it, the one per-element test.
+// inside it, the one per-element test. (The segment test compares ids
+// directly rather than through BatchMask::Visible, whose band tests repeat
+// the window's in 64 bits: that freed the registers the warp-specialized
+// forward spilled, and took the Hopper D=128 backward from 40 to 4 bytes of
+// spills.)
 template <Rows kRows, int kMT, int kNTiles>
 __device__ __forceinline__ void MaskFragment(float (&s)[kMT][kNTiles][4], const BatchMask& mask,
                                              int64_t row0, int64_t col0, int g, int t,
@@ -99,15 +103,19 @@ __device__ __forceinline__ void MaskFragment(float (&s)[kMT][kNTiles][4], const 
       const int64_t r = row0 + mt * 16 + g + hr * 8;
       const ColWindow w = kRows == Rows::kQueries ? KeyWindow(mask, r, col0, kNTiles * 8)
                                                   : QueryWindow(mask, r, col0, kNTiles * 8);
+      // Inside the window the band and the lengths hold (it is exact for
+      // one row), so only segments are left to test per element: this row's
+      // id against each column's (read only inside the window, hence in range).
+      const int32_t* col_seg = kRows == Rows::kQueries ? mask.kv_seg : mask.q_seg;
+      const int32_t* row_segs = kRows == Rows::kQueries ? mask.q_seg : mask.kv_seg;
+      const int32_t row_seg = mask.q_seg != nullptr && w.lo < w.hi ? row_segs[r] : 0;
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int cr = nt * 8 + 2 * t + c;
           const bool visible =
-              w.Contains(cr) &&
-              (mask.q_seg == nullptr || (kRows == Rows::kQueries ? mask.Visible(r, col0 + cr)
-                                                                 : mask.Visible(col0 + cr, r)));
+              w.Contains(cr) && (mask.q_seg == nullptr || col_seg[col0 + cr] == row_seg);
           if (!visible) s[mt][nt][2 * hr + c] = hidden;
         }
     }

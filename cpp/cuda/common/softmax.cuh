@@ -90,6 +90,80 @@ __device__ __forceinline__ void OnlineSoftmax(float (&s)[kMT][kNTiles][4],
   }
 }
 
+// OnlineSoftmax with O's rescale left to the caller, for kernels whose O
+// accumulators are still in flight on the tensor cores (the previous block's
+// O += P V) while this block's softmax runs: S becomes P, m and l move as in
+// OnlineSoftmax; when it returns true (warp-uniform), O must be multiplied
+// row-wise by alpha (RescaleO) before its next GEMM.
+template <int kMT, int kNTiles>
+__device__ __forceinline__ bool OnlineSoftmaxDeferRescale(float (&s)[kMT][kNTiles][4],
+                                                          float (&row_m)[kMT][2],
+                                                          float (&row_l)[kMT][2],
+                                                          float (&alpha)[kMT][2],
+                                                          float scale_log2,
+                                                          float rescale_margin) {
+  auto lane_max = [&](int mt, int hr) {
+    float m = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+      m = fmaxf(m, fmaxf(s[mt][nt][2 * hr], s[mt][nt][2 * hr + 1]));
+    return m;
+  };
+  bool grow = false;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) grow |= lane_max(mt, hr) > row_m[mt][hr] + rescale_margin;
+  const bool rescale = __any_sync(0xffffffffu, grow);
+  if (rescale) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        float m = lane_max(mt, hr);
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        const float m_new = fmaxf(row_m[mt][hr], m);
+        const float m_scaled = m_new == -INFINITY ? 0.f : m_new * scale_log2;
+        alpha[mt][hr] = FastExp2(row_m[mt][hr] * scale_log2 - m_scaled);
+        row_m[mt][hr] = m_new;
+        row_l[mt][hr] *= alpha[mt][hr];
+      }
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const float m_scaled = row_m[mt][hr] == -INFINITY ? 0.f : row_m[mt][hr] * scale_log2;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float pv = FastExp2(fmaf(s[mt][nt][2 * hr + c], scale_log2, -m_scaled));
+          s[mt][nt][2 * hr + c] = pv;
+          sum += pv;
+        }
+      }
+      row_l[mt][hr] += sum;
+    }
+  }
+  return rescale;
+}
+
+// O *= alpha row-wise (after OnlineSoftmaxDeferRescale returned true).
+template <int kMT, int kDTiles>
+__device__ __forceinline__ void RescaleO(float (&o)[kMT][kDTiles][4],
+                                         const float (&alpha)[kMT][2]) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) o[mt][dt][r] *= alpha[mt][r / 2];
+}
+
 // ---- backward, on a warp's S^T / dP^T fragments: 16 keys (rows g, g + 8) x 8
 // kQTiles queries (column nt * 8 + 2t + c of this lane); lse2 and D of the
 // step's queries come from shared memory, as float2 per lane.

@@ -20,7 +20,32 @@ struct BwdTile {
   int block_n, block_m, threads, stages;
 };
 
+// The warp-specialized forward (sm90/fwd_ws.cuh): query rows per tile (one
+// consumer warpgroup per 64), keys per K/V block, K/V stages of the ring,
+// registers per thread of the producer warpgroup and of the consumers after
+// setmaxnreg (producer_regs * 128 + consumer_regs * block_m * 2 <= 65536).
+// FA3 uses 128 x 176 at D=128 (128 x 128 causal) and 192 x 192 at D=64.
+struct FwdWsTile {
+  int block_m, block_n, stages, producer_regs, consumer_regs;
+};
+
 constexpr FwdTile FwdTileSize(int /*head_dim*/) { return FwdTile{128, 128, 256, 2}; }
+// Tuning hook (tests/gpu/fwd_ws_run.sh): with -DJAX_FLASH_TUNE_D=<bucket>,
+// -DJAX_FLASH_TUNE_WS_STAGES=<n> and -DJAX_FLASH_TUNE_WS_BN=<64 or 128>
+// replace that field of the bucket's warp-specialized forward tile.
+constexpr FwdWsTile FwdWsTileSize(int head_dim) {
+  FwdWsTile t = head_dim <= 64 ? FwdWsTile{128, 128, 4, 24, 240} : FwdWsTile{128, 128, 2, 24, 240};
+#ifdef JAX_FLASH_TUNE_D
+  if (head_dim != JAX_FLASH_TUNE_D) return t;
+#ifdef JAX_FLASH_TUNE_WS_STAGES
+  t.stages = JAX_FLASH_TUNE_WS_STAGES;
+#endif
+#ifdef JAX_FLASH_TUNE_WS_BN
+  t.block_n = JAX_FLASH_TUNE_WS_BN;
+#endif
+#endif
+  return t;
+}
 constexpr BwdTile BwdTileSize(int /*head_dim*/) { return BwdTile{128, 64, 256, 2}; }
 
 }  // namespace jax_flash::cuda::sm90

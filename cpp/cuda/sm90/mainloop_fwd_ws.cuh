@@ -1,0 +1,305 @@
+// The warp-specialized Hopper forward's mainloop (FlashAttention-3's
+// structure, our code): the producer's loads and the consumers' GEMMs and
+// softmax for one tile of kBlockM query rows, all K/V blocks of its key range.
+//
+// Producer (one thread of warpgroup 0): per tile, Q by TMA once, then K and V
+// of every block into the ring of kStages stages (sm90/pipeline.cuh), each
+// behind its stage's empty barrier.
+//
+// Consumers (warpgroups 1.., 64 query rows each, all reading the same K/V
+// stages), per tile, with P of block n - 1 kept in registers:
+//   S_0 = Q K_0^T; P_0 = softmax(S_0)
+//   for n = 1..: issue S_n = Q K_n^T, issue O += P_{n-1} V_{n-1};
+//                wait S_n; release K_n; softmax(S_n) (O untouched);
+//                wait O;   release V_{n-1}; O *= alpha if the max moved
+//   O += P_last V_last
+// so the tensor cores run this warpgroup's O += P V under its own softmax
+// (intra-warpgroup overlap). Between the two warpgroups, named barriers hand
+// the right to issue GEMMs back and forth (ping-pong): one issues its pair
+// of GEMMs, then lets the other issue while it does its softmax, so one's
+// softmax overlaps the other's GEMMs.
+//
+// Every score policy is common/score.cuh's (TransformAndMask), the softmax
+// common/softmax.cuh's, the epilogue common/epilogue_fwd.cuh's: the semantics
+// (masks, soft cap, NaN, rows that see nothing) are the other kernels'.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/common/fragment.cuh"
+#include "cuda/common/fwd.cuh"
+#include "cuda/common/score.cuh"
+#include "cuda/common/softmax.cuh"
+#include "cuda/sm90/pipeline.cuh"
+#include "cuda/sm90/scheduler_persistent.cuh"
+#include "cuda/sm90/tma.cuh"
+#include "cuda/sm90/wgmma.cuh"
+
+namespace jax_flash::cuda::sm90 {
+
+// The kernel's parameters: Q, K and V through TMA in boxes of 64 columns x
+// kBlockM (Q) or kBlockN (K, V) rows.
+struct FwdWsArgs {
+  FwdArgs args;
+  CUtensorMap q_map, k_map, v_map;
+  PersistentScheduler::Args sched;
+};
+
+// Shared-memory addresses: Q (kBlockM rows), the K and V rings, the barriers.
+template <typename Traits>
+struct FwdWsSmem {
+  uint32_t q, k, v;  // tiles, 1024-byte aligned
+  // full_q, empty_q, then per stage full_k, empty_k, full_v, empty_v:
+  // Traits::kBarrierBytes = 16 + 32 * kStages.
+  uint32_t bars;
+  __device__ __forceinline__ uint32_t full_q() const { return bars; }
+  __device__ __forceinline__ uint32_t empty_q() const { return bars + 8; }
+  __device__ __forceinline__ uint32_t full_k(int s) const { return bars + 16 + 32 * s; }
+  __device__ __forceinline__ uint32_t empty_k(int s) const { return bars + 24 + 32 * s; }
+  __device__ __forceinline__ uint32_t full_v(int s) const { return bars + 32 + 32 * s; }
+  __device__ __forceinline__ uint32_t empty_v(int s) const { return bars + 40 + 32 * s; }
+  __device__ __forceinline__ uint32_t k_tile(int s) const { return k + s * Traits::kKvBytes; }
+  __device__ __forceinline__ uint32_t v_tile(int s) const { return v + s * Traits::kKvBytes; }
+
+  __device__ __forceinline__ static FwdWsSmem Carve(uint32_t smem_raw) {
+    FwdWsSmem r;
+    r.q = (smem_raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
+    r.k = r.q + Traits::kQBytes;
+    r.v = r.k + Traits::kStages * Traits::kKvBytes;
+    r.bars = r.v + Traits::kStages * Traits::kKvBytes;
+    return r;
+  }
+
+  // Thread 0, before the CTA barrier that precedes the role split.
+  __device__ __forceinline__ void Init() const {
+    MbarrierInit(full_q(), 1);
+    MbarrierInit(empty_q(), Traits::kConsumerWarps);
+    for (int s = 0; s < Traits::kStages; ++s) {
+      MbarrierInit(full_k(s), 1);
+      MbarrierInit(empty_k(s), Traits::kConsumerWarps);
+      MbarrierInit(full_v(s), 1);
+      MbarrierInit(empty_v(s), Traits::kConsumerWarps);
+    }
+    FenceBarrierInit();
+  }
+};
+
+// ---- producer ------------------------------------------------------------------
+
+// One thread: every load of every tile of this CTA, in the consumers' order.
+template <typename T, typename Traits>
+__device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSmem<Traits>& sm) {
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  constexpr int kColBlocks = Traits::kHeadDim / kSwizzleElems;
+  const FwdParams& p = a.args.p;
+  const int group = static_cast<int>(p.shape.group_size());
+  RingPos<Traits::kStages> kv;
+  uint32_t q_phase = 0;
+  for (int index = blockIdx.x; index < a.sched.tiles; index += gridDim.x) {
+    const QueryBlockScheduler::Tile tile = PersistentScheduler::Get(a.sched, index);
+    const FwdBlock<T> blk = FwdBlock<T>::template Make<kBlockM, kBlockN>(p, tile);
+    if (blk.n_begin >= blk.n_end) continue;  // the consumers skip it too
+    const int b = static_cast<int>(tile.b), h = static_cast<int>(tile.h), h_kv = h / group;
+    // Q: after both consumer warpgroups' last S GEMM of the previous tile.
+    MbarrierWait(sm.empty_q(), q_phase ^ 1);
+    MbarrierArriveExpectTx(sm.full_q(), Traits::kQBytes);
+#pragma unroll
+    for (int cb = 0; cb < kColBlocks; ++cb)
+      TmaLoadBox(sm.q + cb * kBlockM * kSwizzleBytes, &a.q_map, cb * kSwizzleElems,
+                 static_cast<int>(blk.m0), h, b, sm.full_q());
+    q_phase ^= 1;
+    for (int64_t n = blk.n_begin; n < blk.n_end; ++n) {
+      const int row = static_cast<int>(n * kBlockN);
+      MbarrierWait(sm.empty_k(kv.stage()), kv.phase() ^ 1);
+      MbarrierArriveExpectTx(sm.full_k(kv.stage()), Traits::kKvBytes);
+#pragma unroll
+      for (int cb = 0; cb < kColBlocks; ++cb)
+        TmaLoadBox(sm.k_tile(kv.stage()) + cb * kBlockN * kSwizzleBytes, &a.k_map,
+                   cb * kSwizzleElems, row, h_kv, b, sm.full_k(kv.stage()));
+      MbarrierWait(sm.empty_v(kv.stage()), kv.phase() ^ 1);
+      MbarrierArriveExpectTx(sm.full_v(kv.stage()), Traits::kKvBytes);
+#pragma unroll
+      for (int cb = 0; cb < kColBlocks; ++cb)
+        TmaLoadBox(sm.v_tile(kv.stage()) + cb * kBlockN * kSwizzleBytes, &a.v_map,
+                   cb * kSwizzleElems, row, h_kv, b, sm.full_v(kv.stage()));
+      kv.Advance();
+    }
+  }
+}
+
+// ---- consumers -----------------------------------------------------------------
+
+// Ping-pong between the two consumer warpgroups: warpgroup w waits on named
+// barrier kPingBarrier + w before issuing its GEMMs and, once they are
+// issued, arrives on the other's. Every warpgroup passes the same number of
+// issue points per tile (they share the tile's key blocks), so the arrivals
+// pair up; warpgroup 1 arrives once up front (warpgroup 0 goes first) and
+// warpgroup 0 takes that extra arrival back at the end.
+inline constexpr int kPingBarrier = 1;  // ids 1 and 2 (0 is __syncthreads')
+inline constexpr int kPingThreads = 256;
+
+struct PingPong {
+  int wg;  // consumer warpgroup, 0 or 1
+  __device__ __forceinline__ void Start() const {
+    if (wg == 1) NamedBarrierArrive(kPingBarrier + 0, kPingThreads);
+  }
+  __device__ __forceinline__ void WaitTurn() const {
+    NamedBarrierSync(kPingBarrier + wg, kPingThreads);
+  }
+  __device__ __forceinline__ void PassTurn() const {
+    NamedBarrierArrive(kPingBarrier + (wg ^ 1), kPingThreads);
+  }
+  __device__ __forceinline__ void Finish() const {
+    if (wg == 0) NamedBarrierSync(kPingBarrier + 0, kPingThreads);
+  }
+};
+
+// A descriptor the compiler must treat as new on every use, so that the
+// k-steps' descriptors (base + a constant) are formed next to their wgmmas
+// instead of being hoisted out of the loop as 16 live registers per GEMM,
+// which the consumers do not have to spare (they spilled).
+__device__ __forceinline__ uint64_t OpaqueDescriptor(uint32_t addr, uint32_t leading_bytes) {
+  uint64_t desc = SmemDescriptor(addr, leading_bytes, kAtomBytes);
+  asm volatile("" : "+l"(desc));
+  return desc;
+}
+
+// S = Q K^T (this warpgroup's 64 rows x kBlockN keys), both operands K-major
+// swizzled tiles (GemmKMajor's k-steps from two base descriptors). Not
+// committed.
+template <typename T, typename Traits>
+__device__ __forceinline__ void IssueQK(float (&s)[Traits::kBlockN / kMmaN][4], uint32_t q_rows,
+                                        uint32_t k_tile) {
+  const uint64_t desc_q = OpaqueDescriptor(q_rows, 0);
+  const uint64_t desc_k = OpaqueDescriptor(k_tile, 0);
+#pragma unroll
+  for (int kk = 0; kk < Traits::kHeadDim / kMmaK; ++kk) {
+    // k-step kk: column block kk / 4, 32 bytes per step inside its rows.
+    const uint32_t block = kk / 4, step_bytes = (kk % 4) * 32;
+    WgmmaSS<T, 0>(s, DescriptorPlus(desc_q, block * Traits::kBlockM * kSwizzleBytes + step_bytes),
+                  DescriptorPlus(desc_k, block * Traits::kBlockN * kSwizzleBytes + step_bytes),
+                  kk > 0);
+  }
+}
+
+// O += P V for one block: P (this warpgroup's 64 rows x kBlockN keys) from
+// registers, V (kBlockN x kHeadDim, MN-major) from shared memory. Issued and
+// committed, not waited for; the caller fences O (FenceRegisters) before the
+// wgmma.fence that opens the group: an instruction that defines O between
+// that fence and these wgmmas makes ptxas serialize every wgmma (C7513).
+template <typename T, typename Traits>
+__device__ __forceinline__ void IssuePV(float (&o)[Traits::kHeadDim / kMmaN][4],
+                                        const uint32_t (&p)[Traits::kBlockN / kMmaK][4],
+                                        uint32_t v_tile) {
+  const uint64_t desc_v = OpaqueDescriptor(v_tile, Traits::kBlockN * kSwizzleBytes);
+#pragma unroll
+  for (int ks = 0; ks < Traits::kBlockN / kMmaK; ++ks) {
+    // k-step ks = keys 16ks..16ks+15: two 8-row groups into every column block.
+    WgmmaRS<T, 1>(o, p[ks], DescriptorPlus(desc_v, ks * 2 * kAtomBytes), 1);
+  }
+  WgmmaCommit();
+}
+
+// Soft cap and mask (score.cuh) and the softmax of one block: S becomes P
+// (float). Returns whether O must be rescaled by alpha.
+template <typename Traits>
+__device__ __forceinline__ bool ScoresToP(float (&s)[1][Traits::kBlockN / kMmaN][4],
+                                          float (&row_m)[1][2], float (&row_l)[1][2],
+                                          float (&alpha)[1][2], const FwdArgs& args,
+                                          const BatchMask& mask, int64_t m0, int64_t warp_row0,
+                                          int64_t n, int g, int t) {
+  TransformAndMask<Traits::kBlockM>(s, args.softcap, args.scale_over_cap, mask, m0, warp_row0,
+                                    n * Traits::kBlockN, g, t);
+  return OnlineSoftmaxDeferRescale(s, row_m, row_l, alpha, args.scale_log2,
+                                   kRescaleLog2 / args.scale_log2);
+}
+
+// P packed to 16 bits as the A operand of O += P V (k-step ks: keys
+// 16ks..16ks+15). Only once the previous O += P V, which reads p, is done.
+template <typename T, int kNTiles>
+__device__ __forceinline__ void PackP(uint32_t (&p)[kNTiles / 2][4],
+                                      const float (&s)[1][kNTiles][4]) {
+#pragma unroll
+  for (int ks = 0; ks < kNTiles / 2; ++ks) PackA<T>(p[ks], s[0][2 * ks], s[0][2 * ks + 1]);
+}
+
+// One consumer warpgroup's work on one tile: O, m, l of this warp's 16 rows.
+// `kv` and `q_phase` carry the ring positions from tile to tile.
+template <typename T, typename Traits>
+__device__ __forceinline__ void FwdWsConsumerTile(
+    const FwdWsArgs& a, const FwdWsSmem<Traits>& sm, const FwdBlock<T>& blk, const PingPong& ping,
+    int consumer_warp, int lane, int g, int t, RingPos<Traits::kStages>& kv, uint32_t& q_phase,
+    float (&o)[1][Traits::kHeadDim / kMmaN][4], float (&row_m)[1][2], float (&row_l)[1][2]) {
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kNTiles = kBlockN / kMmaN;
+  const FwdArgs& args = a.args;
+  const int64_t m0 = blk.m0, n_begin = blk.n_begin, n_end = blk.n_end;
+  const int64_t warp_row0 = m0 + consumer_warp * 16;
+  // This warpgroup's 64 rows of Q: row 64 * wg of every column block.
+  const uint32_t q_rows = sm.q + ping.wg * 64 * kSwizzleBytes;
+  // One arrival per warp on an empty barrier, once the warpgroup's wait for
+  // the GEMMs that read the stage has returned.
+  auto release = [&](uint32_t bar) {
+    if (lane == 0) ArriveBarrier(bar);
+  };
+
+  MbarrierWait(sm.full_q(), q_phase);
+  q_phase ^= 1;
+  uint32_t p[kBlockN / kMmaK][4];
+  float alpha[1][2];
+  {
+    MbarrierWait(sm.full_k(kv.stage()), kv.phase());
+    float s[1][kNTiles][4];
+    ping.WaitTurn();
+    WgmmaFence();
+    IssueQK<T, Traits>(s[0], q_rows, sm.k_tile(kv.stage()));
+    WgmmaCommit();
+    ping.PassTurn();
+    WgmmaWait<0>();
+    FenceRegisters(s[0]);
+    release(sm.empty_k(kv.stage()));
+    if (n_begin + 1 == n_end) release(sm.empty_q());
+    // O is still 0: no rescale whatever the softmax says.
+    ScoresToP<Traits>(s, row_m, row_l, alpha, args, blk.mask, m0, warp_row0, n_begin, g, t);
+    PackP<T>(p, s);
+  }
+  RingPos<Traits::kStages> prev = kv;  // the stage of V for P
+  kv.Advance();
+  for (int64_t n = n_begin + 1; n < n_end; ++n) {
+    MbarrierWait(sm.full_k(kv.stage()), kv.phase());
+    MbarrierWait(sm.full_v(prev.stage()), prev.phase());
+    float s[1][kNTiles][4];
+    ping.WaitTurn();
+    FenceRegisters(o[0]);
+    WgmmaFence();
+    IssueQK<T, Traits>(s[0], q_rows, sm.k_tile(kv.stage()));
+    WgmmaCommit();
+    IssuePV<T, Traits>(o[0], p, sm.v_tile(prev.stage()));
+    ping.PassTurn();
+    WgmmaWait<1>();  // S_n (O += P V may still run)
+    FenceRegisters(s[0]);
+    release(sm.empty_k(kv.stage()));
+    if (n + 1 == n_end) release(sm.empty_q());
+    const bool rescale =
+        ScoresToP<Traits>(s, row_m, row_l, alpha, args, blk.mask, m0, warp_row0, n, g, t);
+    WgmmaWait<0>();  // O += P_{n-1} V_{n-1}
+    FenceRegisters(o[0]);
+    release(sm.empty_v(prev.stage()));
+    if (rescale) RescaleO(o, alpha);
+    PackP<T>(p, s);
+    prev = kv;
+    kv.Advance();
+  }
+  MbarrierWait(sm.full_v(prev.stage()), prev.phase());
+  FenceRegisters(o[0]);
+  WgmmaFence();
+  IssuePV<T, Traits>(o[0], p, sm.v_tile(prev.stage()));
+  WgmmaWait<0>();
+  FenceRegisters(o[0]);
+  release(sm.empty_v(prev.stage()));
+}
+
+}  // namespace jax_flash::cuda::sm90
