@@ -51,6 +51,10 @@ OPTIONS = {
     # gradient is a sum whose terms cancel, a poor test of anything.)
     "bias_mask_softcap": Options(bias_shape=(4, 1, 77), mask_shape=(2, 4, 100, 77),
                                  softcap=3.0, is_causal=True),
+    # Per-head bias with every other option (on a GPU: the tensor cores for
+    # 16-bit inputs, dbias summed over the batch with GQA).
+    "bias_everything": Options(bias_shape=(1, 4, 100, 77), is_causal=True, window=(30, 5),
+                               softcap=5.0, with_lengths=True, with_segments=True, scale=0.3),
 }
 
 
@@ -114,6 +118,22 @@ def test_dense_mask_every_shape(backend, dtype, shape):
   batch, seqlen_q, seqlen_k = shape[:3]
   opts = Options(mask_shape=(batch, 1, seqlen_q, seqlen_k), is_causal=True)
   check_against_reference(make_inputs(rng, *shape), opts, dtype)
+
+
+# Each shape once, the two 16-bit dtypes in turn, a bias broadcast a different way each time.
+@pytest.mark.parametrize("shape,dtype", [(s, (jnp.float16, jnp.bfloat16)[i % 2])
+                                         for i, s in enumerate(SHAPES[1:])],
+                         ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple)
+                         else jnp.dtype(x).name)
+def test_bias_every_shape(backend, dtype, shape):
+  """A bias with causal, every head-dim bucket (on a GPU: the tensor cores), with dbias."""
+  rng = np.random.default_rng(zlib.crc32(repr(("bias", shape)).encode()))
+  batch, seqlen_q, seqlen_k, heads = shape[:4]
+  kinds = [(batch, heads, seqlen_q, seqlen_k), (1, heads, 1, seqlen_k), (batch, 1, 1, seqlen_k),
+           (1, heads, seqlen_q, seqlen_k)]
+  bias_shape = kinds[zlib.crc32(repr(shape).encode()) % len(kinds)]
+  check_against_reference(make_inputs(rng, *shape), Options(bias_shape=bias_shape, is_causal=True),
+                          dtype)
 
 
 @pytest.mark.parametrize("path", ["sm80", "exact"])
@@ -180,19 +200,25 @@ def test_extra_batch_dimensions(backend):
   np.testing.assert_array_equal(np.asarray(out), np.asarray(flat).reshape(out.shape))
 
 
-@pytest.mark.parametrize("terms", [False, True], ids=["plain", "mask_dropout"])
+@pytest.mark.parametrize("terms", ["plain", "mask_dropout", "bias", "bias_broadcast"])
 def test_deterministic_gradients(backend, terms):
   rng = np.random.default_rng(13)
   inputs = make_inputs(rng, 2, 130, 130, 4, 2, 64)
   q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in (inputs.q, inputs.k, inputs.v))
   kwargs = {}
-  if terms:  # a dense mask and dropout (on a GPU: the tensor-core kernels' other variant)
+  if terms == "mask_dropout":  # on a GPU: the tensor-core kernels' other variant
     kwargs = dict(mask=jnp.asarray(rng.random((2, 4, 130, 130)) > 0.3),
                   dropout_rate=0.1, dropout_rng=jax.random.key(1))
-  grad = jax.jit(jax.grad(lambda q, k, v: jax_flash.flash_attention(
-      q, k, v, is_causal=True, deterministic=True, **kwargs).astype(jnp.float32).sum(),
-                          argnums=(0, 1, 2)))
-  first, second = grad(q, k, v), grad(q, k, v)
+  # A full bias: dbias by the tensor cores' one writer per element; one
+  # broadcast over the batch: summed over CTAs, so the exact kernels on a GPU.
+  bias_shape = {"bias": (2, 4, 130, 130), "bias_broadcast": (1, 4, 1, 130)}.get(terms, (1,))
+  bias = jnp.asarray(rng.standard_normal(bias_shape), jnp.float32)
+  if terms.startswith("bias"):
+    kwargs = dict(dropout_rate=0.1, dropout_rng=jax.random.key(2))
+  grad = jax.jit(jax.grad(lambda q, k, v, b: jax_flash.flash_attention(
+      q, k, v, bias=b if terms.startswith("bias") else None, is_causal=True, deterministic=True,
+      **kwargs).astype(jnp.float32).sum(), argnums=(0, 1, 2, 3)))
+  first, second = grad(q, k, v, bias), grad(q, k, v, bias)
   for a, b in zip(first, second):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 

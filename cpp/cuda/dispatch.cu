@@ -13,9 +13,10 @@
 //                    tiles for 64 KiB of shared memory; bfloat16 runs exact there
 // The forward-mode derivative (JVP) has an exact and an sm80 kernel.
 //
-// Per-element score terms (cuda/common/score.cuh, HasScoreTerms): a dense
-// mask and dropout run on the sm80 kernels (their kTerms instantiations, on
-// Hopper too); a bias still runs on the exact kernels.
+// Per-element score terms (cuda/common/score.cuh, HasScoreTerms): a bias, a
+// dense mask and dropout run on the sm80 kernels (their kTerms
+// instantiations, on Hopper too), except the deterministic backward of a
+// bias whose dbias sums over CTAs (DbiasHasOneWriter), which stays exact.
 //
 // The routing follows the GPU's compute capability. JAX_FLASH_FORCE_PATH
 // (environment, read at every launch, for tests and comparisons; jax_flash
@@ -87,10 +88,10 @@ bool TensorCoresSupport(const AttentionShape& shape, DType dtype) {
 }
 
 // The shape test plus what the 16-byte loads need of the buffers: every row
-// and head stride a multiple of 8 elements and every pointer 16-byte aligned;
-// and no bias (not in these kernels yet).
+// and head stride a multiple of 8 elements and every pointer 16-byte aligned.
+// (The bias takes any strides: common/score.cuh's BiasView falls back to
+// scalar loads.)
 bool TensorCoresSupport(const FwdParams& p, DType dtype) {
-  if (p.score.bias != nullptr) return false;
   return TensorCoresSupport(p.shape, dtype) && Aligned(p.q) && Aligned(p.k) && Aligned(p.v) &&
          Aligned(p.out) && VectorStrides(p.q_strides) && VectorStrides(p.k_strides) &&
          VectorStrides(p.v_strides) && VectorStrides(p.out_strides);
@@ -315,6 +316,10 @@ KernelPath FwdPath(const FwdParams& params, DType dtype) {
 // (bwd/run.cuh).
 KernelPath BwdPath(const BwdParams& params, DType dtype, bool deterministic) {
   if (!TensorCoresSupport(params, dtype)) return KernelPath::kExact;
+  // A reproducible dbias summed over CTAs needs a fixed-order reduction the
+  // tensor-core kernels do not have yet; the exact dbias kernel has one.
+  if (deterministic && params.score.bias != nullptr && !DbiasHasOneWriter(params))
+    return KernelPath::kExact;
   return TensorCorePath(RoutingArch(), dtype,
                         !deterministic && Sm90Supports(params) &&
                             InSm90BwdBuckets(HeadDimBucket(params.shape.head_dim)));
@@ -322,7 +327,7 @@ KernelPath BwdPath(const BwdParams& params, DType dtype, bool deterministic) {
 
 // The forward-mode derivative: mma.sync on every sm_80+ GPU, Hopper included
 // (no wgmma JVP yet); exact on Turing (no sm75 JVP yet) and for the score
-// terms (a dense mask, dropout: the sm80 JVP kernel has none yet).
+// terms (a bias, a dense mask, dropout: the sm80 JVP kernel has none yet).
 KernelPath JvpPath(const JvpParams& params, DType dtype) {
   return kHasSm80 && TensorCoresSupport(params, dtype) && !HasScoreTerms(params) &&
                  RoutingArch() >= 80

@@ -51,6 +51,22 @@ static const char* MaskName(MaskKind k) {
   return "";
 }
 
+// The bias's shape (float32, the accumulation type): (B, Hq, Sq, Sk),
+// per head (1, Hq, Sq, Sk), ALiBi-like (1, Hq, 1, Sk), per query (B, 1, Sq, 1)
+// (softmax-invariant, its dbias is 0 up to rounding: it checks the key
+// reduction of dbias and the scalar loads of a stride-0 key dimension).
+enum class BiasKind { kNone, kFull, kHead, kAlibi, kRow };
+static const char* BiasName(BiasKind k) {
+  switch (k) {
+    case BiasKind::kNone: return "";
+    case BiasKind::kFull: return " bias(B,H,T,S)";
+    case BiasKind::kHead: return " bias(1,H,T,S)";
+    case BiasKind::kAlibi: return " bias(1,H,1,S)";
+    case BiasKind::kRow: return " bias(B,1,T,1)";
+  }
+  return "";
+}
+
 struct Case {
   int B, Sq, Sk, Hq, Hkv, D;
   bool causal = false;
@@ -62,13 +78,14 @@ struct Case {
   MaskKind mask = MaskKind::kNone;
   double dropout = 0;       // rate (a multiple of 2^-16)
   bool key_per_batch = false;  // dropout keys (B, 2) instead of (1, 2)
+  BiasKind bias = BiasKind::kNone;
   std::string name() const {
     char buf[320];
-    std::snprintf(buf, sizeof buf, "%s B%d Sq%d Sk%d H%d/%d D%d%s%s%s%s%s%s%s%s", bf16 ? "bf16" : "fp16", B,
+    std::snprintf(buf, sizeof buf, "%s B%d Sq%d Sk%d H%d/%d D%d%s%s%s%s%s%s%s%s%s", bf16 ? "bf16" : "fp16", B,
                   Sq, Sk, Hq, Hkv, D, causal ? " causal" : "",
                   (wl >= 0 || wr >= 0) ? (" win" + std::to_string(wl) + "," + std::to_string(wr)).c_str() : "",
                   lengths ? " lens" : "", segments ? " segs" : "", softcap > 0 ? " cap" : "",
-                  MaskName(mask),
+                  MaskName(mask), BiasName(bias),
                   dropout > 0 ? (" drop" + std::to_string(dropout).substr(0, 5) + (key_per_batch ? "/b" : "")).c_str() : "",
                   det ? " det" : "");
     return buf;
@@ -95,7 +112,24 @@ static DType DTypeOf(bool bf16) { return bf16 ? DType::kBFloat16 : DType::kFloat
 
 // Reference outputs. Index (b, s, h, d) contiguous; lse (b, h, s).
 struct Ref {
-  std::vector<double> out, lse, dq, dk, dv;
+  std::vector<double> out, lse, dq, dk, dv, dbias;
+};
+
+// The bias on the host: its own dims, values (contiguous), strides
+// broadcast to (B, Hq, Sq, Sk).
+struct HostBias {
+  int64_t dims[4] = {1, 1, 1, 1};
+  std::vector<float> val;
+  DenseStrides strides{};
+  double At(int b, int h, int i, int j) const {
+    if (val.empty()) return 0;
+    return val[b * strides.batch + h * strides.head + i * strides.row + j * strides.col];
+  }
+  size_t Index(int b, int h, int i, int j) const {  // into dbias (the bias's own shape)
+    const int64_t bb = dims[0] > 1 ? b : 0, hh = dims[1] > 1 ? h : 0, ii = dims[2] > 1 ? i : 0,
+                  jj = dims[3] > 1 ? j : 0;
+    return ((bb * dims[1] + hh) * dims[2] + ii) * dims[3] + jj;
+  }
 };
 
 // exact = true: float64 everything. exact = false: the "plain same-dtype"
@@ -103,7 +137,7 @@ struct Ref {
 // mask_h and drop_h point to host arrays; with dropout Z (HeadDropout on the
 // host) the output takes Z P / (1 - rate), dP = Z dO V^T / (1 - rate).
 static void Reference(const Case& c, const MaskParams& mask_h, const DropoutParams& drop_h,
-                      const std::vector<float>& q,
+                      const HostBias& bias, const std::vector<float>& q,
                       const std::vector<float>& k, const std::vector<float>& v,
                       const std::vector<float>& dout, double scale, bool exact, Ref* r) {
   const int B = c.B, Sq = c.Sq, Sk = c.Sk, Hq = c.Hq, Hkv = c.Hkv, D = c.D, G = Hq / Hkv;
@@ -115,6 +149,8 @@ static void Reference(const Case& c, const MaskParams& mask_h, const DropoutPara
   r->dk.assign((size_t)B * Sk * Hkv * D, 0);
   r->dv.assign((size_t)B * Sk * Hkv * D, 0);
   std::vector<double> dk_acc((size_t)B * Sk * Hq * D, 0), dv_acc((size_t)B * Sk * Hq * D, 0);
+  // dS per (b, h, i, j) for dbias, summed over the broadcast dims after the loop.
+  std::vector<double> ds_all(bias.val.empty() ? 0 : (size_t)B * Hq * Sq * Sk, 0);
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < Hq; ++h) {
@@ -133,7 +169,7 @@ static void Reference(const Case& c, const MaskParams& mask_h, const DropoutPara
           const float* kj = &k[(((size_t)b * Sk + j) * Hkv + hk) * D];
           double s = 0;
           for (int d = 0; d < D; ++d) s += (double)qi[d] * kj[d];
-          s = fl(s) * scale;
+          s = fl(s) * scale + bias.At(b, h, i, j);
           th[j] = 0;
           if (c.softcap > 0) { th[j] = std::tanh(s / c.softcap); s = c.softcap * th[j]; }
           x[j] = s;
@@ -165,6 +201,8 @@ static void Reference(const Case& c, const MaskParams& mask_h, const DropoutPara
           for (int d = 0; d < D; ++d) s += (double)doi[d] * vj[d];
           double ds = p[j] * (z[j] * s - Di) * (c.softcap > 0 ? 1 - th[j] * th[j] : 1.0);
           dp[j] = rnd(ds);  // dS, rounded as a 16-bit kernel would before its GEMMs
+          // dbias takes dS before that rounding (float32 in the kernel).
+          if (!ds_all.empty()) ds_all[(((size_t)b * Hq + h) * Sq + i) * Sk + j] = fl(ds);
         }
         double* dqi = &r->dq[(((size_t)b * Sq + i) * Hq + h) * D];
         for (int d = 0; d < D; ++d) {
@@ -197,6 +235,14 @@ static void Reference(const Case& c, const MaskParams& mask_h, const DropoutPara
         }
   for (auto& x : r->dk) x = rnd(x);
   for (auto& x : r->dv) x = rnd(x);
+  r->dbias.assign(bias.val.size(), 0);
+  if (!ds_all.empty())
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < Hq; ++h)
+        for (int i = 0; i < Sq; ++i)
+          for (int j = 0; j < Sk; ++j)
+            r->dbias[bias.Index(b, h, i, j)] += ds_all[(((size_t)b * Hq + h) * Sq + i) * Sk + j];
+  for (auto& x : r->dbias) x = fl(x);
 }
 
 struct Err { double max_abs = 0, rel_l2 = 0; bool nan = false; };
@@ -275,6 +321,19 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
                                     md[1] > 1 ? md[2] * md[3] : 0, md[2] > 1 ? md[3] : 0,
                                     md[3] > 1 ? 1 : 0};
   }
+  // Bias: normal values (sd 2), in its own shape.
+  HostBias hb;
+  if (c.bias != BiasKind::kNone) {
+    int64_t* bd = hb.dims;
+    if (c.bias == BiasKind::kFull) { bd[0] = B; bd[1] = Hq; bd[2] = Sq; bd[3] = Sk; }
+    if (c.bias == BiasKind::kHead) { bd[1] = Hq; bd[2] = Sq; bd[3] = Sk; }
+    if (c.bias == BiasKind::kAlibi) { bd[1] = Hq; bd[3] = Sk; }
+    if (c.bias == BiasKind::kRow) { bd[0] = B; bd[2] = Sq; }
+    hb.val.resize(bd[0] * bd[1] * bd[2] * bd[3]);
+    for (auto& x : hb.val) x = 2.f * nd(rng);
+    hb.strides = DenseStrides{bd[0] > 1 ? bd[1] * bd[2] * bd[3] : 0, bd[1] > 1 ? bd[2] * bd[3] : 0,
+                              bd[2] > 1 ? bd[3] : 0, bd[3] > 1 ? 1 : 0};
+  }
   // Dropout keys: (1, 2) or (B, 2).
   std::vector<uint32_t> keys(2 * B);
   for (auto& x : keys) x = static_cast<uint32_t>(rng());
@@ -285,7 +344,10 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
 
   Dev dq_(nq * 2), dk_(nk * 2), dv_(nk * 2), ddo(nq * 2), dout_(nq * 2), dlse((size_t)B * Hq * Sq * 4),
       ddq(nq * 2), ddk(nk * 2), ddv(nk * 2), dql(B * 4), dkl(B * 4),
-      dqs((size_t)B * Sq * 4), dks((size_t)B * Sk * 4), ddense(dense.size()), dkeys(keys.size() * 4);
+      dqs((size_t)B * Sq * 4), dks((size_t)B * Sk * 4), ddense(dense.size()), dkeys(keys.size() * 4),
+      dbias_in(hb.val.size() * 4), ddbias(hb.val.size() * 4);
+  if (!hb.val.empty())
+    CHECK_CUDA(cudaMemcpy(dbias_in.p(), hb.val.data(), hb.val.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(ddense.p(), dense.data(), dense.size(), cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dkeys.p(), keys.data(), keys.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dq_.p(), qb.data(), nq * 2, cudaMemcpyHostToDevice));
@@ -297,7 +359,7 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
   CHECK_CUDA(cudaMemcpy(dqs.p(), qseg.data(), (size_t)B * Sq * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dks.p(), kvseg.data(), (size_t)B * Sk * 4, cudaMemcpyHostToDevice));
   // Poison: 0xFF bytes are NaN in bf16, fp16 and float32.
-  for (Dev* d : {&dout_, &dlse, &ddq, &ddk, &ddv}) CHECK_CUDA(cudaMemset(d->p(), 0xFF, d->n));
+  for (Dev* d : {&dout_, &dlse, &ddq, &ddk, &ddv, &ddbias}) CHECK_CUDA(cudaMemset(d->p(), 0xFF, d->n));
 
   BwdParams p;
   p.shape = AttentionShape{B, Sq, Sk, Hq, Hkv, D};
@@ -308,6 +370,12 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
   p.dropout = drop_h;
   p.dropout.keys = (const uint32_t*)dkeys.p();
   p.score.scale = scale; p.score.softcap = c.softcap;
+  if (!hb.val.empty()) {
+    p.score.bias = dbias_in.p();
+    p.score.bias_strides = hb.strides;
+    for (int d = 0; d < 4; ++d) p.score.bias_dims[d] = hb.dims[d];
+    p.dbias = ddbias.p();
+  }
   p.q = dq_.p(); p.k = dk_.p(); p.v = dv_.p(); p.out = dout_.p(); p.lse = dlse.p();
   check::SetContiguousStrides(&p);
   p.dout = ddo.p(); p.dq = ddq.p(); p.dk = ddk.p(); p.dv = ddv.p();
@@ -336,6 +404,11 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
   std::vector<float> lsef((size_t)B * Hq * Sq);
   CHECK_CUDA(cudaMemcpy(lsef.data(), dlse.p(), lsef.size() * 4, cudaMemcpyDeviceToHost));
   std::vector<double> lse(lsef.begin(), lsef.end());
+  auto fetch32 = [&](const Dev& d, size_t n) {
+    std::vector<float> f(n); CHECK_CUDA(cudaMemcpy(f.data(), d.p(), n * 4, cudaMemcpyDeviceToHost));
+    return std::vector<double>(f.begin(), f.end());
+  };
+  const std::vector<double> gdbias = fetch32(ddbias, hb.val.size());
 
   // Determinism: a second backward must match bitwise in deterministic mode.
   bool det_ok = true;
@@ -345,18 +418,20 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
     CHECK_CUDA(cudaDeviceSynchronize());
     std::vector<uint16_t> a(nq); CHECK_CUDA(cudaMemcpy(a.data(), ddq.p(), nq * 2, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < nq; ++i) det_ok &= FromBits(a[i], c.bf16) == gdq[i] || (std::isnan(gdq[i]));
+    const std::vector<double> again = fetch32(ddbias, hb.val.size());  // bitwise too
+    for (size_t i = 0; i < again.size(); ++i) det_ok &= again[i] == gdbias[i];
   }
 
   Ref exact, plain;
-  Reference(c, mh, drop_h, q, k, v, dout, scale, true, &exact);
-  Reference(c, mh, drop_h, q, k, v, dout, scale, false, &plain);
+  Reference(c, mh, drop_h, hb, q, k, v, dout, scale, true, &exact);
+  Reference(c, mh, drop_h, hb, q, k, v, dout, scale, false, &plain);
   bool ok = det_ok;
   std::string msg;
-  const char* names[] = {"out", "lse", "dq", "dk", "dv"};
-  const std::vector<double>* got[] = {&out, &lse, &gdq, &gdk, &gdv};
-  const std::vector<double>* ex[] = {&exact.out, &exact.lse, &exact.dq, &exact.dk, &exact.dv};
-  const std::vector<double>* pl[] = {&plain.out, &plain.lse, &plain.dq, &plain.dk, &plain.dv};
-  for (int t = 0; t < 5; ++t) {
+  const char* names[] = {"out", "lse", "dq", "dk", "dv", "dbias"};
+  const std::vector<double>* got[] = {&out, &lse, &gdq, &gdk, &gdv, &gdbias};
+  const std::vector<double>* ex[] = {&exact.out, &exact.lse, &exact.dq, &exact.dk, &exact.dv, &exact.dbias};
+  const std::vector<double>* pl[] = {&plain.out, &plain.lse, &plain.dq, &plain.dk, &plain.dv, &plain.dbias};
+  for (int t = 0; t < (hb.val.empty() ? 5 : 6); ++t) {
     Err ek = Compare(*got[t], *ex[t]), ep = Compare(*pl[t], *ex[t]);
     double scale_ref = 0; for (double x : *ex[t]) if (std::isfinite(x)) scale_ref = std::max(scale_ref, std::fabs(x));
     const double atol = 1e-5 * std::max(1.0, scale_ref) + (t == 1 ? 1e-4 : 0);
@@ -416,6 +491,44 @@ static void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once 
 
 // Dense masks and dropout, alone and with every other option, odd sizes,
 // every bucket (d_split passes at 192 and 256), both dtypes, both modes.
+// The bias (with dbias) in every shape kind, both modes, every bucket, and
+// with the mask, dropout, causal, window, lengths, segments, softcap and
+// GQA. Even Sk reads the bias as float2, odd Sk by scalars. The deterministic
+// mode runs a bias on tensor cores when each dbias element has one writer
+// (common/score.cuh's DbiasHasOneWriter: B = 1 or a per-batch bias, Hkv = 1
+// or a per-head bias, and a per-key bias): those cases only.
+static void AddBiasCases(std::vector<Case>* cases) {
+  const double kRate = 6554.0 / 65536;
+  for (bool bf16 : {true, false})
+    for (int D : {32, 64, 96, 128, 192, 256}) {
+      Case c{2, 111, 143, 4, 2, D}; c.bf16 = bf16; c.bias = BiasKind::kFull; cases->push_back(c);
+      c = Case{2, 130, 96, 4, 1, D}; c.bf16 = bf16; c.bias = BiasKind::kHead; c.causal = true;
+      c.det = D % 64 == 0; c.B = c.det ? 1 : 2; cases->push_back(c);
+    }
+  const BiasKind kinds[] = {BiasKind::kFull, BiasKind::kHead, BiasKind::kAlibi, BiasKind::kRow};
+  for (BiasKind kind : kinds) {
+    Case c{2, 200, 230, 4, 2, 64}; c.bias = kind; cases->push_back(c);
+    c = Case{2, 129, 257, 4, 1, 128}; c.bias = kind; c.dropout = 0.25; c.causal = true;
+    cases->push_back(c);
+    c = Case{2, 190, 211, 4, 2, 96}; c.bias = kind; c.mask = MaskKind::kFull; c.segments = true;
+    c.lengths = true; c.softcap = 5.f; c.bf16 = false; cases->push_back(c);
+    c = Case{1, 300, 300, 2, 2, 40}; c.bias = kind; c.wl = 50; c.wr = 3; c.dropout = kRate;
+    c.mask = MaskKind::kPadding; cases->push_back(c);
+    // Deterministic: one writer per dbias element (B = 1, Hkv = 1 for a
+    // head-broadcast bias; a key-broadcast bias stays exact).
+    if (kind != BiasKind::kRow) {
+      c = Case{1, 170, 190, 4, 1, 64}; c.bias = kind; c.det = true; c.causal = true;
+      c.dropout = kRate; cases->push_back(c);
+      c = Case{1, 150, 97, 2, 2, 128}; c.bias = kind; c.det = true; c.softcap = 4.f;
+      c.mask = MaskKind::kShared; cases->push_back(c);
+    }
+  }
+  Case c{3, 64, 1000, 2, 1, 64}; c.bias = BiasKind::kAlibi; c.causal = true; c.lengths = true;
+  cases->push_back(c);
+  c = Case{2, 1, 77, 4, 4, 64}; c.bias = BiasKind::kFull; c.det = true; cases->push_back(c);
+  c = Case{1, 333, 1, 2, 1, 32}; c.bias = BiasKind::kRow; c.det = true; cases->push_back(c);
+}
+
 static void AddFeatureCases(std::vector<Case>* cases) {
   const double kRate = 6554.0 / 65536;  // 0.1, as a multiple of 2^-16
   for (bool bf16 : {true, false})
@@ -448,6 +561,7 @@ static void AddFeatureCases(std::vector<Case>* cases) {
   c = Case{1, 1, 300, 2, 1, 64}; c.dropout = kRate; c.mask = MaskKind::kShared; cases->push_back(c);
   c = Case{1, 150, 160, 4, 2, 192}; c.dropout = kRate; c.softcap = 3.f; c.mask = MaskKind::kCausal;
   c.bf16 = false; cases->push_back(c);
+  AddBiasCases(cases);
 }
 
 int main(int argc, char** argv) {
@@ -466,6 +580,10 @@ int main(int argc, char** argv) {
     // More tiles (2 x 40 heads x 2 query blocks) than an H100 has SMs: the
     // persistent forward's CTAs take several, empty ones (length 0) among them.
     Case w{2, 129, 70, 40, 8, 64}; w.causal = true; w.lengths = true; ok &= RunCase(w, 8);
+    Case j{2, 77, 46, 4, 2, 64}; j.bias = BiasKind::kFull; j.causal = true; ok &= RunCase(j, 9);
+    Case l{1, 65, 100, 4, 1, 128}; l.det = true; l.bias = BiasKind::kAlibi; l.dropout = 0.25;
+    ok &= RunCase(l, 10);
+    Case m{2, 50, 70, 2, 2, 64}; m.bias = BiasKind::kRow; m.softcap = 5; ok &= RunCase(m, 11);
     std::printf(ok ? "SMALL OK\n" : "SMALL FAILED\n");
     return ok ? 0 : 1;
   }

@@ -14,9 +14,9 @@ namespace jax_flash::cuda {
 struct BwdArgs {
   BwdParams p;
   float scale;           // d score / d (q.k) without softcap
-  float scale_log2;      // log2(e) * scale, or log2(e) when softcap is on
+  float scale_log2;      // log2(e) * scale, or log2(e) when softcap is on or with a bias
   float softcap;         // 0 = off
-  float scale_over_cap;  // scale / softcap
+  float scale_over_cap;  // scale / softcap (1 / softcap with a bias)
   float inv_softcap;     // 1 / softcap, 0 when off (then d x / d s = 1 - 0 = 1)
   float* lse2;           // (B, Hq, Sq) float32 workspace: Lse2(lse), bwd/preprocess.cuh
   float* dq_accum;       // float32 workspace, fast mode only: DqAccumLayout
@@ -40,12 +40,15 @@ inline BwdArgs MakeBwdArgs(const BwdParams& params, void* workspace, int64_t bat
   args.p = params;
   args.scale = static_cast<float>(params.score.scale);
   args.softcap = static_cast<float>(params.score.softcap);
+  // With a bias the kTerms kernels hold x = scale * q.k + bias (AddBias in
+  // common/score.cuh), so scale leaves exp2 and tanh (as in MakeFwdArgs).
+  const float pre = params.score.bias != nullptr ? 1.f : args.scale;
   if (args.softcap > 0.f) {
     args.scale_log2 = kLog2e;
-    args.scale_over_cap = args.scale / args.softcap;
+    args.scale_over_cap = pre / args.softcap;
   } else {
     args.softcap = 0.f;
-    args.scale_log2 = args.scale * kLog2e;
+    args.scale_log2 = pre * kLog2e;
     args.scale_over_cap = 0.f;
   }
   args.inv_softcap = args.softcap > 0.f ? 1.f / args.softcap : 0.f;

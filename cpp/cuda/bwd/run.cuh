@@ -79,6 +79,20 @@ cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
   if (HasScoreTerms(params) != kTerms) return cudaErrorInvalidValue;
   const AttentionShape& shape = params.shape;
   if (shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
+  if constexpr (kTerms) {
+    // The dK/dV kernel adds dS into dbias (float32, the bias's own shape):
+    // zero first, which also covers the elements no visible tile reaches.
+    if (params.score.bias != nullptr && params.dbias != nullptr) {
+      const int64_t* d = params.score.bias_dims;
+      const cudaError_t err =
+          cudaMemsetAsync(params.dbias, 0, sizeof(float) * d[0] * d[1] * d[2] * d[3], stream);
+      if (err != cudaSuccess) return err;
+    }
+    // Plain adds need one writer per element (common/score.cuh); BwdPath
+    // keeps the other deterministic problems on the exact kernels.
+    if (deterministic && params.score.bias != nullptr && !DbiasHasOneWriter(params))
+      return cudaErrorInvalidValue;
+  }
   const BwdChunk chunk = ChunkFor<kHeadDim>(shape);
   if (deterministic || (chunk.batches >= shape.batch && chunk.kv_heads >= shape.num_heads_kv))
     return RunBwdChunk<kArch, T, kHeadDim, kTerms>(params, workspace, deterministic, shape.batch, 0, 0,

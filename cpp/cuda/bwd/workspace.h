@@ -138,6 +138,11 @@ BwdParams ChunkParams(const BwdParams& p, const AttentionShape& sub, int64_t b0,
   // Broadcast dims have stride 0. Dropout keeps the whole problem's indices
   // through BwdArgs (its batch0, head0).
   if (m.dense != nullptr) m.dense += b0 * m.dense_strides.batch + hq0 * m.dense_strides.head;
+  // The bias likewise; dbias stays whole (the kernels index it with the
+  // whole problem's batch and head, BwdArgs::batch0 and head0).
+  if (c.score.bias != nullptr)
+    c.score.bias = static_cast<const float*>(p.score.bias) + b0 * p.score.bias_strides.batch +
+                   hq0 * p.score.bias_strides.head;
   return c;
 }
 

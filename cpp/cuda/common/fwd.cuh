@@ -27,8 +27,9 @@ namespace jax_flash::cuda {
 struct FwdArgs {
   FwdParams p;
   float scale_log2;      // log2(e) * scale, or log2(e) when softcap is on (scale goes into tanh)
+                         // or with a bias (the kernel forms x = scale * q.k + bias first)
   float softcap;         // 0 = off
-  float scale_over_cap;  // scale / softcap
+  float scale_over_cap;  // scale / softcap (1 / softcap with a bias)
 };
 
 inline FwdArgs MakeFwdArgs(const FwdParams& params) {
@@ -36,12 +37,15 @@ inline FwdArgs MakeFwdArgs(const FwdParams& params) {
   args.p = params;
   const float scale = static_cast<float>(params.score.scale);
   args.softcap = static_cast<float>(params.score.softcap);
+  // With a bias the kTerms kernels hold x = scale * q.k + bias (AddBias in
+  // common/score.cuh), so scale leaves exp2 and tanh.
+  const float pre = params.score.bias != nullptr ? 1.f : scale;
   if (args.softcap > 0.f) {
     args.scale_log2 = kLog2e;
-    args.scale_over_cap = scale / args.softcap;
+    args.scale_over_cap = pre / args.softcap;
   } else {
     args.softcap = 0.f;
-    args.scale_log2 = scale * kLog2e;
+    args.scale_log2 = pre * kLog2e;
     args.scale_over_cap = 0.f;
   }
   return args;

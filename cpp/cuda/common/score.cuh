@@ -15,10 +15,15 @@
 //   HasScoreTerms): MaskFragmentElementwise tests segments and the dense mask
 //   per element inside the band; dropout (common/dropout.cuh) drops P after
 //   the softmax, from one Philox call per 8 fragment elements.
-// - bias (exact kernels only so far), dense mask, dropout: HeadTerms resolves
-//   them for one (batch, head); the exact kernels apply them per element.
+// - bias (the tensor-core kernels' kTerms instantiations): BiasView reads
+//   this head's float32 bias straight from global memory into the fragment
+//   layout (AddBias: x = scale * q.k + bias, before the soft cap; the launch
+//   arguments then take scale out of exp2 and tanh), and the dK/dV kernel
+//   sums dS into dbias (AccumulateDbiasT).
+// - bias, dense mask, dropout on the exact kernels: HeadTerms resolves them
+//   for one (batch, head); the exact kernels apply them per element.
 //
-// Next here: the bias for the tensor-core kernels, and tile classification
+// Next here: tile classification
 // (empty / full / partial, from the band, segments, the dense mask and a
 // block-sparse mask) so that every kernel skips empty tiles and reads no
 // mask in full ones.
@@ -36,10 +41,23 @@
 namespace jax_flash::cuda {
 
 // True when a problem has per-element terms beyond the band, segments and the
-// soft cap (a dense mask, dropout): the tensor-core kernels then run their
-// kTerms instantiation.
+// soft cap (a bias, a dense mask, dropout): the tensor-core kernels then run
+// their kTerms instantiation.
 inline bool HasScoreTerms(const FwdParams& p) {
-  return p.mask.dense != nullptr || p.dropout.enabled();
+  return p.score.bias != nullptr || p.mask.dense != nullptr || p.dropout.enabled();
+}
+
+// True when every element of dbias gets its dS from one thread of the
+// tensor-core dK/dV kernel (in the fixed order of its steps), so that the
+// deterministic backward can add with plain read-modify-writes: the bias
+// keeps the batch (or B = 1), keeps the head or has one kv head (the CTA
+// walks the GQA group itself), and keeps the key dimension (or Sk = 1). A
+// bias broadcast otherwise sums over CTAs (float atomics: fast mode only).
+inline bool DbiasHasOneWriter(const FwdParams& p) {
+  const int64_t* d = p.score.bias_dims;
+  const AttentionShape& s = p.shape;
+  return (d[0] != 1 || s.batch == 1) && (d[1] != 1 || s.num_heads_kv == 1) &&
+         (d[3] != 1 || s.seqlen_k == 1);
 }
 
 // ---- mask: band windows ------------------------------------------------------
@@ -174,6 +192,144 @@ __device__ __forceinline__ void MaskFragmentElementwise(float (&s)[kNTiles][4],
                                                         float hidden) {
   MaskFragmentElementwise<kRows>(reinterpret_cast<float(&)[1][kNTiles][4]>(s), mask, row0, col0,
                                  g, t, hidden);
+}
+
+// ---- bias (tensor-core kernels) ---------------------------------------------------
+
+// One (batch, head)'s view of the bias (float32: the accumulation type of
+// the 16-bit inputs, ScoreParams), strides in elements (0 where broadcast).
+// Read straight from global memory into the fragment layout: a warp's load
+// of one fragment row covers 8 consecutive keys (32 bytes, one sector) in
+// either orientation, so staging through shared memory would buy no
+// coalescing, only latency hiding (cpp/cuda/NOTES.md).
+struct BiasView {
+  const float* ptr;  // null: no bias
+  int64_t row, col;  // query and key strides
+  int64_t seqlen_q, seqlen_k;
+  bool pairs;  // keys j, j + 1 (j even) adjacent and 8-byte aligned: one float2
+
+  __device__ __forceinline__ static BiasView For(const FwdParams& p, int64_t b, int64_t h) {
+    const DenseStrides& bs = p.score.bias_strides;
+    BiasView v;
+    v.ptr = p.score.bias != nullptr
+                ? static_cast<const float*>(p.score.bias) + b * bs.batch + h * bs.head
+                : nullptr;
+    v.row = bs.row;
+    v.col = bs.col;
+    v.seqlen_q = p.shape.seqlen_q;
+    v.seqlen_k = p.shape.seqlen_k;
+    v.pairs = bs.col == 1 && bs.row % 2 == 0 && reinterpret_cast<uintptr_t>(v.ptr) % 8 == 0;
+    return v;
+  }
+  // bias[i, j] inside the sequences, 0 outside (those elements are masked).
+  __device__ __forceinline__ float At(int64_t i, int64_t j) const {
+    return i < seqlen_q && j < seqlen_k ? ptr[i * row + j * col] : 0.f;
+  }
+};
+
+// x = scale * s + bias on a warp's fragments (layout as MaskFragment's),
+// before the soft cap and the mask.
+template <Rows kRows, int kMT, int kNTiles>
+__device__ __forceinline__ void AddBias(float (&s)[kMT][kNTiles][4], const BiasView& bias,
+                                        float scale, int64_t row0, int64_t col0, int g, int t) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int64_t r = row0 + mt * 16 + g + hr * 8;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        const int64_t c0 = col0 + nt * 8 + 2 * t;
+        float b0, b1;
+        if (kRows == Rows::kQueries && bias.pairs && r < bias.seqlen_q &&
+            c0 + 1 < bias.seqlen_k) {
+          const float2 b2 = *reinterpret_cast<const float2*>(bias.ptr + r * bias.row + c0);
+          b0 = b2.x;
+          b1 = b2.y;
+        } else if (kRows == Rows::kQueries) {
+          b0 = bias.At(r, c0);
+          b1 = bias.At(r, c0 + 1);
+        } else {
+          b0 = bias.At(c0, r);
+          b1 = bias.At(c0 + 1, r);
+        }
+        s[mt][nt][2 * hr] = fmaf(s[mt][nt][2 * hr], scale, b0);
+        s[mt][nt][2 * hr + 1] = fmaf(s[mt][nt][2 * hr + 1], scale, b1);
+      }
+    }
+}
+
+template <Rows kRows, int kNTiles>
+__device__ __forceinline__ void AddBias(float (&s)[kNTiles][4], const BiasView& bias, float scale,
+                                        int64_t row0, int64_t col0, int g, int t) {
+  AddBias<kRows>(reinterpret_cast<float(&)[1][kNTiles][4]>(s), bias, scale, row0, col0, g, t);
+}
+
+// dbias += dS on a warp's dS^T fragment (the dK/dV kernel: rows keys key0 +
+// g (+ 8), columns queries q0 + nt * 8 + 2t + c), summed over the bias's
+// broadcast dimensions: over this fragment's queries (a broadcast query
+// dimension) and keys (a broadcast key dimension) by shuffles first, then one
+// add per dbias element. `head` points at dbias[bb, hh] (the bias's own,
+// contiguous shape, dims (Tb, Sb) left). kAtomic: float atomics (the fast
+// mode: other CTAs add to the same elements); otherwise a plain read-modify-
+// write, valid when DbiasHasOneWriter (each element then has one owning
+// lane, which adds in step order: bitwise reproducible).
+template <bool kAtomic, int kQTiles>
+__device__ __forceinline__ void AccumulateDbiasT(const float (&ds)[kQTiles][4], float* head,
+                                                 int64_t tb, int64_t sb, int64_t key0,
+                                                 int64_t q0, int64_t seqlen_q, int64_t seqlen_k,
+                                                 int g, int t) {
+  auto add = [&](float* p, float v) {
+    if constexpr (kAtomic) atomicAdd(p, v);
+    else *p += v;
+  };
+  const bool key_ok[2] = {key0 + g < seqlen_k, key0 + g + 8 < seqlen_k};
+  if (tb == 1) {  // broadcast over queries: sum this lane's columns, then the quad's
+    float v[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const bool q_ok = q0 + nt * 8 + 2 * t + c < seqlen_q;
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr)
+          if (q_ok && key_ok[hr]) v[hr] += ds[nt][2 * hr + c];
+      }
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      v[hr] += __shfl_xor_sync(0xffffffffu, v[hr], 1);
+      v[hr] += __shfl_xor_sync(0xffffffffu, v[hr], 2);
+    }
+    if (sb == 1) {  // and over keys: the warp's 16 rows
+      float w = v[0] + v[1];
+      w += __shfl_xor_sync(0xffffffffu, w, 4);
+      w += __shfl_xor_sync(0xffffffffu, w, 8);
+      w += __shfl_xor_sync(0xffffffffu, w, 16);
+      if (g == 0 && t == 0) add(head, w);
+    } else if (t == 0) {
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr)
+        if (key_ok[hr]) add(head + key0 + g + hr * 8, v[hr]);
+    }
+    return;
+  }
+#pragma unroll
+  for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int64_t i = q0 + nt * 8 + 2 * t + c;
+      if (sb == 1) {  // broadcast over keys: sum the warp's 16 rows
+        float w = (key_ok[0] ? ds[nt][c] : 0.f) + (key_ok[1] ? ds[nt][2 + c] : 0.f);
+        w += __shfl_xor_sync(0xffffffffu, w, 4);
+        w += __shfl_xor_sync(0xffffffffu, w, 8);
+        w += __shfl_xor_sync(0xffffffffu, w, 16);
+        if (g == 0 && i < seqlen_q) add(head + i, w);
+      } else if (i < seqlen_q) {
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr)
+          if (key_ok[hr]) add(head + i * sb + key0 + g + hr * 8, ds[nt][2 * hr + c]);
+      }
+    }
 }
 
 // ---- soft cap (tensor-core kernels) ---------------------------------------------

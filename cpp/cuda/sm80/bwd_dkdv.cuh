@@ -11,7 +11,9 @@
 // double-buffered shared tile, one step late so a step has a single barrier)
 // and adds it with float32 atomics into the workspace (bwd/workspace.h).
 // kTerms (a separate instantiation, the plain kernel's code unchanged): the
-// dense mask and dropout. With dropout Z (keep mask) and s = 1 / (1 - rate),
+// bias (added before the soft cap; dS^T summed into dbias, with atomics in
+// the fast mode, by plain adds of one owning lane in the deterministic mode),
+// the dense mask and dropout. With dropout Z (keep mask) and s = 1 / (1 - rate),
 // dV takes the kept and scaled P^T, dP^T becomes Z s dP^T before D is
 // subtracted, and dS^T = P^T (Z s dP^T - D) from the unscaled P^T.
 #pragma once
@@ -236,6 +238,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
       const BatchMask head_mask =
           kTerms ? BatchMask::For(p.mask, b, h, seqlen_q, seqlen_k) : mask;
       const HeadDropout dropout = kTerms ? args.Dropout(b, h) : HeadDropout{};
+      const BiasView bias = kTerms ? BiasView::For(p, b, h) : BiasView{};
 
       // ---- S^T = K Q^T and dP^T = V dO^T (16 keys x kBlockM queries) ----
       float st[kQTiles][4], dpt[kQTiles][4];
@@ -267,6 +270,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
       // Column qi = nt * 8 + 2t + c of this lane: lse2 and D as float2.
       uint32_t keep = 0;  // dropout's keep bits of this warp's 16 keys x kBlockM queries
       if constexpr (kTerms) {
+        if (bias.ptr != nullptr)
+          AddBias<Rows::kKeys>(st, bias, args.scale, n0 + warp_row0, m0, g, t);
         if (dropout.enabled) {
           keep = KeepBitsT<kQTiles>(dropout, n0 + warp_row0, m0, g, t);
           ApplyKeepT(dpt, keep, args.keep_scale);
@@ -289,6 +294,18 @@ __global__ void __launch_bounds__(Traits::kThreads)
 #pragma unroll
         for (int r = 0; r < 4; ++r) dpt[nt][r] *= st[nt][r];
       if constexpr (kTerms) {
+        // dpt is dS^T now (d loss / d x): dbias sums it over the bias's
+        // broadcast dimensions, at the whole problem's (batch, head).
+        if (p.dbias != nullptr && part == 0) {
+          const int64_t* dims = p.score.bias_dims;
+          const int64_t bb = dims[0] == 1 ? 0 : args.batch0 + b;
+          const int64_t hh = dims[1] == 1 ? 0 : args.head0 + h;
+          AccumulateDbiasT<kAccumDq>(dpt,
+                                     static_cast<float*>(p.dbias) +
+                                         (bb * dims[1] + hh) * dims[2] * dims[3],
+                                     dims[2], dims[3], n0 + warp_row0, m0, seqlen_q, seqlen_k,
+                                     g, t);
+        }
         if (dropout.enabled) ApplyKeepT(st, keep, args.keep_scale);  // dV takes Z s P^T
       }
 

@@ -7,8 +7,8 @@
 // softmax (m, l in registers, exp2 with the scale pre-multiplied by log2 e)
 // and O += P V all stay in registers, P converted to 16 bits in place.
 // The tile scheduler, the score policies, the softmax and the epilogue are
-// common/'s. kTerms adds the per-element terms of the score (dense mask,
-// dropout) as a separate instantiation, so the plain kernel's code stays as
+// common/'s. kTerms adds the per-element terms of the score (bias, dense
+// mask, dropout) as a separate instantiation, so the plain kernel's code stays as
 // it is; the K/V loop stays in the kernel's body: as a function of its own
 // it compiled to different code for D=128 (cpp/cuda/NOTES.md).
 #pragma once
@@ -79,6 +79,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
              : BatchMask{};
   const HeadDropout dropout = kTerms ? HeadDropout::For(p.dropout, p.shape.batch, blk.b, blk.h)
                                      : HeadDropout{};
+  // And its view of the bias (x = scale * q.k + bias: MakeFwdArgs then keeps
+  // scale out of scale_log2 and scale_over_cap).
+  const BiasView bias = kTerms ? BiasView::For(p, blk.b, blk.h) : BiasView{};
+  const float scale = kTerms ? static_cast<float>(p.score.scale) : 0.f;
 
   // O and the running statistics of the rows this lane owns: rows (mt, half)
   // = warp row + mt*16 + g + 8*half.
@@ -157,6 +161,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
 
     // ---- score transform, mask, online softmax (common/score.cuh, common/softmax.cuh) ------------
     if constexpr (kTerms) {
+      if (bias.ptr != nullptr)
+        AddBias<Rows::kQueries>(s, bias, scale, m0 + warp_row0, n * kBlockN, g, t);
       if (mask.HasElementwiseTerms()) {
         SoftCap(s, args.softcap, args.scale_over_cap);
         MaskFragmentElementwise<Rows::kQueries>(s, mask, m0 + warp_row0, n * kBlockN, g, t,
