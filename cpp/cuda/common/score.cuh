@@ -283,6 +283,9 @@ __device__ __forceinline__ void AccumulateDbiasT(const float (&ds)[kQTiles][4], 
     if constexpr (kAtomic) atomicAdd(p, v);
     else *p += v;
   };
+  // A warp past the last key adds nothing (and must not: its plain adds of
+  // 0 would race with the owning warp's where the key dimension broadcasts).
+  if (key0 >= seqlen_k) return;
   const bool key_ok[2] = {key0 + g < seqlen_k, key0 + g + 8 < seqlen_k};
   if (tb == 1) {  // broadcast over queries: sum this lane's columns, then the quad's
     float v[2] = {0.f, 0.f};
