@@ -124,14 +124,16 @@ _EXACT_DIRECTIONS = {"fwd": ("cuda/simt/fwd.cuh", "JAX_FLASH_INSTANTIATE_EXACT_F
 # (direction, arch path) -> the buckets compiled for it. Arch path 80
 # (mma.sync) runs on every sm_80+ GPU; 90 (wgmma, TMA) on sm_90a; 75 (the
 # Turing family) is compiled for compute_75 alone (cmake/cuda_sources.cmake).
-# The forward-mode derivative (jvp) runs on mma.sync on every sm_80+ GPU.
+# The forward-mode derivative (jvp) runs on mma.sync: arch path 80 on every
+# sm_80+ GPU, 75 on the Turing family.
 _TC_BUCKETS = {("fwd", 80): CUDA_HEAD_DIM_BUCKETS, ("bwd", 80): CUDA_HEAD_DIM_BUCKETS,
                ("jvp", 80): CUDA_HEAD_DIM_BUCKETS,
                ("fwd", 90): CUDA_SM90_FWD_BUCKETS, ("bwd", 90): CUDA_SM90_BWD_BUCKETS,
-               ("fwd", 75): CUDA_SM75_BUCKETS, ("bwd", 75): CUDA_SM75_BUCKETS}
+               ("fwd", 75): CUDA_SM75_BUCKETS, ("bwd", 75): CUDA_SM75_BUCKETS,
+               ("jvp", 75): CUDA_SM75_BUCKETS}
 _TC_DTYPES = {75: CUDA_SM75_DTYPES, 80: CUDA_TENSOR_CORE_DTYPES, 90: CUDA_TENSOR_CORE_DTYPES}
 # Directions whose instantiations take the kTerms argument (CUDA_TERMS_ARCHS).
-_TERMS_DIRECTIONS = ("fwd", "bwd")
+_TERMS_DIRECTIONS = ("fwd", "bwd", "jvp")
 
 
 def _instantiation(header: str, macro: str, args: str) -> str:

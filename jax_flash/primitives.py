@@ -288,7 +288,7 @@ _define_lowering(flash_fwd_p, _fwd_abstract_eval,
 _define_lowering(flash_bwd_p, _bwd_abstract_eval,
                  {"cpu": _lowering(_ffi.BWD_TARGET), "cuda": _cuda_bwd_lowering()}, _bwd_layout)
 # The JVP is a fused kernel on both platforms (on CUDA: tensor cores for
-# bf16/fp16 without bias, dense mask or dropout, the exact kernel otherwise).
+# bf16/fp16 without a bias (float16 on Turing), the exact kernel otherwise).
 _jvp_kernel = _define_lowering(
     flash_jvp_p, _jvp_abstract_eval, {p: _lowering(_ffi.JVP_TARGET) for p in _LOWERING_PLATFORMS},
     _jvp_layout)

@@ -52,12 +52,16 @@ OPTIONS = {
 }
 
 
-# Options the tensor-core JVP kernel takes itself (no bias, dense mask or
-# dropout); the low-precision tests run them on the GPU's sm80 path.
+# Options the tensor-core JVP kernel takes itself (everything but a bias; a
+# dense mask and dropout through its kTerms kernels); the low-precision tests
+# run them on the GPU's sm80 path (and the Turing family's, forced).
 TENSOR_CORE_OPTIONS = {
     "band_cap_segments": lambda b, n, t, s: (
         Options(is_causal=True, window=(40, 7), softcap=2.0, with_lengths=True,
                 with_segments=True), 0.0),
+    "band_mask_dropout": lambda b, n, t, s: (
+        Options(is_causal=True, window=(40, 7), with_lengths=True, with_segments=True,
+                mask_shape=(b, n, t, s)), RATE),
 }
 
 
@@ -200,11 +204,21 @@ def test_jvp_every_option_float64(backend, option):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16],
                          ids=lambda d: jnp.dtype(d).name)
-# mask and dropout alone: on a GPU the dispatch must keep them off the sm80
-# JVP kernel, which has no score terms (the driver caught that once).
-@pytest.mark.parametrize("option", ["plain", "everything", "band_cap_segments", "mask", "dropout"])
+# On a GPU, bfloat16/float16 take the tensor cores (mask, dropout and
+# band_mask_dropout their kTerms kernels); everything has a bias: exact.
+@pytest.mark.parametrize("option", ["plain", "everything", "band_cap_segments", "mask", "dropout",
+                                    "band_mask_dropout"])
 def test_jvp_low_precision(backend, dtype, option):
   check_jvp(Problem(option, shape=(2, 100, 150, 4, 2, 40)), dtype)
+
+
+@pytest.mark.parametrize("option", ["plain", "mask", "dropout", "band_mask_dropout"])
+def test_jvp_turing_family(backend, monkeypatch, option):
+  """JAX_FLASH_FORCE_PATH=sm75: float16 on the Turing family's JVP kernels (any newer GPU)."""
+  if backend != "gpu":
+    pytest.skip("the switch chooses among CUDA kernels")
+  monkeypatch.setenv("JAX_FLASH_FORCE_PATH", "sm75")
+  check_jvp(Problem(option, shape=(2, 90, 130, 4, 2, 64)), jnp.float16)
 
 
 @pytest.mark.parametrize("option,dtype", [("everything", jnp.float32), ("bias", jnp.float64)],

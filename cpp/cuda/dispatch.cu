@@ -11,12 +11,15 @@
 //   sm75    (sm80/ compiled for compute_75) float16 on Turing (T4, RTX 20xx):
 //                    the mma.sync kernels with m16n8k8, synchronous copies and
 //                    tiles for 64 KiB of shared memory; bfloat16 runs exact there
-// The forward-mode derivative (JVP) has an exact and an sm80 kernel.
+// The forward-mode derivative (JVP) has an exact kernel and the mma.sync one
+// of the sm80 and sm75 paths (no sm90 JVP: Hopper runs sm80's).
 //
 // Per-element score terms (cuda/common/score.cuh, HasScoreTerms): a bias, a
-// dense mask and dropout run on the sm80 kernels (their kTerms
+// dense mask and dropout run on the mma.sync kernels (their kTerms
 // instantiations, on Hopper too), except the deterministic backward of a
 // bias whose dbias sums over CTAs (DbiasHasOneWriter), which stays exact.
+// The JVP's kTerms kernels take a dense mask and dropout; a bias keeps the
+// JVP on the exact kernel.
 //
 // The routing follows the GPU's compute capability. JAX_FLASH_FORCE_PATH
 // (environment, read at every launch, for tests and comparisons; jax_flash
@@ -277,15 +280,23 @@ cudaError_t RunBwdPath(const BwdParams& params, DType dtype, void* workspace, bo
   });
 }
 
-#ifdef JAX_FLASH_HAS_SM80
-cudaError_t RunJvpSm80(const JvpParams& params, DType dtype, cudaStream_t stream) {
-  return ByBucket<80, true>(HeadDimBucket(params.shape.head_dim), [&](auto bucket) {
-    constexpr int kBucket = decltype(bucket)::value;
-    return dtype == DType::kBFloat16 ? RunJvp<80, __nv_bfloat16, kBucket>(params, stream)
-                                     : RunJvp<80, __half, kBucket>(params, stream);
+template <int kArch>
+cudaError_t RunJvpPath(const JvpParams& params, DType dtype, cudaStream_t stream) {
+  static_assert(kArch == 75 || kArch == 80, "the JVP runs on mma.sync alone");
+  return ByBucket<kArch, true>(HeadDimBucket(params.shape.head_dim), [&](auto bucket) {
+    return ByTerms<kArch>(params, [&](auto terms) {
+      constexpr int kBucket = decltype(bucket)::value;
+      constexpr bool kTerms = decltype(terms)::value;
+      if constexpr (kArch == 75) {  // float16 only (TensorCorePath)
+        return RunJvp<kArch, __half, kBucket, kTerms>(params, stream);
+      } else {
+        return dtype == DType::kBFloat16
+                   ? RunJvp<kArch, __nv_bfloat16, kBucket, kTerms>(params, stream)
+                   : RunJvp<kArch, __half, kBucket, kTerms>(params, stream);
+      }
+    });
   });
 }
-#endif
 
 // Bytes the tensor-core backward needs of the workspace (after delta).
 size_t TensorCoreBwdWorkspaceBytes(const AttentionShape& shape, bool deterministic) {
@@ -326,13 +337,11 @@ KernelPath BwdPath(const BwdParams& params, DType dtype, bool deterministic) {
 }
 
 // The forward-mode derivative: mma.sync on every sm_80+ GPU, Hopper included
-// (no wgmma JVP yet); exact on Turing (no sm75 JVP yet) and for the score
-// terms (a bias, a dense mask, dropout: the sm80 JVP kernel has none yet).
+// (no wgmma JVP yet), and on the Turing family (float16); dense mask and
+// dropout included (kTerms), a bias not (the exact JVP kernel takes it).
 KernelPath JvpPath(const JvpParams& params, DType dtype) {
-  return kHasSm80 && TensorCoresSupport(params, dtype) && !HasScoreTerms(params) &&
-                 RoutingArch() >= 80
-             ? KernelPath::kSm80
-             : KernelPath::kExact;
+  if (!TensorCoresSupport(params, dtype) || params.score.bias != nullptr) return KernelPath::kExact;
+  return TensorCorePath(RoutingArch(), dtype, /*sm90_runs_it=*/false);
 }
 // ===========================================================================
 
@@ -351,9 +360,15 @@ cudaError_t LaunchFwd(const FwdParams& params, DType dtype, cudaStream_t stream)
 }
 
 cudaError_t LaunchJvp(const JvpParams& params, DType dtype, cudaStream_t stream) {
+  switch (JvpPath(params, dtype)) {
 #ifdef JAX_FLASH_HAS_SM80
-  if (JvpPath(params, dtype) == KernelPath::kSm80) return RunJvpSm80(params, dtype, stream);
+    case KernelPath::kSm80: return RunJvpPath<80>(params, dtype, stream);
 #endif
+#ifdef JAX_FLASH_HAS_SM75
+    case KernelPath::kSm75: return RunJvpPath<75>(params, dtype, stream);
+#endif
+    default: break;
+  }
   return ByDType(dtype, [&](auto tag) { return RunExactJvp<decltype(tag)>(params, stream); });
 }
 

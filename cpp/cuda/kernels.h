@@ -55,10 +55,11 @@ cudaError_t RunExactBwd(const BwdParams& params, cudaStream_t stream);
 template <typename T>
 cudaError_t RunExactJvp(const JvpParams& params, cudaStream_t stream);
 
-// RunJvp: the forward-mode derivative on mma.sync (arch path 80 only; T =
-// __nv_bfloat16 or __half), for the options of the sm_80 forward (no bias,
-// dense mask or dropout: those take RunExactJvp). Defined in sm80/jvp.cuh.
-template <int kArch, typename T, int kHeadDim>
+// RunJvp: the forward-mode derivative on mma.sync (arch path 80, T =
+// __nv_bfloat16 or __half; arch path 75, the Turing family, __half), for the
+// options of the mma.sync forward; kTerms as for RunFwd (a dense mask,
+// dropout). A bias takes RunExactJvp. Defined in sm80/jvp.cuh.
+template <int kArch, typename T, int kHeadDim, bool kTerms>
 cudaError_t RunJvp(const JvpParams& params, cudaStream_t stream);
 
 }  // namespace jax_flash::cuda
@@ -76,6 +77,6 @@ cudaError_t RunJvp(const JvpParams& params, cudaStream_t stream);
   template cudaError_t jax_flash::cuda::RunExactBwd<T>(const jax_flash::BwdParams&, cudaStream_t);
 #define JAX_FLASH_INSTANTIATE_EXACT_JVP(T) \
   template cudaError_t jax_flash::cuda::RunExactJvp<T>(const jax_flash::JvpParams&, cudaStream_t);
-#define JAX_FLASH_INSTANTIATE_JVP(kArch, T, kHeadDim)                        \
-  template cudaError_t jax_flash::cuda::RunJvp<kArch, T, kHeadDim>(          \
+#define JAX_FLASH_INSTANTIATE_JVP(kArch, T, kHeadDim, kTerms)                \
+  template cudaError_t jax_flash::cuda::RunJvp<kArch, T, kHeadDim, kTerms>(  \
       const jax_flash::JvpParams&, cudaStream_t);

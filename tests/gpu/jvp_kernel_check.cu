@@ -6,8 +6,10 @@
 //   lse_dot = sum_j P dS,   out_dot = sum_j Pd ((dS - lse_dot) v + v_dot)
 // (Pd: P with the forward's dropout applied, HeadDropout drawn on the host).
 //
-// Every case names the path it must take (exact or sm80, cuda/dispatch.h)
-// and fails if the dispatch picks another. float32/float64: max|x - ref| /
+// Every case names the path it must take (exact, sm80 or sm75,
+// cuda/dispatch.h) and fails if the dispatch picks another. Under
+// JAX_FLASH_FORCE_PATH=sm75 the tensor-core cases run in float16 and must
+// take the Turing family (check::RoutesAsTuring). float32/float64: max|x - ref| /
 // max|ref| within check::ExactTolerance. bf16/fp16: out_dot by the
 // FlashAttention rule, error <= 2 x that of a plain same-dtype
 // implementation (float math, P and P o dS rounded to the dtype as a
@@ -15,8 +17,9 @@
 // atol; lse_dot (float32) within 1e-4 of max|ref|. Outputs are NaN-poisoned;
 // absent tangents are null pointers.
 //
-// Build: tests/gpu/build.sh. Usage: jvp_kernel_check [check|small|bench]
-//   small: tiny cases, for compute-sanitizer; bench: JVP vs forward time.
+// Build: tests/gpu/build.sh. Usage: jvp_kernel_check [check|small|bench|bench_terms]
+//   small: tiny cases, for compute-sanitizer; bench: JVP vs forward time;
+//   bench_terms: the same with dropout 0.1 (both on their kTerms kernels).
 #include <omp.h>
 
 #include <algorithm>
@@ -370,9 +373,16 @@ Dims4 Shape(int64_t a, int64_t b, int64_t c, int64_t d) {
   return s;
 }
 
+// The tensor-core path of this run and the dtype its cases take: sm80 (bf16
+// and fp16), or under JAX_FLASH_FORCE_PATH=sm75 the Turing family (fp16).
+KernelPath TensorCorePath() {
+  return check::RoutesAsTuring() ? KernelPath::kSm75 : KernelPath::kSm80;
+}
+DType TensorCoreDType(DType t) { return check::RoutesAsTuring() ? DType::kFloat16 : t; }
+
 // Exact-kernel cases: every option, every tier (head dims 1..256), tangent
 // subsets. float32/float64 always take the exact kernel; so do bf16/fp16
-// with a bias, dense mask, dropout or a head_dim that is not a multiple of 8.
+// with a bias or a head_dim that is not a multiple of 8.
 void ExactCases(DType t, std::vector<Case>* cases) {
   const KernelPath kExact = KernelPath::kExact;
   Case c = Make("plain", t, 2, 77, 131, 2, 2, 40, kExact);
@@ -408,18 +418,19 @@ void ExactCases(DType t, std::vector<Case>* cases) {
   c.causal = true; c.window_left = 40; c.window_right = 3; c.lengths = true; c.segments = true;
   c.softcap = 3.0; c.bias = Shape(1, 2, 70, 90); c.mask = Shape(2, 2, 70, 90); c.dropout = 0.25;
   cases->push_back(c);
-  // bf16/fp16 without a bias, mask or dropout reach the exact kernel through
-  // a head dim that is not a multiple of 8.
+  // bf16/fp16 without a bias reach the exact kernel through a head dim that
+  // is not a multiple of 8.
   if (t == DType::kBFloat16 || t == DType::kFloat16)
     for (Case& e : *cases)
-      if (e.dtype == t && !e.bias.present() && !e.mask.present() && e.dropout == 0 && e.D % 8 == 0)
-        e.D -= 1;
+      if (e.dtype == t && !e.bias.present() && e.D % 8 == 0) e.D -= 1;
 }
 
-// Tensor-core cases: bf16/fp16, every head-dim bucket, the options the sm80
-// kernel has, odd lengths, tangent subsets.
+// Tensor-core cases: bf16/fp16, every head-dim bucket, the options the
+// mma.sync kernel has (the dense mask and dropout: its kTerms kernels), odd
+// lengths, tangent subsets.
 void TensorCoreCases(DType t, std::vector<Case>* cases) {
-  const KernelPath kSm80 = KernelPath::kSm80;
+  const KernelPath kSm80 = TensorCorePath();  // sm75 under JAX_FLASH_FORCE_PATH=sm75
+  t = TensorCoreDType(t);
   const int64_t dims[] = {32, 64, 96, 128, 192, 256};
   for (int64_t D : dims) cases->push_back(Make("plain", t, 2, 130, 200, 2, 2, D, kSm80));
   Case c = Make("causal GQA D40", t, 2, 150, 140, 4, 2, 40, kSm80);
@@ -440,13 +451,36 @@ void TensorCoreCases(DType t, std::vector<Case>* cases) {
   c = Make("everything tc D192", t, 2, 150, 170, 4, 2, 192, kSm80);
   c.causal = true; c.window_left = 64; c.lengths = true; c.segments = true; c.softcap = 4.0;
   cases->push_back(c);
+  // kTerms: the dense mask (rows that see nothing included) and dropout.
+  c = Make("dense mask(B,1,Sq,Sk) D64", t, 2, 100, 120, 4, 2, 64, kSm80);
+  c.mask = Shape(2, 1, 100, 120);
+  cases->push_back(c);
+  c = Make("dense mask(1,H,Sq,Sk) causal D128", t, 2, 90, 110, 2, 1, 128, kSm80);
+  c.mask = Shape(1, 2, 90, 110); c.causal = true;
+  cases->push_back(c);
+  c = Make("dropout 0.3 D32", t, 2, 100, 90, 4, 2, 32, kSm80);
+  c.dropout = 0.3;
+  cases->push_back(c);
+  c = Make("dropout broadcast, v_dot only D128", t, 2, 60, 75, 2, 1, 128, kSm80);
+  c.dropout = 0.2; c.broadcast_dropout = true; c.tangents = kVDot;
+  cases->push_back(c);
+  c = Make("dropout causal q_dot only D256", t, 2, 90, 100, 2, 2, 256, kSm80);
+  c.dropout = 0.25; c.causal = true; c.tangents = kQDot;
+  cases->push_back(c);
+  c = Make("mask dropout window lengths segments D96", t, 3, 130, 150, 2, 1, 96, kSm80);
+  c.mask = Shape(3, 2, 130, 150); c.dropout = 0.15; c.window_left = 50; c.window_right = 9;
+  c.lengths = true; c.segments = true; c.softcap = 3.0;
+  cases->push_back(c);
+  c = Make("mask(1,1,Sq,Sk) dropout k_dot only D192", t, 2, 70, 80, 2, 2, 192, kSm80);
+  c.mask = Shape(1, 1, 70, 80); c.dropout = 0.1; c.tangents = kKDot;
+  cases->push_back(c);
   // The soft cap runs on tanh.approx.f32 (relative error 2^-11, as in the
   // forward): below float16's rounding of P only by a factor of ~1 at these
   // caps, so the 2x rule against a plain float-math implementation is a
   // bfloat16 test (pytest's plain float16 rounds the logits too).
   if (t == DType::kFloat16)
     for (Case& e : *cases)
-      if (e.dtype == t && e.expect == kSm80) e.softcap = 0.0;
+      if (e.dtype == t && e.expect != KernelPath::kExact) e.softcap = 0.0;
 }
 
 std::vector<Case> SmallCases() {
@@ -458,18 +492,26 @@ std::vector<Case> SmallCases() {
   c = Make("small f64 window", DType::kFloat64, 2, 9, 20, 2, 2, 72, KernelPath::kExact);
   c.window_left = 3; c.window_right = 2; c.tangents = kQDot | kVDot;
   cases.push_back(c);
-  c = Make("small tc", DType::kBFloat16, 2, 70, 45, 2, 1, 64, KernelPath::kSm80);
-  c.causal = true; c.lengths = true; c.segments = true; c.softcap = 2.0;
+  const KernelPath tc = TensorCorePath();
+  c = Make("small tc", TensorCoreDType(DType::kBFloat16), 2, 70, 45, 2, 1, 64, tc);
+  c.causal = true; c.lengths = true; c.segments = true;
+  c.softcap = check::RoutesAsTuring() ? 0.0 : 2.0;  // float16: see TensorCoreCases
   cases.push_back(c);
-  c = Make("small tc D256 one stage", DType::kFloat16, 1, 20, 40, 2, 2, 256, KernelPath::kSm80);
+  c = Make("small tc D256 one stage", DType::kFloat16, 1, 20, 40, 2, 2, 256, tc);
+  cases.push_back(c);
+  c = Make("small tc mask dropout", DType::kFloat16, 2, 40, 50, 2, 1, 32, tc);
+  c.causal = true; c.mask = Shape(2, 1, 40, 50); c.dropout = 0.25;
   cases.push_back(c);
   return cases;
 }
 
-// JVP time against the forward's, bf16, same problem (B * S = 16k tokens,
-// H * D = 2048). TFLOP/s counts the JVP's five GEMMs of 2 S^2 D flops per
-// head (the forward has two), halved when causal, as FlashAttention counts.
-void Bench() {
+// JVP time against the forward's, bf16 (float16 under
+// JAX_FLASH_FORCE_PATH=sm75), same problem (B * S = 16k tokens, H * D =
+// 2048); dropout > 0: both with that dropout rate (their kTerms kernels).
+// TFLOP/s counts the JVP's five GEMMs of 2 S^2 D flops per head (the
+// forward has two), halved when causal, as FlashAttention counts.
+template <typename T>
+void Bench(DType dtype, double dropout) {
   for (int64_t D : {64, 128})
     for (int64_t S : {1024, 4096})
       for (bool causal : {false, true}) {
@@ -477,25 +519,30 @@ void Bench() {
         const size_t n = B * S * H * D;
         std::mt19937_64 rng(7);
         std::vector<double> unused;
-        DeviceArray<__nv_bfloat16> q(n), k(n), v(n), qd(n), kd(n), vd(n), out(n), out_dot(n);
+        DeviceArray<T> q(n), k(n), v(n), qd(n), kd(n), vd(n), out(n), out_dot(n);
         DeviceArray<float> lse(B * H * S), lse_dot(B * H * S);
-        for (auto* a : {&q, &k, &v, &qd, &kd, &vd})
-          a->Upload(RandomTensor<__nv_bfloat16>(n, rng, &unused));
+        for (auto* a : {&q, &k, &v, &qd, &kd, &vd}) a->Upload(RandomTensor<T>(n, rng, &unused));
+        DeviceArray<uint32_t> keys(2);
+        keys.Upload(std::vector<uint32_t>{12345u, 678u});
         JvpParams p;
         p.shape = AttentionShape{B, S, S, H, H, D};
         p.mask.causal = causal;
+        p.dropout.rate = dropout;
+        p.dropout.key_batch = 1;
+        p.dropout.keys = keys.ptr;
         p.score.scale = 1.0 / std::sqrt(double(D));
         p.q = q.ptr; p.k = k.ptr; p.v = v.ptr; p.out = out.ptr; p.lse = lse.ptr;
         p.q_dot = qd.ptr; p.k_dot = kd.ptr; p.v_dot = vd.ptr;
         p.out_dot = out_dot.ptr; p.lse_dot = lse_dot.ptr;
         p.q_strides = p.k_strides = p.v_strides = p.out_strides = p.q_dot_strides =
             p.k_dot_strides = p.v_dot_strides = p.out_dot_strides = SeqStrides::Contiguous(S, H, D);
-        const float fwd = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchFwd(p, DType::kBFloat16, nullptr)); }, 20);
-        const float jvp = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchJvp(p, DType::kBFloat16, nullptr)); }, 20);
+        const float fwd = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchFwd(p, dtype, nullptr)); }, 20);
+        const float jvp = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchJvp(p, dtype, nullptr)); }, 20);
         const double flops = 10.0 * B * H * double(S) * S * D * (causal ? 0.5 : 1.0);
-        std::printf("bf16 D%lld S%lld causal=%d  fwd %.3f ms  jvp %.3f ms (%s)  jvp/fwd %.2f  "
-                    "jvp %.0f TFLOP/s\n", (long long)D, (long long)S, causal, fwd, jvp,
-                    check::PathName(cuda::JvpPath(p, DType::kBFloat16)), jvp / fwd,
+        std::printf("%s D%lld S%lld causal=%d dropout=%.2f  fwd %.3f ms  jvp %.3f ms (%s)  "
+                    "jvp/fwd %.2f  jvp %.0f TFLOP/s\n", check::DTypeName(dtype), (long long)D,
+                    (long long)S, causal, dropout, fwd, jvp,
+                    check::PathName(cuda::JvpPath(p, dtype)), jvp / fwd,
                     flops / (jvp * 1e-3) / 1e12);
         std::fflush(stdout);
       }
@@ -506,8 +553,10 @@ void Bench() {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "check";
   check::PrintDevice();
-  if (mode == "bench") {
-    Bench();
+  if (mode == "bench" || mode == "bench_terms") {
+    const double dropout = mode == "bench_terms" ? 0.1 : 0.0;
+    if (check::RoutesAsTuring()) Bench<__half>(DType::kFloat16, dropout);
+    else Bench<__nv_bfloat16>(DType::kBFloat16, dropout);
     return 0;
   }
   std::vector<Case> cases;

@@ -63,9 +63,13 @@ if has kernels; then
     compute-sanitizer --tool racecheck --error-exitcode 9 "$build/tc_kernel_check" small \
         > "$LOG_DIR/tc_racecheck.log" 2>&1 || status=1
     grep SUMMARY "$LOG_DIR/tc_racecheck.log"
-    # The forward-mode derivative: exact and sm80 JVP kernels.
+    # The forward-mode derivative: exact and sm80 JVP kernels, then the
+    # Turing family's (float16, compute_75 code JIT-compiled for this GPU).
     "$build/jvp_kernel_check" check > "$LOG_DIR/jvp_check.log" 2>&1 || status=1
     tail -n 1 "$LOG_DIR/jvp_check.log"
+    JAX_FLASH_FORCE_PATH=sm75 "$build/jvp_kernel_check" check > "$LOG_DIR/jvp_check_sm75.log" \
+        2>&1 || status=1
+    tail -n 1 "$LOG_DIR/jvp_check_sm75.log"
     for tool in memcheck racecheck; do
       compute-sanitizer --tool $tool --error-exitcode 9 "$build/jvp_kernel_check" small \
           > "$LOG_DIR/jvp_$tool.log" 2>&1 || status=1

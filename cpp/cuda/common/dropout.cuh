@@ -123,6 +123,33 @@ __device__ __forceinline__ void DropoutRows(float (&x)[kNTiles][4], const HeadDr
   DropoutRows(reinterpret_cast<float(&)[1][kNTiles][4]>(x), d, row0, n0, g, t, scale);
 }
 
+// The JVP's two fragments of one m-tile (sm80/jvp.cuh: P and P o dS, queries
+// x keys) dropped with the same keep bits, from one Philox call per 8
+// elements: x = kept ? x : 0, y likewise (1 / (1 - rate) goes into the
+// epilogue, as in the forwards).
+template <int kNTiles>
+__device__ __forceinline__ void DropoutRowsPair(float (&x)[kNTiles][4], float (&y)[kNTiles][4],
+                                                const HeadDropout& d, int64_t row0, int64_t n0,
+                                                int g, int t) {
+  static_assert(kNTiles % 2 == 0, "dropout works on 16-column blocks");
+#pragma unroll
+  for (int nb = 0; nb < kNTiles / 2; ++nb) {
+    const uint32_t bits = KeepBitsRows(d, row0, n0 + 16 * nb, g, t);
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const bool kept = (bits >> ((2 * a + b) * 2 + c)) & 1u;
+          float& ex = x[2 * nb + b][2 * a + c];
+          float& ey = y[2 * nb + b][2 * a + c];
+          ex = kept ? ex : 0.f;
+          ey = kept ? ey : 0.f;
+        }
+  }
+}
+
 // Keys x queries orientation (S^T, dP^T of one warp: keys key0 + g (+ 8),
 // queries m0 + 8 nt + 2t + c): the keep bits of the warp's kQTiles / 2
 // blocks, one byte each, for ApplyKeepT.

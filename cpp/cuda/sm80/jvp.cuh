@@ -13,8 +13,18 @@
 // (common/fragment.cuh). K, K_dot, V, V_dot stream through a cp.async
 // pipeline of JvpTile::stages stages. Absent (zero) tangents skip their loads
 // and GEMMs (uniform branches). Options: those of the sm80 forward (causal,
-// window, lengths, segments, soft cap, GQA); bias, dense mask and dropout
-// take the exact kernel (cuda/dispatch.cu).
+// window, lengths, segments, soft cap, GQA; a bias takes the exact kernel,
+// cuda/dispatch.cu). kTerms, as in the forward, adds the per-element terms
+// in an instantiation of its own, so the plain kernel's code stays as it is:
+//   - dense mask: MaskFragmentElementwise on P and P o dS (0 where hidden);
+//   - dropout, with the forward's keep mask Z: out = (Z o P) V / (1 - rate),
+//     so d out = (Z o dP) V / (1 - rate) + (Z o P) V_dot / (1 - rate) with
+//     dP = P o (dS - lse_dot): lse_dot = rowsum(P o dS) takes P itself,
+//     the two GEMMs take Z o P and Z o (P o dS), and 1 / (1 - rate) goes
+//     onto acc before the epilogue, whose lse_dot o out already holds it
+//     (as cpu/flash_jvp.cc).
+// kArch 75: the Turing family's tiles (kTuringJvpTiles), compiled for
+// compute_75 like the forward (copy.cuh and mma.cuh take their sm_75 forms).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,6 +33,7 @@
 #include <cstdint>
 
 #include "cuda/common/copy.cuh"
+#include "cuda/common/dropout.cuh"
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/math.cuh"
 #include "cuda/common/score.cuh"
@@ -37,10 +48,10 @@
 
 namespace jax_flash::cuda::sm80 {
 
-template <int kHeadDim_>
+template <int kHeadDim_, int kArch = 80>
 struct JvpTraits {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr JvpTile kTile = JvpTileFor(kHeadDim);  // sm80/tile_size.h
+  static constexpr JvpTile kTile = JvpTileFor(kHeadDim, kArch);  // sm80/tile_size.h
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
@@ -57,6 +68,7 @@ struct JvpTraits {
   static_assert(kBlockM > 0, "no sm80 JVP tile for this head-dim bucket (sm80/tile_size.h)");
   static_assert(kStages == 1 || kStages == 2, "one or two pipeline stages");
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0);
+  static_assert(kSmemBytes <= MaxSmemBytes(kArch), "tile exceeds the arch's shared memory");
 };
 
 // Per-launch constants, computed once on the host.
@@ -89,7 +101,7 @@ __device__ __forceinline__ GmemRows<T> TangentRows(const void* tangent, const Se
   return GmemRows<T>::Head(tangent, strides, b, h, rows, cols);
 }
 
-template <typename T, typename Traits>
+template <typename T, typename Traits, bool kTerms>
 __global__ void __launch_bounds__(Traits::kThreads)
     JvpKernel(const __grid_constant__ JvpArgs args) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
@@ -111,7 +123,11 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const int64_t m0 = tile.m_block * kBlockM;
   const int64_t seqlen_q = p.shape.seqlen_q, seqlen_k = p.shape.seqlen_k;
   const int head_dim = static_cast<int>(p.shape.head_dim);
-  const BatchMask mask = BatchMask::For(p.mask, b, seqlen_q, seqlen_k);
+  // With kTerms: this head's view of the dense mask, and its dropout stream.
+  const BatchMask mask = kTerms ? BatchMask::For(p.mask, b, h, seqlen_q, seqlen_k)
+                                : BatchMask::For(p.mask, b, seqlen_q, seqlen_k);
+  const HeadDropout dropout =
+      kTerms ? HeadDropout::For(p.dropout, p.shape.batch, b, h) : HeadDropout{};
 
   const GmemRows<T> q = GmemRows<T>::Head(p.q, p.q_strides, b, h, seqlen_q, head_dim);
   const GmemRows<T> k = GmemRows<T>::Head(p.k, p.k_strides, b, h_kv, seqlen_k, head_dim);
@@ -237,9 +253,12 @@ __global__ void __launch_bounds__(Traits::kThreads)
         ds[nt][r] *= dx;
       }
     const int64_t n0 = n * kBlockN;
-    if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN)) {
-      // Hidden keys give exactly 0, by a select: their logits may be NaN (a
-      // NaN in a key this row cannot see) or P may have overflowed.
+    // Hidden keys give exactly 0, by a select: their logits may be NaN (a
+    // NaN in a key this row cannot see) or P may have overflowed.
+    if (kTerms && mask.HasElementwiseTerms()) {  // a dense mask: every tile
+      MaskFragmentElementwise<Rows::kQueries>(s, mask, m0 + warp_row0, n0, g, t, 0.f);
+      MaskFragmentElementwise<Rows::kQueries>(ds, mask, m0 + warp_row0, n0, g, t, 0.f);
+    } else if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN)) {
       MaskFragment<Rows::kQueries>(s, mask, m0 + warp_row0, n0, g, t, 0.f);
       MaskFragment<Rows::kQueries>(ds, mask, m0 + warp_row0, n0, g, t, 0.f);
     }
@@ -250,6 +269,10 @@ __global__ void __launch_bounds__(Traits::kThreads)
         ds[nt][r] *= s[nt][r];  // P o dS
         lse_dot[r / 2] += ds[nt][r];
       }
+    if constexpr (kTerms) {
+      // lse_dot took P itself; the GEMMs take Z o P and Z o (P o dS).
+      if (dropout.enabled) DropoutRowsPair(s, ds, dropout, m0 + warp_row0, n0, g, t);
+    }
 
     // ---- acc += (P o dS) V + P V_dot (A operands from registers) -------------
 #pragma unroll
@@ -282,6 +305,15 @@ __global__ void __launch_bounds__(Traits::kThreads)
   }
 
   // ---- epilogue: lse_dot, out_dot = acc - lse_dot o out -----------------------
+  if constexpr (kTerms) {
+    if (dropout.enabled) {
+      const float keep_scale = static_cast<float>(p.dropout.keep_scale());
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[dt][r] *= keep_scale;
+    }
+  }
   const T* out = static_cast<const T*>(p.out) + p.out_strides.offset(b, 0, h);
   T* out_dot = static_cast<T*>(p.out_dot) + p.out_dot_strides.offset(b, 0, h);
 #pragma unroll
@@ -306,16 +338,17 @@ __global__ void __launch_bounds__(Traits::kThreads)
   }
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kTerms, int kArch = 80>
 cudaError_t LaunchJvp(const JvpParams& params, cudaStream_t stream) {
-  using Traits = JvpTraits<kHeadDim>;
+  using Traits = JvpTraits<kHeadDim, kArch>;
   const AttentionShape& shape = params.shape;
   if (shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
+  if (HasScoreTerms(params) != kTerms) return cudaErrorInvalidValue;
   const int64_t m_blocks = CeilDiv(shape.seqlen_q, Traits::kBlockM);
   if (m_blocks == 0 || shape.num_heads_q == 0 || shape.batch == 0) return cudaSuccess;
   if (shape.num_heads_q > 65535 || shape.batch > 65535 || m_blocks > INT32_MAX)
     return cudaErrorInvalidConfiguration;
-  auto kernel = JvpKernel<T, Traits>;
+  auto kernel = JvpKernel<T, Traits, kTerms>;
   // Not a stream operation: allowed while XLA captures a command buffer.
   const cudaError_t err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Traits::kSmemBytes));
@@ -329,10 +362,11 @@ cudaError_t LaunchJvp(const JvpParams& params, cudaStream_t stream) {
 
 namespace jax_flash::cuda {
 
-template <int kArch, typename T, int kHeadDim>
+template <int kArch, typename T, int kHeadDim, bool kTerms>
 cudaError_t RunJvp(const JvpParams& params, cudaStream_t stream) {
-  static_assert(kArch == 80, "the JVP has one tensor-core arch path: 80 (mma.sync)");
-  return sm80::LaunchJvp<T, kHeadDim>(params, stream);
+  static_assert(kArch == 75 || kArch == 80,
+                "the JVP's tensor-core arch paths: 75 (mma.sync, Turing), 80 (mma.sync)");
+  return sm80::LaunchJvp<T, kHeadDim, kTerms, kArch>(params, stream);
 }
 
 }  // namespace jax_flash::cuda

@@ -120,7 +120,23 @@ inline constexpr JvpTile kJvpTiles[] = {
     {128, 64, 32, 2}, {192, 64, 16, 2}, {256, 64, 16, 2},
 };
 
-constexpr JvpTile JvpTileFor(int head_dim) {
+// The Turing family's (64 KiB per CTA; every copy dividing evenly among the
+// threads): two stages where they fit, else one (and fewer rows above 128).
+// Shared memory 2 x (2 BM + 4 BN stages) x (D + 8) bytes: 51200, 55296,
+// 53248, 52224, 51200, 50688.
+inline constexpr JvpTile kTuringJvpTiles[] = {
+    {32, 64, 64, 2}, {64, 64, 32, 2}, {96, 64, 32, 1},
+    {128, 64, 16, 1}, {192, 32, 16, 1}, {256, 16, 16, 1},
+};
+
+// The row of a compiled bucket for arch path 80 or 75; zeros (rejected by
+// JvpTraits' static_asserts) for any other head dim.
+constexpr JvpTile JvpTileFor(int head_dim, int arch = 80) {
+  if (arch < 80) {
+    for (const JvpTile& t : kTuringJvpTiles)
+      if (t.head_dim == head_dim) return t;
+    return JvpTile{};
+  }
   for (const JvpTile& t : kJvpTiles)
     if (t.head_dim == head_dim) return t;
   return JvpTile{};
