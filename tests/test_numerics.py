@@ -27,6 +27,7 @@ SHAPES = [
     (2, 65, 130, 3, 1, 64),
     (1, 33, 70, 2, 2, 256),
     (1, 70, 90, 2, 1, 120),  # the 128 bucket, padded (on Hopper: the wgmma forward)
+    (1, 90, 140, 2, 1, 176),  # the 192 bucket, padded (on Hopper: two 96-key blocks)
 ]
 
 OPTIONS = {
