@@ -55,8 +55,9 @@ OPTIONS = {
 }
 
 
-def run_flash(inputs, opts, dtype):
-  """(out, lse, dq, dk, dv[, dbias]) from jax_flash, under jit, in `dtype`."""
+def run_flash(inputs, opts, dtype, **extra):
+  """(out, lse, dq, dk, dv[, dbias]) from jax_flash, under jit, in `dtype`;
+  `extra`: more keyword arguments of flash_attention (deterministic)."""
   q, k, v, dout = (jnp.asarray(x, dtype) for x in (inputs.q, inputs.k, inputs.v, inputs.dout))
   kwargs = opts.kwargs(inputs)
   bias = opts.bias(inputs)
@@ -65,7 +66,8 @@ def run_flash(inputs, opts, dtype):
   @jax.jit
   def fwd_bwd(q, k, v, bias, dout):
     def f(q, k, v, bias):
-      return jax_flash.flash_attention(q, k, v, bias=bias, return_residual=True, **kwargs)
+      return jax_flash.flash_attention(q, k, v, bias=bias, return_residual=True, **kwargs,
+                                       **extra)
     (out, lse), vjp = jax.vjp(f, q, k, v, bias)
     grads = vjp((dout, jnp.zeros_like(lse)))
     return (out, lse) + tuple(g for g in grads if g is not None)
@@ -73,9 +75,9 @@ def run_flash(inputs, opts, dtype):
   return fwd_bwd(q, k, v, bias, dout)
 
 
-def check_against_reference(inputs, opts, dtype, check_grads=True):
+def check_against_reference(inputs, opts, dtype, check_grads=True, **extra):
   mask = visible_mask(opts, inputs)
-  got = run_flash(inputs, opts, dtype)
+  got = run_flash(inputs, opts, dtype, **extra)
   f64 = lambda x: None if x is None else jnp.asarray(x, jnp.float64)
   ref = attention_and_grads(f64(inputs.q), f64(inputs.k), f64(inputs.v), f64(inputs.dout), mask,
                             opts, bias=f64(opts.bias(inputs)))
@@ -181,10 +183,15 @@ def test_extra_batch_dimensions(backend):
   np.testing.assert_array_equal(np.asarray(out), np.asarray(flat).reshape(out.shape))
 
 
-@pytest.mark.parametrize("terms", [False, True], ids=["plain", "mask_dropout"])
-def test_deterministic_gradients(backend, terms):
-  rng = np.random.default_rng(13)
-  inputs = make_inputs(rng, 2, 130, 130, 4, 2, 64)
+# Head dims of four buckets (on Hopper: the wgmma dK/dV kernels without dQ,
+# both layouts, then the wgmma dQ kernel), and a dense mask with dropout (on a
+# GPU: the mma.sync kernels' kTerms variant).
+@pytest.mark.parametrize("head_dim,terms", [(64, False), (80, False), (176, False), (256, False),
+                                            (64, True)],
+                         ids=["d64", "d80", "d176", "d256", "d64_mask_dropout"])
+def test_deterministic_gradients(backend, head_dim, terms):
+  rng = np.random.default_rng(13 + head_dim)
+  inputs = make_inputs(rng, 2, 130, 130, 4, 2, head_dim)
   q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in (inputs.q, inputs.k, inputs.v))
   kwargs = {}
   if terms:  # a dense mask and dropout (on a GPU: the tensor-core kernels' other variant)
@@ -196,6 +203,8 @@ def test_deterministic_gradients(backend, terms):
   first, second = grad(q, k, v), grad(q, k, v)
   for a, b in zip(first, second):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+  if not terms:
+    check_against_reference(inputs, OPTIONS["causal"], jnp.bfloat16, deterministic=True)
 
 
 def test_tolerance_catches_a_one_percent_scale_error(backend):
