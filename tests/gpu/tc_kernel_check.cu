@@ -560,7 +560,13 @@ int main(int argc, char** argv) {
     }
     c = Case{1, 200, 200, 2, 2, 256}; c.softcap = 4.f; c.causal = true; c.bf16 = false; cases.push_back(c);
     c = Case{2, 1, 700, 4, 1, 192}; cases.push_back(c);  // one query row, many key blocks
-    c = Case{1, 300, 1, 2, 1, 256}; cases.push_back(c);   // one key
+    // One key (P = 1: dS, dQ and dK must come out 0 up to the D-vs-dP
+    // rounding, cpp/cuda/NOTES.md) and one query, both modes, D 192 and 256.
+    for (int D : {192, 256})
+      for (bool det : {false, true}) {
+        c = Case{1, 300, 1, 2, 1, D}; c.det = det; cases.push_back(c);
+        if (D == 256 || det) { c = Case{2, 1, 700, 4, 1, D}; c.det = det; cases.push_back(c); }
+      }
     c = Case{2, 77, 0, 2, 2, 192}; cases.push_back(c);    // no keys: out 0, lse -inf, dq 0
     // The deterministic backward (Hopper: the wgmma dK/dV without dQ, then
     // the wgmma dQ kernel), every bucket, bitwise reproducible.

@@ -146,13 +146,17 @@ BwdParams ChunkParams(const BwdParams& p, const AttentionShape& sub, int64_t b0,
   return c;
 }
 
-// Bytes of lse2 and dq_accum for the bucket's kernels.
+// Bytes of lse2 and dq_accum for the bucket's kernels. The fast mode takes
+// the larger of its own layout and the deterministic one's: on Hopper it runs
+// the deterministic structure above D = 128 (bwd/run.cuh, SeparateDq), and
+// the size is fixed before the GPU is known.
 template <int kHeadDim>
 size_t Lse2AndDqAccumBytes(const AttentionShape& shape, bool deterministic) {
   if (deterministic) return Lse2Bytes(shape);
   const AttentionShape chunk = ChunkShape(shape, ChunkFor<kHeadDim>(shape), 0, 0);
   const size_t rows = static_cast<size_t>(chunk.batch * chunk.num_heads_q * chunk.seqlen_q);
-  return Lse2Bytes(chunk) + sizeof(float) * rows * DqAccumLayout<kHeadDim>::kRowFloats;
+  const size_t fast = Lse2Bytes(chunk) + sizeof(float) * rows * DqAccumLayout<kHeadDim>::kRowFloats;
+  return fast > Lse2Bytes(shape) ? fast : Lse2Bytes(shape);
 }
 
 }  // namespace jax_flash::cuda
