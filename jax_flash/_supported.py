@@ -29,19 +29,23 @@ CUDA_HEAD_DIM_BUCKETS = (32, 64, 96, 128, 192, 256)
 CUDA_TENSOR_CORE_DTYPES = ("bfloat16", "float16")
 
 # Head-dim buckets with a Hopper (sm_90a, wgmma) forward; on Hopper the other
-# buckets run the sm_80 tensor-core kernels.
-CUDA_SM90_FWD_BUCKETS = (64, 128)
+# buckets run the sm_80 tensor-core kernels. 96, 192 and 256 run
+# sm90/fwd.cuh, loading Q, K and V through TMA (tile shapes:
+# cpp/cuda/sm90/tile_size.h).
+CUDA_SM90_FWD_BUCKETS = (64, 96, 128, 192, 256)
 # Of those, the buckets whose forward is the warp-specialized pipeline
 # (cpp/cuda/sm90/fwd_ws.cuh: TMA producer, ping-pong consumers, persistent
 # grid); the others run sm90/fwd.cuh. D=64 ran on mma.sync before: the wgmma
 # forward without warp specialization measured 269-281 TFLOP/s against
 # 315-323 (H100, cpp/cuda/NOTES.md). Not yet timed on a GPU.
 CUDA_SM90_FWD_WS_BUCKETS = (64, 128)
-# Buckets with a Hopper backward (all five GEMMs on wgmma; the fast mode only,
-# deterministic=True keeps the sm_80 kernels). H100, kernel alone, bf16,
-# S 4k-16k: 219-302 TFLOP/s at D=64 and 242-363 at D=128 against 210-229 and
-# 217-232 for mma.sync (cpp/cuda/NOTES.md).
-CUDA_SM90_BWD_BUCKETS = (64, 128)
+# Buckets with a Hopper backward, both modes (all GEMMs on wgmma;
+# deterministic=True: the dK/dV kernel without dQ, then a wgmma dQ kernel
+# over query blocks). H100, kernel alone, bf16, S 4k-16k, fast mode: 219-302
+# TFLOP/s at D=64 and 242-363 at D=128 against 210-229 and 217-232 for
+# mma.sync (cpp/cuda/NOTES.md). Above 128 the warpgroups split the head dim
+# (cpp/cuda/sm90/mainloop_bwd_wide.cuh).
+CUDA_SM90_BWD_BUCKETS = (64, 96, 128, 192, 256)
 
 # The Turing family (sm_75, e.g. T4): the mma.sync kernels with tiles for 64 KiB
 # of shared memory, m16n8k8 and synchronous copies, compiled for compute_75 (so

@@ -27,6 +27,7 @@ SHAPES = [
     (2, 65, 130, 3, 1, 64),
     (1, 33, 70, 2, 2, 256),
     (1, 70, 90, 2, 1, 120),  # the 128 bucket, padded (on Hopper: the wgmma forward)
+    (1, 90, 140, 2, 1, 176),  # the 192 bucket, padded (on Hopper: two 96-key blocks)
 ]
 
 OPTIONS = {
@@ -58,8 +59,9 @@ OPTIONS = {
 }
 
 
-def run_flash(inputs, opts, dtype):
-  """(out, lse, dq, dk, dv[, dbias]) from jax_flash, under jit, in `dtype`."""
+def run_flash(inputs, opts, dtype, **extra):
+  """(out, lse, dq, dk, dv[, dbias]) from jax_flash, under jit, in `dtype`;
+  `extra`: more keyword arguments of flash_attention (deterministic)."""
   q, k, v, dout = (jnp.asarray(x, dtype) for x in (inputs.q, inputs.k, inputs.v, inputs.dout))
   kwargs = opts.kwargs(inputs)
   bias = opts.bias(inputs)
@@ -68,7 +70,8 @@ def run_flash(inputs, opts, dtype):
   @jax.jit
   def fwd_bwd(q, k, v, bias, dout):
     def f(q, k, v, bias):
-      return jax_flash.flash_attention(q, k, v, bias=bias, return_residual=True, **kwargs)
+      return jax_flash.flash_attention(q, k, v, bias=bias, return_residual=True, **kwargs,
+                                       **extra)
     (out, lse), vjp = jax.vjp(f, q, k, v, bias)
     grads = vjp((dout, jnp.zeros_like(lse)))
     return (out, lse) + tuple(g for g in grads if g is not None)
@@ -76,9 +79,9 @@ def run_flash(inputs, opts, dtype):
   return fwd_bwd(q, k, v, bias, dout)
 
 
-def check_against_reference(inputs, opts, dtype, check_grads=True):
+def check_against_reference(inputs, opts, dtype, check_grads=True, **extra):
   mask = visible_mask(opts, inputs)
-  got = run_flash(inputs, opts, dtype)
+  got = run_flash(inputs, opts, dtype, **extra)
   f64 = lambda x: None if x is None else jnp.asarray(x, jnp.float64)
   ref = attention_and_grads(f64(inputs.q), f64(inputs.k), f64(inputs.v), f64(inputs.dout), mask,
                             opts, bias=f64(opts.bias(inputs)))
@@ -200,17 +203,24 @@ def test_extra_batch_dimensions(backend):
   np.testing.assert_array_equal(np.asarray(out), np.asarray(flat).reshape(out.shape))
 
 
-@pytest.mark.parametrize("terms", ["plain", "mask_dropout", "bias", "bias_broadcast"])
-def test_deterministic_gradients(backend, terms):
-  rng = np.random.default_rng(13)
-  inputs = make_inputs(rng, 2, 130, 130, 4, 2, 64)
+# Head dims of four buckets (on Hopper: the wgmma dK/dV kernels without dQ,
+# both layouts, then the wgmma dQ kernel); a dense mask with dropout and a
+# bias (on a GPU: the mma.sync kernels' kTerms variant): a full bias gets
+# dbias from one writer per element; one broadcast over the batch sums over
+# CTAs, so it runs on the exact kernels on a GPU.
+@pytest.mark.parametrize("head_dim,terms", [(64, "plain"), (80, "plain"), (176, "plain"),
+                                            (256, "plain"), (64, "mask_dropout"), (64, "bias"),
+                                            (64, "bias_broadcast")],
+                         ids=["d64", "d80", "d176", "d256", "d64_mask_dropout", "d64_bias",
+                              "d64_bias_broadcast"])
+def test_deterministic_gradients(backend, head_dim, terms):
+  rng = np.random.default_rng(13 + head_dim)
+  inputs = make_inputs(rng, 2, 130, 130, 4, 2, head_dim)
   q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in (inputs.q, inputs.k, inputs.v))
   kwargs = {}
-  if terms == "mask_dropout":  # on a GPU: the tensor-core kernels' other variant
+  if terms == "mask_dropout":
     kwargs = dict(mask=jnp.asarray(rng.random((2, 4, 130, 130)) > 0.3),
                   dropout_rate=0.1, dropout_rng=jax.random.key(1))
-  # A full bias: dbias by the tensor cores' one writer per element; one
-  # broadcast over the batch: summed over CTAs, so the exact kernels on a GPU.
   bias_shape = {"bias": (2, 4, 130, 130), "bias_broadcast": (1, 4, 1, 130)}.get(terms, (1,))
   bias = jnp.asarray(rng.standard_normal(bias_shape), jnp.float32)
   if terms.startswith("bias"):
@@ -221,6 +231,8 @@ def test_deterministic_gradients(backend, terms):
   first, second = grad(q, k, v, bias), grad(q, k, v, bias)
   for a, b in zip(first, second):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+  if terms == "plain":
+    check_against_reference(inputs, OPTIONS["causal"], jnp.bfloat16, deterministic=True)
 
 
 def test_tolerance_catches_a_one_percent_scale_error(backend):

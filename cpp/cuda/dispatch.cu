@@ -7,7 +7,7 @@
 //                    buckets, every sm_80+ GPU
 //   sm90    (sm90/)  the same on wgmma and TMA, on Hopper when the build has
 //                    sm_90a code: the forward of CUDA_SM90_FWD_BUCKETS and the
-//                    fast backward of CUDA_SM90_BWD_BUCKETS
+//                    backward (both modes) of CUDA_SM90_BWD_BUCKETS
 //   sm75    (sm80/ compiled for compute_75) float16 on Turing (T4, RTX 20xx):
 //                    the mma.sync kernels with m16n8k8, synchronous copies and
 //                    tiles for 64 KiB of shared memory; bfloat16 runs exact there
@@ -323,8 +323,8 @@ KernelPath FwdPath(const FwdParams& params, DType dtype) {
                             InSm90FwdBuckets(HeadDimBucket(params.shape.head_dim)));
 }
 
-// kSm90 runs its dK/dV on the sm_80 kernel where TMA cannot address Q or dO
-// (bwd/run.cuh).
+// kSm90 runs on the sm_80 kernels where TMA cannot address Q, dO, K or V
+// (fwd.cuh, bwd/run.cuh).
 KernelPath BwdPath(const BwdParams& params, DType dtype, bool deterministic) {
   if (!TensorCoresSupport(params, dtype)) return KernelPath::kExact;
   // A reproducible dbias summed over CTAs needs a fixed-order reduction the
@@ -332,7 +332,7 @@ KernelPath BwdPath(const BwdParams& params, DType dtype, bool deterministic) {
   if (deterministic && params.score.bias != nullptr && !DbiasHasOneWriter(params))
     return KernelPath::kExact;
   return TensorCorePath(RoutingArch(), dtype,
-                        !deterministic && Sm90Supports(params) &&
+                        Sm90Supports(params) &&
                             InSm90BwdBuckets(HeadDimBucket(params.shape.head_dim)));
 }
 
@@ -393,7 +393,7 @@ cudaError_t LaunchBwd(const BwdParams& params, DType dtype, void* workspace, boo
                DeltaBytes(p.shape, dtype == DType::kFloat64 ? sizeof(double) : sizeof(float));
   switch (BwdPath(p, dtype, deterministic)) {
 #ifdef JAX_FLASH_HAS_SM80
-    case KernelPath::kSm90: return RunBwdPath<90>(p, dtype, rest, false, stream);
+    case KernelPath::kSm90: return RunBwdPath<90>(p, dtype, rest, deterministic, stream);
     case KernelPath::kSm80: return RunBwdPath<80>(p, dtype, rest, deterministic, stream);
 #endif
 #ifdef JAX_FLASH_HAS_SM75

@@ -40,10 +40,12 @@ cudaError_t RunFwd(const FwdParams& params, cudaStream_t stream) {
       const cudaError_t err = sm90::LaunchFwdWs<T, kHeadDim>(params, stream);
       if (err != cudaErrorNotSupported) return err;
     }
-    return sm90::LaunchFwd<T, kHeadDim>(params, stream);
-  } else {
-    return sm80::LaunchFwd<T, kHeadDim, kTerms, kArch>(params, stream);
+    // sm90/fwd.cuh declines (cudaErrorNotSupported) where its TMA loads
+    // cannot address Q, K or V; the sm_80 kernel runs then.
+    const cudaError_t err = sm90::LaunchFwd<T, kHeadDim>(params, stream);
+    if (err != cudaErrorNotSupported) return err;
   }
+  return sm80::LaunchFwd<T, kHeadDim, kTerms, /*kArch=*/kArch == 90 ? 80 : kArch>(params, stream);
 }
 
 }  // namespace jax_flash::cuda

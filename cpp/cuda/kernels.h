@@ -29,7 +29,7 @@ cudaError_t RunFwd(const FwdParams& params, cudaStream_t stream);
 // RunBwd writes dq, dk, dv (and params.delta = rowsum(dout * out));
 // `workspace`: Lse2AndDqAccumBytes<kHeadDim>(...) bytes (bwd/workspace.h),
 // 256-byte aligned. deterministic = true: bitwise reproducible (dQ by a pass
-// parallel over query blocks, no atomics); arch path 90 is the fast mode only.
+// parallel over query blocks, no atomics).
 template <int kArch, typename T, int kHeadDim, bool kTerms>
 cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
                    cudaStream_t stream);

@@ -584,6 +584,18 @@ int main(int argc, char** argv) {
     Case l{1, 65, 100, 4, 1, 128}; l.det = true; l.bias = BiasKind::kAlibi; l.dropout = 0.25;
     ok &= RunCase(l, 10);
     Case m{2, 50, 70, 2, 2, 64}; m.bias = BiasKind::kRow; m.softcap = 5; ok &= RunCase(m, 11);
+    {  // a scope of their own: the names above are taken
+      // Hopper: every bucket's wgmma kernels (TMA forwards, several K/V blocks
+      // and a partial last one; the backward above D = 128 splitting the head
+      // dim; the deterministic dQ kernel).
+      Case f{1, 130, 140, 2, 1, 80}; f.causal = true; ok &= RunCase(f, 16);
+      Case g{1, 70, 200, 2, 2, 176}; g.lengths = true; g.bf16 = false; ok &= RunCase(g, 17);
+      Case h{2, 65, 150, 2, 1, 256}; h.segments = true; ok &= RunCase(h, 18);
+      Case i{1, 140, 70, 2, 1, 96}; i.det = true; i.softcap = 3.f; ok &= RunCase(i, 19);
+      Case j{1, 131, 130, 2, 2, 192}; j.det = true; j.causal = true; ok &= RunCase(j, 20);
+      Case k{1, 70, 129, 2, 1, 256}; k.det = true; k.wl = 20; k.wr = 20; ok &= RunCase(k, 21);
+      Case l{1, 50, 90, 2, 2, 64}; l.det = true; l.lengths = true; ok &= RunCase(l, 22);
+    }
     std::printf(ok ? "SMALL OK\n" : "SMALL FAILED\n");
     return ok ? 0 : 1;
   }
@@ -611,8 +623,11 @@ int main(int argc, char** argv) {
           Bench(16384 / S, S, 2048 / D, D, causal, true, false, 0.f, true);
     return 0;
   }
-  if (mode == "bench_d") {  // the other buckets, bf16, S = 4096
-    for (int D : {32, 96, 192, 256}) Bench(4, 4096, 2048 / D, D, false, true);
+  if (mode == "bench_d") {  // the other buckets, bf16, the FA3 shapes (H = 2048 / D rounded down)
+    Bench(4, 4096, 64, 32, false, true);
+    for (int D : {96, 192, 256})
+      for (int S : {4096, 16384})
+        for (bool causal : {false, true}) Bench(16384 / S, S, 2048 / D, D, causal, true);
     return 0;
   }
   std::vector<Case> cases;
@@ -654,6 +669,29 @@ int main(int argc, char** argv) {
     c = Case{2, 500, 700, 20, 4, 128}; c.lengths = true; c.wl = 300; c.wr = 40; cases.push_back(c);
     c = Case{2, 400, 400, 20, 20, 120}; c.segments = true; c.softcap = 4.f; c.bf16 = false;
     cases.push_back(c);
+    // The buckets 96, 192 and 256 (Hopper: TMA forwards; K/V blocks of 128, 96
+    // and 64 keys): head dims inside each bucket, every mask kind, GQA.
+    for (int D : {72, 96, 136, 192, 200, 256}) {
+      c = Case{2, 257, 300, 4, 2, D}; c.causal = true; c.bf16 = D % 3 != 0; cases.push_back(c);
+      c = Case{1, 190, 333, 6, 2, D}; c.wl = 50; c.wr = 10; cases.push_back(c);
+      c = Case{3, 129, 200, 2, 1, D}; c.lengths = true; c.segments = true; cases.push_back(c);
+    }
+    c = Case{1, 200, 200, 2, 2, 256}; c.softcap = 4.f; c.causal = true; c.bf16 = false; cases.push_back(c);
+    c = Case{2, 1, 700, 4, 1, 192}; cases.push_back(c);  // one query row, many key blocks
+    // One key (P = 1: dS, dQ and dK must come out 0 up to the D-vs-dP
+    // rounding, cpp/cuda/NOTES.md) and one query, both modes, D 192 and 256.
+    for (int D : {192, 256})
+      for (bool det : {false, true}) {
+        c = Case{1, 300, 1, 2, 1, D}; c.det = det; cases.push_back(c);
+        if (D == 256 || det) { c = Case{2, 1, 700, 4, 1, D}; c.det = det; cases.push_back(c); }
+      }
+    c = Case{2, 77, 0, 2, 2, 192}; cases.push_back(c);    // no keys: out 0, lse -inf, dq 0
+    // The deterministic backward (Hopper: the wgmma dK/dV without dQ, then
+    // the wgmma dQ kernel), every bucket, bitwise reproducible.
+    for (int D : {48, 96, 128, 160, 256}) {
+      c = Case{2, 200, 333, 4, 2, D}; c.det = true; c.causal = true; c.bf16 = D != 96; cases.push_back(c);
+      c = Case{1, 129, 64, 2, 1, D}; c.det = true; c.segments = true; c.softcap = 2.5f; cases.push_back(c);
+    }
   }
   int fails = 0;
   for (const Case& c : cases) fails += !RunCase(c, seed++);

@@ -6,10 +6,12 @@
 #     git archive BASE cpp jax_flash tests/gpu | tar -x -C tests/gpu/baseline_src),
 # that one with its own build script; check correctness, benchmark both
 # against torch SDPA at the same shapes, and try tile variants of one bucket
-# (recompiling only that instantiation, sm80/tile_size.h's tuning hook).
+# (recompiling only that instantiation, the tuning hook of sm80/tile_size.h or
+# sm90/tile_size.h: -DJAX_FLASH_TUNE_D=... or -DJAX_FLASH_TUNE_SM90_D=...).
 # Usage (repo root, on the GPU machine):
 #   tests/gpu/tc_run.sh "name|FILE=fwd_sm80_bf16_hd128 -DJAX_FLASH_TUNE_D=128 -DJAX_FLASH_TUNE_FWD_BN=64" ...
-# Logs and a summary under $OUT; TC_RACECHECK=1 adds compute-sanitizer racecheck.
+# Logs and a summary under $OUT; TC_RACECHECK=1 adds compute-sanitizer racecheck,
+# TC_BENCH_D=1 the other buckets' benchmark (bench_d).
 set -uo pipefail
 root=$(pwd)
 out=${OUT:-/tmp/tc_out}; mkdir -p "$out"
@@ -49,9 +51,12 @@ for b in b_base b_new; do
   src=tests/gpu/tc_kernel_check.cu; [ $b = b_base ] && src=$base/$src
   grep -q bench_cap "$src" 2>/dev/null &&
     timeout 90 /tmp/$b/tc_kernel_check bench_cap 2>&1 | sed "s/^BENCH/${b#b_}/" | tee -a "$out/bench.log"
+  # The other buckets (D = 32, 96, 192, 256) with TC_BENCH_D=1.
+  [ -n "${TC_BENCH_D:-}" ] &&
+    timeout 180 /tmp/$b/tc_kernel_check bench_d 2>&1 | sed "s/^BENCH/${b#b_}/" | tee -a "$out/bench.log"
 done
 for spec in "$@"; do
-  name=${spec%%|*}; d=$(echo "$spec" | sed -n 's/.*TUNE_D=\([0-9]*\).*/\1/p')
+  name=${spec%%|*}; d=$(echo "$spec" | sed -n 's/.*TUNE_\(SM90_\)\{0,1\}D=\([0-9]*\).*/\2/p')
   [ -x /tmp/v_$name/tc_kernel_check ] || continue
   for s in 4096 16384; do for c in 0 1; do
     timeout 30 /tmp/v_$name/tc_kernel_check bench1 $d $s $c 2>&1 | sed "s/^BENCH/$name/" | tee -a "$out/bench.log"

@@ -26,9 +26,10 @@ def bench(fn, iters=20):
 parser = argparse.ArgumentParser()
 parser.add_argument("--fwd", action="store_true", help="forward only")
 parser.add_argument("--seqs", default="4096,16384", help="sequence lengths, comma-separated")
+parser.add_argument("--dims", default="64,128", help="head dims, comma-separated (bench_d: 96,192,256)")
 opts = parser.parse_args()
 
-for d in (64, 128):
+for d in (int(x) for x in opts.dims.split(",")):
   for causal in (False, True):
     for s in (int(x) for x in opts.seqs.split(",")):
       bsz, h = 16384 // s, 2048 // d

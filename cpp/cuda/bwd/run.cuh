@@ -4,7 +4,8 @@
 //   2. dK/dV (sm80/bwd_dkdv.cuh, or on Hopper sm90/bwd.cuh), which in the
 //      fast mode also adds dQ into a float32 accumulator;
 //   3. dQ: fast mode, its conversion (bwd/postprocess.cuh); deterministic
-//      mode, the dQ kernel parallel over query blocks (sm80/bwd_dq.cuh).
+//      mode, the dQ kernel parallel over query blocks (sm80/bwd_dq.cuh, or
+//      on Hopper sm90/bwd_dq.cuh).
 // A problem whose dQ accumulator would exceed kMaxDqAccumBytes runs as
 // chunks that reuse one accumulator (bwd/workspace.h).
 #pragma once
@@ -21,14 +22,15 @@
 #include "cuda/sm80/bwd_dkdv.cuh"
 #include "cuda/sm80/bwd_dq.cuh"
 #include "cuda/sm90/bwd.cuh"
+#include "cuda/sm90/bwd_dq.cuh"
 #include "jax_flash/math.h"
 #include "jax_flash/params.h"
 
 namespace jax_flash::cuda {
 
 // One chunk (or the whole problem): batch elements from batch0 and query
-// heads from head0 of a problem of `batch` elements. kArch = 90: dK/dV on the
-// Hopper kernel (only with deterministic = false).
+// heads from head0 of a problem of `batch` elements. kArch = 90: dK/dV, and
+// the deterministic mode's dQ, on the Hopper kernels.
 template <int kArch, typename T, int kHeadDim, bool kTerms>
 cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool deterministic,
                         int64_t batch, int64_t batch0, int64_t head0, cudaStream_t stream) {
@@ -50,11 +52,12 @@ cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool determini
     if (err != cudaSuccess) return err;
   }
 
-  // The Hopper kernel declines (cudaErrorNotSupported) where TMA cannot
-  // address Q or dO; the sm_80 kernel, with the same dQ accumulator, runs then.
+  // The Hopper kernels decline (cudaErrorNotSupported) where TMA cannot
+  // address Q, dO (K, V); the sm_80 kernels, with the same dQ accumulator,
+  // run then.
   bool dkdv_launched = false;
   if constexpr (kArch == 90) {
-    err = sm90::LaunchDkDv<T, kHeadDim>(args, stream);
+    err = sm90::LaunchDkDv<T, kHeadDim>(args, /*accumulate_dq=*/!deterministic, stream);
     if (err == cudaSuccess) dkdv_launched = true;
     else if (err != cudaErrorNotSupported) return err;
   }
@@ -66,9 +69,22 @@ cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool determini
   }
 
   if (rows == 0) return cudaSuccess;
-  if (deterministic) return sm80::LaunchDq<T, kHeadDim, kTerms, kArch == 75 ? 75 : 80>(args, stream);
+  if (deterministic) {
+    if constexpr (kArch == 90) {
+      err = sm90::LaunchDq<T, kHeadDim>(args, stream);
+      if (err != cudaErrorNotSupported) return err;
+    }
+    return sm80::LaunchDq<T, kHeadDim, kTerms, kArch == 75 ? 75 : 80>(args, stream);
+  }
   return LaunchDqConvert<T, kHeadDim>(args, rows, stream);
 }
+
+// Whether the fast mode runs the deterministic structure (dK/dV without dQ,
+// then the dQ kernel over query blocks) instead of adding dQ with atomics in
+// the dK/dV kernel: on Hopper above D = 128, where it is the faster of the
+// two (H100, bf16, S 4k-16k: 295-367 TFLOP/s against 238-279 for the atomic
+// dQ of mainloop_bwd_wide.cuh; cpp/cuda/NOTES.md).
+constexpr bool SeparateDq(int arch, int head_dim) { return arch == 90 && head_dim > 128; }
 
 template <int kArch, typename T, int kHeadDim, bool kTerms>
 cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
@@ -94,9 +110,12 @@ cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
       return cudaErrorInvalidValue;
   }
   const BwdChunk chunk = ChunkFor<kHeadDim>(shape);
-  if (deterministic || (chunk.batches >= shape.batch && chunk.kv_heads >= shape.num_heads_kv))
-    return RunBwdChunk<kArch, T, kHeadDim, kTerms>(params, workspace, deterministic, shape.batch, 0, 0,
-                                           stream);
+  if (deterministic || SeparateDq(kArch, kHeadDim))
+    return RunBwdChunk<kArch, T, kHeadDim, kTerms>(params, workspace, /*deterministic=*/true,
+                                                   shape.batch, 0, 0, stream);
+  if (chunk.batches >= shape.batch && chunk.kv_heads >= shape.num_heads_kv)
+    return RunBwdChunk<kArch, T, kHeadDim, kTerms>(params, workspace, false, shape.batch, 0, 0,
+                                                   stream);
   for (int64_t b0 = 0; b0 < shape.batch; b0 += chunk.batches) {
     for (int64_t hk0 = 0; hk0 < shape.num_heads_kv; hk0 += chunk.kv_heads) {
       const AttentionShape sub = ChunkShape(shape, chunk, b0, hk0);

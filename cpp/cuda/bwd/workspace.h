@@ -33,14 +33,19 @@ inline size_t DeltaBytes(const AttentionShape& s, size_t acc_bytes) {
 }
 
 // The float32 dQ accumulator of the fast backward. Each (batch, query head)
-// has its kHeadDim columns as two halves, [half][query][kHeadDim / 2 + 8
+// has its kCols columns as two halves, [half][query][kCols / 2 + 8
 // floats]: a row of a half is padded by 32 bytes. So a block of queries of
 // one half is one contiguous range, which the Hopper kernel adds with a
 // single bulk reduction from a shared staging tile with the same padded rows
 // (whose padding keeps its fragment stores free of bank conflicts).
+//
+// Above 64 the halves cover the head dim rounded up to whole 64-column
+// blocks: the Hopper kernel's dQ GEMMs read whole blocks of K, so a head dim
+// of 96 has halves of 64 columns, the second one half padding.
 template <int kHeadDim>
 struct DqAccumLayout {
-  static constexpr int kHalf = kHeadDim / 2;         // columns per half
+  static constexpr int kCols = kHeadDim > 64 ? (kHeadDim + 63) / 64 * 64 : kHeadDim;
+  static constexpr int kHalf = kCols / 2;            // columns per half
   static constexpr int kHalfRowFloats = kHalf + 8;   // a half-row and its padding
   static constexpr int kRowFloats = 2 * kHalfRowFloats;  // floats per query row
   // Element (query i, column col) of the accumulator of (batch, head) bh.
@@ -146,13 +151,17 @@ BwdParams ChunkParams(const BwdParams& p, const AttentionShape& sub, int64_t b0,
   return c;
 }
 
-// Bytes of lse2 and dq_accum for the bucket's kernels.
+// Bytes of lse2 and dq_accum for the bucket's kernels. The fast mode takes
+// the larger of its own layout and the deterministic one's: on Hopper it runs
+// the deterministic structure above D = 128 (bwd/run.cuh, SeparateDq), and
+// the size is fixed before the GPU is known.
 template <int kHeadDim>
 size_t Lse2AndDqAccumBytes(const AttentionShape& shape, bool deterministic) {
   if (deterministic) return Lse2Bytes(shape);
   const AttentionShape chunk = ChunkShape(shape, ChunkFor<kHeadDim>(shape), 0, 0);
   const size_t rows = static_cast<size_t>(chunk.batch * chunk.num_heads_q * chunk.seqlen_q);
-  return Lse2Bytes(chunk) + sizeof(float) * rows * DqAccumLayout<kHeadDim>::kRowFloats;
+  const size_t fast = Lse2Bytes(chunk) + sizeof(float) * rows * DqAccumLayout<kHeadDim>::kRowFloats;
+  return fast > Lse2Bytes(shape) ? fast : Lse2Bytes(shape);
 }
 
 }  // namespace jax_flash::cuda

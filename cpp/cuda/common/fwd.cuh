@@ -52,11 +52,11 @@ inline FwdArgs MakeFwdArgs(const FwdParams& params) {
 }
 
 // Launches a forward kernel over the tiles of QueryBlockScheduler (query
-// blocks of kBlockM rows, q heads, batch).
-template <int kBlockM, typename Kernel>
+// blocks of kBlockM rows, q heads, batch) with kernel parameters `kargs`
+// (FwdArgs, or an arch path's struct around them).
+template <int kBlockM, typename Kernel, typename KernelArgs>
 cudaError_t LaunchFwdGrid(Kernel kernel, int threads, size_t smem_bytes, const FwdParams& params,
-                          cudaStream_t stream) {
-  const FwdArgs args = MakeFwdArgs(params);
+                          const KernelArgs& kargs, cudaStream_t stream) {
   const int64_t m_blocks = CeilDiv(params.shape.seqlen_q, kBlockM);
   if (m_blocks == 0 || params.shape.num_heads_q == 0 || params.shape.batch == 0) return cudaSuccess;
   if (params.shape.num_heads_q > 65535 || params.shape.batch > 65535 || m_blocks > INT32_MAX)
@@ -64,8 +64,13 @@ cudaError_t LaunchFwdGrid(Kernel kernel, int threads, size_t smem_bytes, const F
   const cudaError_t err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes));
   if (err != cudaSuccess) return err;
-  kernel<<<QueryBlockScheduler::Grid(m_blocks, params.shape), threads, smem_bytes, stream>>>(args);
+  kernel<<<QueryBlockScheduler::Grid(m_blocks, params.shape), threads, smem_bytes, stream>>>(kargs);
   return cudaGetLastError();
+}
+template <int kBlockM, typename Kernel>
+cudaError_t LaunchFwdGrid(Kernel kernel, int threads, size_t smem_bytes, const FwdParams& params,
+                          cudaStream_t stream) {
+  return LaunchFwdGrid<kBlockM>(kernel, threads, smem_bytes, params, MakeFwdArgs(params), stream);
 }
 
 // One CTA's problem: query rows [m0, m0 + kBlockM) of head h, batch b; its

@@ -23,7 +23,11 @@
 // step 363 (no dQ output at all: 559); descriptors moved by offsets instead
 // of rebuilt per k-step 389; TMA instead of 256 threads' cp.async for Q and
 // dO 403; no CTA barrier at the top of the step 474.
-// Fast mode only; the deterministic mode keeps the sm_80 kernels.
+//
+// Above D = 128 (BwdWideTraits, sm90/mainloop_bwd_wide.cuh) the CTA owns 64
+// keys and the warpgroups split the head dim instead of the keys. Either
+// kernel runs without dQ (kDq = false) in the deterministic mode, whose dQ
+// kernel (sm90/bwd_dq.cuh) follows.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -38,6 +42,7 @@
 #include "cuda/common/tile_scheduler.cuh"
 #include "cuda/sm90/epilogue_bwd.cuh"
 #include "cuda/sm90/mainloop_bwd.cuh"
+#include "cuda/sm90/mainloop_bwd_wide.cuh"
 #include "cuda/sm90/tile_size.h"
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
@@ -53,8 +58,11 @@ struct BwdSm90Traits {
   static constexpr int kBlockM = kTile.block_m;  // queries per step
   static constexpr int kThreads = kTile.threads;
   static constexpr int kStages = kTile.stages;
-  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // K or V
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // one stage of Q or dO
+  // Tiles hold whole 64-column blocks (a head dim of 96 leaves half of its
+  // second block zero).
+  static constexpr int kSmemCols = (kHeadDim + 63) / 64 * 64;
+  static constexpr int kKvBytes = kBlockN * kSmemCols * 2;  // K or V
+  static constexpr int kQBytes = kBlockM * kSmemCols * 2;   // one stage of Q or dO
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;   // dS^T, [key][query]
   static constexpr int kDsBuffers = 2;  // step s writes buffer s % 2
   static constexpr int kStatBytes = kBlockM * 4;           // one stage of lse2 or delta
@@ -69,35 +77,93 @@ struct BwdSm90Traits {
                                     kStages * 8 + sm90::kAtomBytes;
   static_assert(kBlockN == 2 * 64 && kBlockM == 64 && kThreads == 2 * 128,
                 "two warpgroups of 64 keys, 64 queries per step");
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma shapes are written for D 64 and 128");
+  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128,
+                "two warpgroups of 64 keys hold dK and dV up to D = 128 (bwd_wide.cuh above)");
+  static_assert(kDqCols % 64 == 0 || kSmemCols == kHeadDim, "a dQ part of whole column blocks");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
 
 // One CTA: its key block from the scheduler, the mainloop over its steps
 // (adding dQ as it goes), the dK/dV epilogue.
-template <typename T, typename Traits, bool kSoftcap>
+template <typename T, typename Traits, bool kSoftcap, bool kDq>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     BwdKernel(const __grid_constant__ BwdTmaArgs tma_args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const ThreadPos pos = ThreadPos::Here();
   const KeyBlockScheduler::Tile tile = KeyBlockOutermostScheduler::Get();
   float dk[Traits::kHeadDim / kMmaN][4], dv[Traits::kHeadDim / kMmaN][4];
-  BwdMainloop<T, Traits, kSoftcap>(tma_args, tile, pos, dk, dv);  // steps -> dK, dV (+ dQ)
+  BwdMainloop<T, Traits, kSoftcap, kDq>(tma_args, tile, pos, dk, dv);  // steps -> dK, dV (+ dQ)
   const int warpgroup = pos.warp / 4, wg_warp = pos.warp % 4;
   // This warp's 16 keys: its warpgroup's 64, its quarter of them.
   const int64_t key0 = tile.n_block * Traits::kBlockN + warpgroup * 64 + wg_warp * 16;
   StoreDkDv<T>(tma_args.args.p, tile.b, tile.h_kv, key0, 0, dk, dv, tma_args.args.scale, pos.g,
                pos.t);
-  DrainDqReductions(pos.tid % 128);
+  if constexpr (kDq) DrainDqReductions(pos.tid % 128);
 #else
   __trap();  // built without sm_90a; the dispatch never launches it then
 #endif
 }
 
-// cudaErrorNotSupported when TMA cannot address Q or dO (see
-// EncodeRowsTensorMap): the caller runs the sm_80 kernel then.
-template <typename T, int kHeadDim>
-cudaError_t LaunchDkDv(const BwdArgs& args, cudaStream_t stream) {
-  using Traits = BwdSm90Traits<kHeadDim>;
+// Above D = 128: 64 keys per CTA, warpgroup w holds the head-dim half w of
+// their dK and dV and computes S^T / dP^T for half of a step's 64 queries
+// (sm90/mainloop_bwd_wide.cuh).
+template <int kHeadDim_>
+struct BwdWideTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr BwdTile kTile = BwdTileSize(kHeadDim);  // sm90/tile_size.h
+  static constexpr int kBlockN = kTile.block_n;  // keys per CTA
+  static constexpr int kBlockM = kTile.block_m;  // queries per step
+  static constexpr int kThreads = kTile.threads;
+  static constexpr int kStages = kTile.stages;
+  static constexpr int kSmemCols = kHeadDim;
+  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // K or V
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // one stage of Q or dO
+  static constexpr int kPBytes = kBlockN * kBlockM * 2;    // P^T or dS^T, [key][query]
+  static constexpr int kPBuffers = 2;  // step s writes buffer s % 2
+  static constexpr int kStatBytes = kBlockM * 4;           // one stage of lse2 or delta
+  static constexpr int kSmemBytes = 2 * kKvBytes + 2 * kStages * kQBytes +
+                                    2 * kPBuffers * kPBytes + 2 * kStages * kStatBytes +
+                                    kStages * 8 + kAtomBytes;
+  static_assert(kBlockN == 64 && kBlockM == 64 && kThreads == 2 * 128,
+                "64 keys, 64 queries per step (32 per warpgroup), two warpgroups");
+  static_assert(kHeadDim % 64 == 0 && kHeadDim > 128, "whole 64-column blocks, above D = 128");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
+};
+
+template <typename T, typename Traits, bool kSoftcap, bool kDq>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    BwdWideKernel(const __grid_constant__ BwdTmaArgs tma_args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const ThreadPos pos = ThreadPos::Here();
+  const KeyBlockScheduler::Tile tile = KeyBlockOutermostScheduler::Get();
+  constexpr int kHalfTiles = Traits::kHeadDim / 16;
+  float dk[kHalfTiles][4], dv[kHalfTiles][4];
+  BwdWideMainloop<T, Traits, kSoftcap, kDq>(tma_args, tile, pos, dk, dv);
+  // This warp's 16 keys x its warpgroup's half of the head dim, as pieces.
+  using Cols = HalfColumns<Traits::kHeadDim>;
+  const Cols cols = Cols::Of(pos.warp / 4);
+  const int64_t key0 = tile.n_block * Traits::kBlockN + (pos.warp % 4) * 16;
+  const BwdParams& p = tma_args.args.p;
+  const float scale = tma_args.args.scale;
+  using Full = const float(&)[Cols::kFullTiles][4];
+  StoreDkDv<T>(p, tile.b, tile.h_kv, key0, cols.full, reinterpret_cast<Full>(dk[0]),
+               reinterpret_cast<Full>(dv[0]), scale, pos.g, pos.t);
+  if constexpr (Cols::kPartTiles > 0) {
+    using Part = const float(&)[Cols::kPartTiles][4];
+    StoreDkDv<T>(p, tile.b, tile.h_kv, key0, cols.part,
+                 reinterpret_cast<Part>(dk[Cols::kFullTiles]),
+                 reinterpret_cast<Part>(dv[Cols::kFullTiles]), scale, pos.g, pos.t);
+  }
+#else
+  __trap();  // built without sm_90a; the dispatch never launches it then
+#endif
+}
+
+// Launches a dK/dV kernel over KeyBlockOutermostScheduler's tiles, with Q and
+// dO through TMA in boxes of Traits::kBlockM rows. cudaErrorNotSupported when
+// TMA cannot address them (see EncodeRowsTensorMap).
+template <typename T, typename Traits, typename Kernel>
+cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t stream) {
   const AttentionShape& shape = args.p.shape;
   const int64_t n_blocks = CeilDiv(shape.seqlen_k, Traits::kBlockN);
   if (n_blocks == 0) return cudaSuccess;
@@ -112,14 +178,35 @@ cudaError_t LaunchDkDv(const BwdArgs& args, cudaStream_t stream) {
                            shape.seqlen_q, shape.num_heads_q, shape.head_dim, Traits::kBlockM,
                            kBf16))
     return cudaErrorNotSupported;
-  auto kernel = args.softcap > 0.f ? BwdKernel<T, Traits, true>
-                                   : BwdKernel<T, Traits, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          Traits::kSmemBytes);
   if (err != cudaSuccess) return err;
   kernel<<<KeyBlockOutermostScheduler::Grid(n_blocks, shape), Traits::kThreads,
            Traits::kSmemBytes, stream>>>(tma_args);
   return cudaGetLastError();
+}
+
+// dK and dV, and with accumulate_dq (the fast mode) dQ added into the float32
+// accumulator. cudaErrorNotSupported when TMA cannot address Q or dO: the
+// caller runs the sm_80 kernel then.
+template <typename T, int kHeadDim>
+cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t stream) {
+  const bool cap = args.softcap > 0.f;
+  if constexpr (kHeadDim > 128) {
+    using Traits = BwdWideTraits<kHeadDim>;
+    auto kernel = cap ? (accumulate_dq ? BwdWideKernel<T, Traits, true, true>
+                                       : BwdWideKernel<T, Traits, true, false>)
+                      : (accumulate_dq ? BwdWideKernel<T, Traits, false, true>
+                                       : BwdWideKernel<T, Traits, false, false>);
+    return LaunchKeyBlocks<T, Traits>(args, kernel, stream);
+  } else {
+    using Traits = BwdSm90Traits<kHeadDim>;
+    auto kernel = cap ? (accumulate_dq ? BwdKernel<T, Traits, true, true>
+                                       : BwdKernel<T, Traits, true, false>)
+                      : (accumulate_dq ? BwdKernel<T, Traits, false, true>
+                                       : BwdKernel<T, Traits, false, false>);
+    return LaunchKeyBlocks<T, Traits>(args, kernel, stream);
+  }
 }
 
 }  // namespace jax_flash::cuda::sm90

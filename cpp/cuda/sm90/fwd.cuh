@@ -19,12 +19,15 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "cuda/common/epilogue_fwd.cuh"
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/fwd.cuh"
 #include "cuda/common/tile_scheduler.cuh"
 #include "cuda/sm90/mainloop_fwd.cuh"
 #include "cuda/sm90/tile_size.h"
+#include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
 #include "jax_flash/params.h"
 
@@ -38,28 +41,38 @@ struct FwdSm90Traits {
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kThreads = kTile.threads;
   static constexpr int kStages = kTile.stages;
+  static constexpr bool kTma = kTile.tma;
+  using Args = std::conditional_t<kTma, FwdTmaArgs, FwdArgs>;  // the kernel's parameters
   static constexpr int kWarpRows = 16;
   static constexpr int kDTiles = kHeadDim / kMmaN;  // n-tiles of O per warp
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // one K or V stage
+  // Tiles hold whole 64-column blocks (a head dim of 96 leaves half of its
+  // second block unused).
+  static constexpr int kSmemCols = (kHeadDim + kSwizzleElems - 1) / kSwizzleElems * kSwizzleElems;
+  static constexpr int kQBytes = kBlockM * kSmemCols * 2;
+  static constexpr int kKvBytes = kBlockN * kSmemCols * 2;  // one K or V stage
   // + one swizzle period so that the tiles can start 1024-byte aligned.
-  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKvBytes + kAtomBytes;
+  // (+ the TMA barriers: Q's and one per stage.)
+  static constexpr int kSmemBytes =
+      kQBytes + 2 * kStages * kKvBytes + kAtomBytes + (kTma ? 8 * (1 + kStages) : 0);
   static_assert(kBlockM == 2 * 64 && kThreads == 2 * 128, "two warpgroups of 64 rows");
-  static_assert(kHeadDim % kSwizzleElems == 0, "head dim must be a multiple of 64");
+  static_assert(kHeadDim % 32 == 0, "head dim must be a multiple of 32");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "key block: whole k-steps, one wgmma");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
 
 // One CTA: its tile from the scheduler, the mainloop over its key blocks,
 // the epilogue.
 template <typename T, typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    FwdKernel(const __grid_constant__ FwdArgs args) {
+    FwdKernel(const __grid_constant__ typename Traits::Args kargs) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const FwdArgs& args = FwdArgsOf(kargs);
   const ThreadPos pos = ThreadPos::Here();
   const FwdBlock<T> blk = FwdBlock<T>::template Make<Traits::kBlockM, Traits::kBlockN>(
       args.p, QueryBlockScheduler::Get());
   float o[1][Traits::kDTiles][4], row_m[1][2], row_l[1][2];
   InitFwdState(o, row_m, row_l);
-  FwdMainloop<T, Traits>(args, blk, pos, o, row_m, row_l);  // K/V blocks -> O, m, l
+  FwdMainloop<T, Traits>(kargs, blk, pos, o, row_m, row_l);  // K/V blocks -> O, m, l
   StoreOutput<T>(args.p, blk.b, blk.h, blk.m0 + pos.warp * Traits::kWarpRows, o, row_m, row_l,
                  args.scale_log2, pos.g, pos.t);        // out = O / l, lse
 #else
@@ -67,12 +80,30 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #endif
 }
 
+// cudaErrorNotSupported when TMA cannot address Q, K or V (see
+// EncodeRowsTensorMap): the caller runs the sm_80 kernel then.
 template <typename T, int kHeadDim>
 cudaError_t LaunchFwd(const FwdParams& params, cudaStream_t stream) {
   using Traits = FwdSm90Traits<kHeadDim>;
   if (params.shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
-  return LaunchFwdGrid<Traits::kBlockM>(FwdKernel<T, Traits>, Traits::kThreads,
-                                        Traits::kSmemBytes, params, stream);
+  if constexpr (Traits::kTma) {
+    FwdTmaArgs kargs;
+    kargs.args = MakeFwdArgs(params);
+    const AttentionShape& s = params.shape;
+    constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+    if (!EncodeRowsTensorMap(&kargs.q_map, params.q, params.q_strides, s.batch, s.seqlen_q,
+                             s.num_heads_q, s.head_dim, Traits::kBlockM, kBf16) ||
+        !EncodeRowsTensorMap(&kargs.k_map, params.k, params.k_strides, s.batch, s.seqlen_k,
+                             s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16) ||
+        !EncodeRowsTensorMap(&kargs.v_map, params.v, params.v_strides, s.batch, s.seqlen_k,
+                             s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16))
+      return cudaErrorNotSupported;
+    return LaunchFwdGrid<Traits::kBlockM>(FwdKernel<T, Traits>, Traits::kThreads,
+                                          Traits::kSmemBytes, params, kargs, stream);
+  } else {
+    return LaunchFwdGrid<Traits::kBlockM>(FwdKernel<T, Traits>, Traits::kThreads,
+                                          Traits::kSmemBytes, params, stream);
+  }
 }
 
 }  // namespace jax_flash::cuda::sm90

@@ -51,8 +51,9 @@ struct BwdTmaArgs {
 
 // kSoftcap: a template parameter rather than a branch, because ptxas
 // serializes every wgmma of the kernel when the two waits of the two paths
-// below meet in one function.
-template <typename T, typename Traits, bool kSoftcap>
+// below meet in one function. kDq = false: no dQ at all (the deterministic
+// mode, whose dQ kernel runs after this one).
+template <typename T, typename Traits, bool kSoftcap, bool kDq>
 __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
                                             const KeyBlockScheduler::Tile& tile,
                                             const ThreadPos& pos,
@@ -113,7 +114,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
       const uint32_t bar = full_bar + 8 * stage;
       sm90::MbarrierArriveExpectTx(bar, 2 * Traits::kQBytes);
 #pragma unroll
-      for (int block = 0; block < kHeadDim / 64; ++block) {
+      for (int block = 0; block < Traits::kSmemCols / 64; ++block) {
         const uint32_t offset = stage * Traits::kQBytes + block * kBlockM * kRow;
         sm90::TmaLoadBox(sQ + offset, &tma_args.q_map, block * 64, static_cast<int>(m0),
                          static_cast<int>(h), static_cast<int>(b), bar);
@@ -126,8 +127,10 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     if (tid < kStatThreads) sm90::CpAsyncArriveOn(full_bar + 8 * stage);
   };
 
-  LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sK, k, n0, tid);
-  LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sV, v, n0, tid);
+  // All kSmemCols columns, so that those past the head dim are zeros: the dQ
+  // GEMM of a head dim of 96 reads K's second column block whole.
+  LoadSwizzledTile<T, kBlockN, Traits::kSmemCols, Traits::kThreads>(sK, k, n0, tid);
+  LoadSwizzledTile<T, kBlockN, Traits::kSmemCols, Traits::kThreads>(sV, v, n0, tid);
   CpAsyncCommit();
   if (tid == 0) {
     for (int stage = 0; stage < Traits::kStages; ++stage)
@@ -165,7 +168,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   const uint64_t desc_ds = sm90::SmemDescriptor(sdS, kBlockN * kRow, sm90::kAtomBytes);
   const uint64_t desc_dst = sm90::SmemDescriptor(ds_rows, 0, sm90::kAtomBytes);
   const uint64_t desc_kt = sm90::SmemDescriptor(dq_k_cols, kBlockN * kRow, sm90::kAtomBytes);
-  ZeroDqStagingPadding<Traits>(sDq, tid);
+  if constexpr (kDq) ZeroDqStagingPadding<Traits>(sDq, tid);
   const float scale_log2 = args.scale_log2;
 
   int64_t gi = 0, mi = 0;
@@ -194,9 +197,15 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     // each wait names how many of the latest may still run.
     float st[kQTiles][4], dpt[kQTiles][4];
     sm90::WgmmaFence();
-    sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(st, k_rows, q_tile);
+    // Without dQ, the compiler keeps every k-step's descriptor of K and V live
+    // across the loop and spills them (D = 128: 104 bytes; 36 left, the dS^T
+    // store addresses, loaded once per step); from bases it cannot hoist
+    // (Opaque) they are recomputed in the loop instead.
+    const uint32_t k_at = kDq ? k_rows : sm90::Opaque(k_rows);
+    const uint32_t v_at = kDq ? v_rows : sm90::Opaque(v_rows);
+    sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(st, k_at, q_tile);
     sm90::WgmmaCommit();
-    sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(dpt, v_rows, do_tile);
+    sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(dpt, v_at, do_tile);
     sm90::WgmmaCommit();
 
     // ---- P^T (common/softmax.cuh) -------------------------------------------
@@ -227,7 +236,9 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
 #pragma unroll
     for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
       // k-step ks = queries 16ks..16ks+15: two 8-row groups of the dO tile.
-      sm90::WgmmaRS<T, 1>(dv, ap[ks], sm90::DescriptorPlus(desc_do, ks * 2 * sm90::kAtomBytes), 1);
+      sm90::WgmmaRSColumns<T, kHeadDim>(dv, ap[ks],
+                                        sm90::DescriptorPlus(desc_do, ks * 2 * sm90::kAtomBytes),
+                                        kBlockM * kRow, 1);
     }
     sm90::WgmmaCommit();
 
@@ -253,7 +264,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
                        Pack2<T>(d0[0] * p0[0], d0[1] * p0[1]), Pack2<T>(d0[2] * p0[2], d0[3] * p0[3]),
                        Pack2<T>(d1[0] * p1[0], d1[1] * p1[1]), Pack2<T>(d1[2] * p1[2], d1[3] * p1[3]));
     }
-    WaitDqStagingRead(wg_tid);
+    if constexpr (kDq) WaitDqStagingRead(wg_tid);
     sm90::FenceProxyAsync();
     // dQ reads the other warpgroup's dS^T rows too; and both warpgroups are
     // done with step s - 1, so its stage takes step s + 1's loads.
@@ -262,8 +273,8 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
 
     // dQ part: 64 queries x kDqCols columns, reduced over the CTA's keys, out
     // through the epilogue (sm90/epilogue_bwd.cuh) while dK runs.
-    {
-      float dq[kDqCols / kMmaN][4];
+    float dq[kDq ? kDqCols / kMmaN : 1][4];
+    if constexpr (kDq) {
       sm90::WgmmaFence();
 #pragma unroll
       for (int kk = 0; kk < kBlockN / kMmaK; ++kk) {
@@ -273,14 +284,20 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
                                sm90::DescriptorPlus(desc_kt, step), kk > 0);
       }
       sm90::WgmmaCommit();
+    }
+    {
       // ---- dK += dS^T Q: A = dS^T K-major, B = Q MN-major -------------------
+      if constexpr (!kDq) sm90::WgmmaFence();
       const uint64_t desc_q = sm90::SmemDescriptor(q_tile, kBlockM * kRow, sm90::kAtomBytes);
 #pragma unroll
       for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
-        sm90::WgmmaSS<T, 1>(dk, sm90::DescriptorPlus(desc_dst, ds_offset + ks * 32),
-                            sm90::DescriptorPlus(desc_q, ks * 2 * sm90::kAtomBytes), 1);
+        sm90::WgmmaSSColumns<T, kHeadDim>(dk, sm90::DescriptorPlus(desc_dst, ds_offset + ks * 32),
+                                          sm90::DescriptorPlus(desc_q, ks * 2 * sm90::kAtomBytes),
+                                          kBlockM * kRow, 1);
       }
       sm90::WgmmaCommit();
+    }
+    if constexpr (kDq) {
       sm90::WgmmaWait<1>();  // dQ (and dV) done; dK may still run
       sm90::FenceRegisters(dq);
       ReduceDqPart<Traits>(dq, dq_part, args.dq_accum, b * num_heads_q + h, seqlen_q, m0,

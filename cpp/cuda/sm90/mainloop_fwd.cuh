@@ -1,6 +1,6 @@
 // The Hopper forward's mainloop: the CTA's key blocks, K/V through a
-// two-stage cp.async pipeline into swizzled shared tiles, both GEMMs on
-// wgmma; it produces this warp's O, m and l (common/fwd.cuh), one m-tile of 16
+// two-stage pipeline (cp.async, or TMA where the tile table says so) into
+// swizzled shared tiles, both GEMMs on wgmma; it produces this warp's O, m and l (common/fwd.cuh), one m-tile of 16
 // rows. A warp-specialized pipeline (a producer warpgroup loading K/V with
 // TMA, the consumers' softmax overlapping the next block's GEMM) replaces
 // this function alone: the scheduler, FwdBlock and the epilogue stay.
@@ -17,24 +17,41 @@
 #include "cuda/common/score.cuh"
 #include "cuda/common/softmax.cuh"
 #include "cuda/sm90/copy.cuh"
+#include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
 namespace jax_flash::cuda::sm90 {
 
-template <typename T, typename Traits>
-__device__ __forceinline__ void FwdMainloop(const FwdArgs& args, const FwdBlock<T>& blk,
+// The kernel's parameters when Q, K and V come through TMA (FwdTile::tma):
+// tensor maps read in boxes of 64 columns x kBlockM (Q) or kBlockN (K, V)
+// rows, which land as the column blocks of the swizzled tiles.
+struct FwdTmaArgs {
+  FwdArgs args;
+  CUtensorMap q_map, k_map, v_map;
+};
+__device__ __forceinline__ const FwdArgs& FwdArgsOf(const FwdArgs& a) { return a; }
+__device__ __forceinline__ const FwdArgs& FwdArgsOf(const FwdTmaArgs& a) { return a.args; }
+
+// Args: FwdTmaArgs when Traits::kTma, else FwdArgs.
+template <typename T, typename Traits, typename Args>
+__device__ __forceinline__ void FwdMainloop(const Args& kargs, const FwdBlock<T>& blk,
                                             const ThreadPos& pos,
                                             float (&o)[1][Traits::kHeadDim / kMmaN][4],
                                             float (&row_m)[1][2], float (&row_l)[1][2]) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kNTiles = kBlockN / kMmaN;   // n-tiles of S per warp
+  const FwdArgs& args = FwdArgsOf(kargs);
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem_base = (SmemAddr(smem_raw) + sm90::kAtomBytes - 1) & ~(sm90::kAtomBytes - 1);
   const uint32_t sQ = smem_base;
   const uint32_t sK = sQ + Traits::kQBytes;                       // [kStages] tiles
   const uint32_t sV = sK + Traits::kStages * Traits::kKvBytes;    // [kStages] tiles
+  // TMA: the mbarriers of Q and of each K/V stage (the k-th use of a stage
+  // completes its barrier's phase k).
+  const uint32_t q_bar = sV + Traits::kStages * Traits::kKvBytes;
+  const uint32_t kv_bar = q_bar + 8;
 
   const int tid = pos.tid, warp = pos.warp, g = pos.g, t = pos.t;
   const int warpgroup = warp / 4;
@@ -43,7 +60,40 @@ __device__ __forceinline__ void FwdMainloop(const FwdArgs& args, const FwdBlock<
   const GmemRows<T>& k = blk.k;
   const GmemRows<T>& v = blk.v;
 
-  if (n_begin < n_end) {
+  // TMA: the K and V tiles of key block n into `stage`, issued by thread 0
+  // (generic, so that it is compiled only where ta is an FwdTmaArgs).
+  auto tma_load_kv = [&](const auto& ta, int64_t n, int stage) {
+    if (tid == 0) {
+      const uint32_t bar = kv_bar + 8 * stage;
+      MbarrierArriveExpectTx(bar, 2 * Traits::kKvBytes);
+      const int h_kv = static_cast<int>(blk.h / args.p.shape.group_size());
+#pragma unroll
+      for (int block = 0; block < Traits::kSmemCols / kSwizzleElems; ++block) {
+        const uint32_t offset = stage * Traits::kKvBytes + block * kBlockN * kSwizzleBytes;
+        TmaLoadBox(sK + offset, &ta.k_map, block * kSwizzleElems,
+                   static_cast<int>(n * kBlockN), h_kv, static_cast<int>(blk.b), bar);
+        TmaLoadBox(sV + offset, &ta.v_map, block * kSwizzleElems,
+                   static_cast<int>(n * kBlockN), h_kv, static_cast<int>(blk.b), bar);
+      }
+    }
+  };
+
+  if constexpr (Traits::kTma) {
+    if (tid == 0) {
+      MbarrierInit(q_bar, 1);
+      for (int stage = 0; stage < Traits::kStages; ++stage) MbarrierInit(kv_bar + 8 * stage, 1);
+      FenceBarrierInit();
+    }
+    __syncthreads();  // the barriers are initialized before anyone uses them
+    if (n_begin < n_end && tid == 0) {
+      MbarrierArriveExpectTx(q_bar, Traits::kQBytes);
+#pragma unroll
+      for (int block = 0; block < Traits::kSmemCols / kSwizzleElems; ++block)
+        TmaLoadBox(sQ + block * kBlockM * kSwizzleBytes, &kargs.q_map, block * kSwizzleElems,
+                   static_cast<int>(m0), static_cast<int>(blk.h), static_cast<int>(blk.b), q_bar);
+    }
+    if (n_begin < n_end) tma_load_kv(kargs, n_begin, 0);
+  } else if (n_begin < n_end) {
     LoadSwizzledTile<T, kBlockM, kHeadDim, Traits::kThreads>(sQ, q, m0, tid);
     LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sK, k, n_begin * kBlockN, tid);
     LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sV, v, n_begin * kBlockN, tid);
@@ -58,19 +108,30 @@ __device__ __forceinline__ void FwdMainloop(const FwdArgs& args, const FwdBlock<
 
   for (int64_t n = n_begin; n < n_end; ++n) {
     const int stage = static_cast<int>((n - n_begin) & 1);
-    // One barrier per block: publishes this block's K/V (fenced for the async
-    // proxy that wgmma reads through) and tells that both warpgroups are done
-    // with the previous block, whose stage the prefetch below overwrites.
-    CpAsyncWait<0>();
-    sm90::FenceProxyAsync();
-    __syncthreads();
-    if (n + 1 < n_end) {
-      const int next = stage ^ 1;
-      LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sK + next * Traits::kKvBytes, k,
-                                                                (n + 1) * kBlockN, tid);
-      LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sV + next * Traits::kKvBytes, v,
-                                                                (n + 1) * kBlockN, tid);
-      CpAsyncCommit();
+    if constexpr (Traits::kTma) {
+      // Both warpgroups are done with the previous block, whose stage the
+      // prefetch below overwrites; then this block's tiles (and, the first
+      // time, Q) are waited for on their barriers.
+      __syncthreads();
+      if (n + 1 < n_end) tma_load_kv(kargs, n + 1, stage ^ 1);
+      if (n == n_begin) MbarrierWait(q_bar, 0);
+      MbarrierWait(kv_bar + 8 * stage, static_cast<uint32_t>(((n - n_begin) >> 1) & 1));
+    } else {
+      // One barrier per block: publishes this block's K/V (fenced for the
+      // async proxy that wgmma reads through) and tells that both warpgroups
+      // are done with the previous block, whose stage the prefetch below
+      // overwrites.
+      CpAsyncWait<0>();
+      sm90::FenceProxyAsync();
+      __syncthreads();
+      if (n + 1 < n_end) {
+        const int next = stage ^ 1;
+        LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sK + next * Traits::kKvBytes, k,
+                                                                  (n + 1) * kBlockN, tid);
+        LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sV + next * Traits::kKvBytes, v,
+                                                                  (n + 1) * kBlockN, tid);
+        CpAsyncCommit();
+      }
     }
     const uint32_t k_tile = sK + stage * Traits::kKvBytes;
     const uint32_t v_tile = sV + stage * Traits::kKvBytes;
@@ -103,7 +164,7 @@ __device__ __forceinline__ void FwdMainloop(const FwdArgs& args, const FwdBlock<
       const uint64_t desc_v =
           sm90::SmemDescriptor(v_tile + ks * 2 * sm90::kAtomBytes,
                                kBlockN * sm90::kSwizzleBytes, sm90::kAtomBytes);
-      sm90::WgmmaRS<T, 1>(o[0], a[ks], desc_v, 1);
+      sm90::WgmmaRSColumns<T, kHeadDim>(o[0], a[ks], desc_v, kBlockN * sm90::kSwizzleBytes, 1);
     }
     sm90::WgmmaCommit();
     sm90::WgmmaWait<0>();

@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/sm90/wgmma_shapes.cuh"
+
 namespace jax_flash::cuda::sm90 {
 
 inline constexpr int kSwizzleBytes = 128;          // one row of a swizzle atom
@@ -99,6 +101,14 @@ __device__ __forceinline__ void BulkWait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+// x, hidden from the compiler's loop-invariant code motion: what is computed
+// from it inside a loop is recomputed there instead of being kept live (and
+// spilled) across the loop.
+__device__ __forceinline__ uint32_t Opaque(uint32_t x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
 // Stores four 8x8 16-bit matrices from registers in the mma fragment layout
 // (register i: matrix i, row lane / 4, columns 2 (lane % 4) and + 1); lanes
 // 8i..8i+7 give the shared addresses of matrix i's rows (16 bytes each).
@@ -119,118 +129,59 @@ __device__ __forceinline__ void FenceRegisters(float (&d)[kRows][4]) {
     for (int r = 0; r < 4; ++r) asm volatile("" : "+f"(d[i][r])::"memory");
 }
 
-// d (64 x N, this thread's part) = A B + (scale_d ? d : 0), one k-step of 16.
+// d (64 x N, this thread's part) = A B + (scale_d ? d : 0), one k-step of 16,
+// into the n-tiles [kOff, kOff + N / 8) of d (sm90/wgmma_shapes.cuh).
 // WgmmaSS: A and B from shared-memory descriptors. WgmmaRS: A from registers.
 // kTransB = 1 for an MN-major B, kTransA = 1 for an M-major A (SS only).
-// The operand lists are spelled out because
-// inline PTX cannot take arrays; N = 8 * (first extent of d).
-// Accumulator operand text and bindings of one thread's N/2 floats.
-#define JAX_FLASH_WGMMA_ACC16 "{" "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" "}"
-#define JAX_FLASH_WGMMA_OUT16(d) \
-    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
-    "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-    "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-#define JAX_FLASH_WGMMA_ACC32 "{" "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" "}"
-#define JAX_FLASH_WGMMA_OUT32(d) \
-    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
-    "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-    "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), \
-    "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
-    "+f"(d[7][2]), "+f"(d[7][3])
-#define JAX_FLASH_WGMMA_ACC64 "{" "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" "}"
-#define JAX_FLASH_WGMMA_OUT64(d) \
-    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
-    "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-    "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), \
-    "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
-    "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), \
-    "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), \
-    "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
-    "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), \
-    "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
-    "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-
-// One wgmma with float accumulators; TYPE is the PTX input type ("bf16",
-// "f16"); the operand numbers follow the accumulators (ACC: their text, then
-// the bindings last, as __VA_ARGS__, since they hold commas).
-#define JAX_FLASH_WGMMA_SS(SHAPE, TYPE, ACC, A, B, P, TA, TB, ...)                        \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " P ", 0;\n"                             \
-               "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " " ACC ", " A \
-               ", " B ", p, 1, 1, " TA ", " TB ";\n}\n"                                   \
-               : __VA_ARGS__                                                              \
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
-#define JAX_FLASH_WGMMA_RS(SHAPE, TYPE, ACC, A, B, P, TB, ...)                            \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " P ", 0;\n"                             \
-               "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " " ACC ", " A \
-               ", " B ", p, 1, 1, " TB ";\n}\n"                                           \
-               : __VA_ARGS__                                                              \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d),  \
-                 "n"(kTransB))
-
-template <typename T, int kTransB, int kTransA = 0>
-__device__ __forceinline__ void WgmmaSS(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b,
+// Without kN, the wgmma covers all of d.
+template <typename T, int kTransB, int kTransA = 0, int kN = 0, int kOff = 0, int kTiles>
+__device__ __forceinline__ void WgmmaSS(float (&d)[kTiles][4], uint64_t desc_a, uint64_t desc_b,
                                         int scale_d) {
-  if constexpr (std::is_same_v<T, __half>) {
-    JAX_FLASH_WGMMA_SS("m64n32k16", "f16", JAX_FLASH_WGMMA_ACC16, "%16", "%17", "%18", "%19", "%20",
-                       JAX_FLASH_WGMMA_OUT16(d));
-  } else {
-    JAX_FLASH_WGMMA_SS("m64n32k16", "bf16", JAX_FLASH_WGMMA_ACC16, "%16", "%17", "%18", "%19", "%20",
-                       JAX_FLASH_WGMMA_OUT16(d));
-  }
+  WgmmaSSN<T, kN == 0 ? kTiles * 8 : kN, kTransB, kTransA, kOff>(d, desc_a, desc_b, scale_d);
 }
-
-template <typename T, int kTransB, int kTransA = 0>
-__device__ __forceinline__ void WgmmaSS(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
-                                        int scale_d) {
-  if constexpr (std::is_same_v<T, __half>) {
-    JAX_FLASH_WGMMA_SS("m64n64k16", "f16", JAX_FLASH_WGMMA_ACC32, "%32", "%33", "%34", "%35", "%36",
-                       JAX_FLASH_WGMMA_OUT32(d));
-  } else {
-    JAX_FLASH_WGMMA_SS("m64n64k16", "bf16", JAX_FLASH_WGMMA_ACC32, "%32", "%33", "%34", "%35", "%36",
-                       JAX_FLASH_WGMMA_OUT32(d));
-  }
-}
-
-template <typename T, int kTransB, int kTransA = 0>
-__device__ __forceinline__ void WgmmaSS(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
-                                        int scale_d) {
-  if constexpr (std::is_same_v<T, __half>) {
-    JAX_FLASH_WGMMA_SS("m64n128k16", "f16", JAX_FLASH_WGMMA_ACC64, "%64", "%65", "%66", "%67", "%68",
-                       JAX_FLASH_WGMMA_OUT64(d));
-  } else {
-    JAX_FLASH_WGMMA_SS("m64n128k16", "bf16", JAX_FLASH_WGMMA_ACC64, "%64", "%65", "%66", "%67", "%68",
-                       JAX_FLASH_WGMMA_OUT64(d));
-  }
-}
-
-template <typename T, int kTransB>
-__device__ __forceinline__ void WgmmaRS(float (&d)[8][4], const uint32_t (&a)[4],
+template <typename T, int kTransB, int kN = 0, int kOff = 0, int kTiles>
+__device__ __forceinline__ void WgmmaRS(float (&d)[kTiles][4], const uint32_t (&a)[4],
                                         uint64_t desc_b, int scale_d) {
-  if constexpr (std::is_same_v<T, __half>) {
-    JAX_FLASH_WGMMA_RS("m64n64k16", "f16", JAX_FLASH_WGMMA_ACC32, "{%32, %33, %34, %35}", "%36",
-                       "%37", "%38", JAX_FLASH_WGMMA_OUT32(d));
+  WgmmaRSN<T, kN == 0 ? kTiles * 8 : kN, kTransB, kOff>(d, a, desc_b, scale_d);
+}
+
+// d += A B for one k-step with B MN-major over kCols columns stored as
+// 64-column blocks `block_bytes` apart (desc_b: the first block, leading
+// offset block_bytes). One wgmma when kCols is a multiple of 64; otherwise one
+// per column block, N = 64 or what is left (a head dim of 96: 64 + 32), since
+// the canonical MN-major layout of a wgmma covers whole 64-column blocks.
+template <typename T, int kCols, int kCol0 = 0, int kTiles>
+__device__ __forceinline__ void WgmmaRSColumns(float (&d)[kTiles][4], const uint32_t (&a)[4],
+                                               uint64_t desc_b, uint32_t block_bytes,
+                                               int scale_d) {
+  static_assert(kCols == kTiles * 8, "one accumulator n-tile per 8 columns");
+  if constexpr (kCols % 64 == 0) {
+    WgmmaRS<T, 1>(d, a, desc_b, scale_d);
   } else {
-    JAX_FLASH_WGMMA_RS("m64n64k16", "bf16", JAX_FLASH_WGMMA_ACC32, "{%32, %33, %34, %35}", "%36",
-                       "%37", "%38", JAX_FLASH_WGMMA_OUT32(d));
+    constexpr int kN = kCols - kCol0 < 64 ? kCols - kCol0 : 64;
+    WgmmaRS<T, 1, kN, kCol0 / 8>(d, a, DescriptorPlus(desc_b, (kCol0 / 64) * block_bytes),
+                                 scale_d);
+    if constexpr (kCol0 + 64 < kCols)
+      WgmmaRSColumns<T, kCols, kCol0 + 64>(d, a, desc_b, block_bytes, scale_d);
   }
 }
 
-template <typename T, int kTransB>
-__device__ __forceinline__ void WgmmaRS(float (&d)[16][4], const uint32_t (&a)[4],
-                                        uint64_t desc_b, int scale_d) {
-  if constexpr (std::is_same_v<T, __half>) {
-    JAX_FLASH_WGMMA_RS("m64n128k16", "f16", JAX_FLASH_WGMMA_ACC64, "{%64, %65, %66, %67}", "%68",
-                       "%69", "%70", JAX_FLASH_WGMMA_OUT64(d));
+// The same with A from shared memory (kTransA = 1: M-major).
+template <typename T, int kCols, int kTransA = 0, int kCol0 = 0, int kTiles>
+__device__ __forceinline__ void WgmmaSSColumns(float (&d)[kTiles][4], uint64_t desc_a,
+                                               uint64_t desc_b, uint32_t block_bytes,
+                                               int scale_d) {
+  static_assert(kCols == kTiles * 8, "one accumulator n-tile per 8 columns");
+  if constexpr (kCols % 64 == 0) {
+    WgmmaSS<T, 1, kTransA>(d, desc_a, desc_b, scale_d);
   } else {
-    JAX_FLASH_WGMMA_RS("m64n128k16", "bf16", JAX_FLASH_WGMMA_ACC64, "{%64, %65, %66, %67}", "%68",
-                       "%69", "%70", JAX_FLASH_WGMMA_OUT64(d));
+    constexpr int kN = kCols - kCol0 < 64 ? kCols - kCol0 : 64;
+    WgmmaSS<T, 1, kTransA, kN, kCol0 / 8>(
+        d, desc_a, DescriptorPlus(desc_b, (kCol0 / 64) * block_bytes), scale_d);
+    if constexpr (kCol0 + 64 < kCols)
+      WgmmaSSColumns<T, kCols, kTransA, kCol0 + 64>(d, desc_a, desc_b, block_bytes, scale_d);
   }
 }
-
-#undef JAX_FLASH_WGMMA_SS
-#undef JAX_FLASH_WGMMA_RS
 
 // d = A B^T summed over kCols columns (one commit group's worth of wgmmas,
 // not committed): A = rows a.. (64 of them) of a swizzled tile of kARows
