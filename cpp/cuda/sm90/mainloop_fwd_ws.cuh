@@ -154,11 +154,19 @@ struct PingPong {
   __device__ __forceinline__ void Start() const {
     if (wg == 1) NamedBarrierArrive(kPingBarrier + 0, kPingThreads);
   }
+  // Immediate barrier ids (a branch on the warp-uniform wg): as registers,
+  // ptxas spilled the two ids at D=128 and reloaded them before every turn.
   __device__ __forceinline__ void WaitTurn() const {
-    NamedBarrierSync(kPingBarrier + wg, kPingThreads);
+    if (wg == 0)
+      asm volatile("bar.sync %0, %1;\n" ::"n"(kPingBarrier + 0), "n"(kPingThreads) : "memory");
+    else
+      asm volatile("bar.sync %0, %1;\n" ::"n"(kPingBarrier + 1), "n"(kPingThreads) : "memory");
   }
   __device__ __forceinline__ void PassTurn() const {
-    NamedBarrierArrive(kPingBarrier + (wg ^ 1), kPingThreads);
+    if (wg == 0)
+      asm volatile("bar.arrive %0, %1;\n" ::"n"(kPingBarrier + 1), "n"(kPingThreads) : "memory");
+    else
+      asm volatile("bar.arrive %0, %1;\n" ::"n"(kPingBarrier + 0), "n"(kPingThreads) : "memory");
   }
   __device__ __forceinline__ void Finish() const {
     if (wg == 0) NamedBarrierSync(kPingBarrier + 0, kPingThreads);
