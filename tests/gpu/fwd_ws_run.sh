@@ -6,12 +6,14 @@
 #                                     Hopper bucket: -DJAX_FLASH_SM90_FWD_WS=0),
 #                                     base (tests/gpu/baseline_src, if present:
 #                                     git archive BASE cpp jax_flash tests/gpu),
-#                                     and tile variants of the new forward at
-#                                     D=128 (sm90/tile_size.h's hook): ws_s3
-#                                     (3 K/V stages), ws_bn64 (64-key blocks)
+#                                     and tile variants of the new forward
+#                                     (sm90/tile_size.h's hook, one bucket
+#                                     each): ws_q2 / ws_q2d64 (two Q buffers,
+#                                     D=128 / D=64), ws_s3 (3 K/V stages,
+#                                     D=128)
 #   tests/gpu/fwd_ws_run.sh check [BUILDS]  tc_kernel_check check + small of
 #                                     the builds named (default: ws classic;
-#                                     a variant before adopting it: ws_s3 ws_bn64)
+#                                     a variant before adopting it: ws_q2 ...)
 #   tests/gpu/fwd_ws_run.sh sanitize  compute-sanitizer memcheck, racecheck,
 #                                     synccheck on `small` (ws)
 #   tests/gpu/fwd_ws_run.sh bench     bench_fwd (D 64/128, S 1k-16k, causal or
@@ -34,15 +36,21 @@ if [ "$step" = build ] || [ "$step" = all ]; then
     { echo "WS BUILD FAILED"; tail -30 "$out/build_ws.log"; }
   (REUSE=$b/gpu_ws REBUILD='^fwd_sm90' JOBS=4 bash tests/gpu/build.sh $b/gpu_classic \
      -DJAX_FLASH_SM90_FWD_WS=0 > "$out/build_classic.log" 2>&1 || echo "CLASSIC BUILD FAILED") &
-  for v in "s3 -DJAX_FLASH_TUNE_WS_STAGES=3" "bn64 -DJAX_FLASH_TUNE_WS_BN=64"; do
-    (REUSE=$b/gpu_ws REBUILD='^fwd_sm90_bf16_hd128$' JOBS=2 bash tests/gpu/build.sh $b/gpu_ws_${v%% *} \
-       -DJAX_FLASH_TUNE_D=128 ${v#* } > "$out/build_ws_${v%% *}.log" 2>&1 ||
-       echo "VARIANT ${v%% *} BUILD FAILED") &
+  # name, bucket, flags: only that bucket's bf16 forward is recompiled.
+  for v in "q2 128 -DJAX_FLASH_TUNE_WS_QSTAGES=2" "q2d64 64 -DJAX_FLASH_TUNE_WS_QSTAGES=2" \
+           "s3 128 -DJAX_FLASH_TUNE_WS_STAGES=3"; do
+    read -r name d flags <<< "$v"
+    (REUSE=$b/gpu_ws REBUILD="^fwd_sm90_bf16_hd$d\$" JOBS=2 bash tests/gpu/build.sh $b/gpu_ws_$name \
+       -DJAX_FLASH_TUNE_D=$d $flags > "$out/build_ws_$name.log" 2>&1 ||
+       echo "VARIANT $name BUILD FAILED") &
   done
   wait
   grep -h -A2 "FwdWsKernel\|FwdKernel" $b/gpu_ws/obj/fwd_sm90_*.log |
     grep -E "Function|registers|spill" | sed 's/_ZN9jax_flash4cuda//' | cut -c1-120 |
     tee "$out/ptxas_fwd_sm90.txt"
+  for f in $b/gpu_ws_*/obj/fwd_sm90_bf16_hd*.log; do
+    [ -f "$f" ] && echo "$f: $(grep -A2 FwdWsKernel "$f" | grep -oE '[0-9]+ bytes spill stores|Used [0-9]+ registers' | tr '\n' ' ')"
+  done | tee -a "$out/ptxas_fwd_sm90.txt"
   echo "builds done in $(( $(date +%s) - start )) s"
 fi
 
@@ -67,7 +75,7 @@ if [ "$step" = sanitize ] || [ "$step" = all ]; then
 fi
 
 if [ "$step" = bench ] || [ "$step" = all ]; then
-  for v in ws classic base ws_s3 ws_bn64; do
+  for v in ws classic base ws_q2 ws_q2d64 ws_s3; do
     [ -x $b/gpu_$v/tc_kernel_check ] || continue
     if grep -q bench_fwd "$( [ $v = base ] && echo tests/gpu/baseline_src/ )tests/gpu/tc_kernel_check.cu" 2>/dev/null; then
       timeout 150 $b/gpu_$v/tc_kernel_check bench_fwd 2>&1 | sed "s/^BENCH/$v/" | tee -a "$out/bench.log"

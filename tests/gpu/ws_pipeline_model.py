@@ -3,8 +3,8 @@
 the producer thread, the two consumer warpgroups (one agent each, arriving for
 its four warps), mbarriers with parity waits, arrival counts and tx bytes,
 the ping-pong named barriers, TMA copies completing at random later times.
-Random interleavings over random tile lists (empty tiles, one-block tiles) and
-2-4 stages; fails on a deadlock, on a TMA copy landing in a stage a consumer
+Random interleavings over random tile lists (empty tiles, one-block tiles),
+2-4 K/V stages and 1-2 Q buffers; fails on a deadlock, on a TMA copy landing in a stage a consumer
 still reads, on a consumer reading a stage that does not hold its block, and
 on barriers or named-barrier arrivals left unpaired at the end. It checks the
 protocol, not the CUDA code: keep the two in step when either changes.
@@ -57,9 +57,10 @@ class NamedBar:
             self.gen += 1
 
 
-def run(tiles, stages, seed):
+def run(tiles, stages, seed, qstages=1):
     rng = random.Random(seed)
-    full_q, empty_q = MBar(1), MBar(8)
+    full_q = [MBar(1) for _ in range(qstages)]
+    empty_q = [MBar(8) for _ in range(qstages)]
     full_k = [MBar(1) for _ in range(stages)]
     empty_k = [MBar(8) for _ in range(stages)]
     full_v = [MBar(1) for _ in range(stages)]
@@ -75,14 +76,15 @@ def run(tiles, stages, seed):
 
     def producer():
         kv = 0
-        qph = 0
+        qc = 0
         for ti, (nb, ne) in enumerate(tiles):
             if nb >= ne:
                 continue
-            yield from wait(empty_q, qph ^ 1)
-            full_q.arrive(expect_tx=1)
-            inflight.append((("q", 0), (ti, "q"), full_q, 1))
-            qph ^= 1
+            qs, qph = qc % qstages, (qc // qstages) & 1
+            yield from wait(empty_q[qs], qph ^ 1)
+            full_q[qs].arrive(expect_tx=1)
+            inflight.append((("q", qs), (ti, "q"), full_q[qs], 1))
+            qc += 1
             for n in range(nb, ne):
                 s, ph = kv % stages, (kv // stages) & 1
                 yield from wait(empty_k[s], ph ^ 1)
@@ -104,15 +106,16 @@ def run(tiles, stages, seed):
 
     def consumer(wg):
         kv = 0
-        qph = 0
+        qc = 0
         if wg == 1:
             nbar[1].arrive(128)
         for ti, (nb, ne) in enumerate(tiles):
             if nb >= ne:
                 yield "step"
                 continue
-            yield from wait(full_q, qph)
-            qph ^= 1
+            qs, qph = qc % qstages, (qc // qstages) & 1
+            yield from wait(full_q[qs], qph)
+            qc += 1
             s, ph = kv % stages, (kv // stages) & 1
             yield from wait(full_k[s], ph)
             # WaitTurn
@@ -120,7 +123,7 @@ def run(tiles, stages, seed):
             nbar[1 + wg].arrive(128)
             while nbar[1 + wg].gen == g:
                 yield "block"
-            use(("q", 0), wg, (ti, "q"))
+            use(("q", qs), wg, (ti, "q"))
             use(("k", s), wg, (ti, nb))
             nbar[1 + (wg ^ 1)].arrive(128)  # PassTurn
             yield "step"  # S GEMM runs
@@ -128,9 +131,9 @@ def run(tiles, stages, seed):
             for _ in range(4):
                 empty_k[s].arrive()
             if nb + 1 == ne:
-                unuse(("q", 0), wg)
+                unuse(("q", qs), wg)
                 for _ in range(4):
-                    empty_q.arrive()
+                    empty_q[qs].arrive()
             prev = kv
             kv += 1
             for n in range(nb + 1, ne):
@@ -142,7 +145,7 @@ def run(tiles, stages, seed):
                 nbar[1 + wg].arrive(128)
                 while nbar[1 + wg].gen == g:
                     yield "block"
-                use(("q", 0), wg, (ti, "q"))
+                use(("q", qs), wg, (ti, "q"))
                 use(("k", s), wg, (ti, n))
                 use(("v", ps), wg, (ti, n - 1))
                 nbar[1 + (wg ^ 1)].arrive(128)
@@ -151,9 +154,9 @@ def run(tiles, stages, seed):
                 for _ in range(4):
                     empty_k[s].arrive()
                 if n + 1 == ne:
-                    unuse(("q", 0), wg)
+                    unuse(("q", qs), wg)
                     for _ in range(4):
-                        empty_q.arrive()
+                        empty_q[qs].arrive()
                 yield "step"  # softmax; PV done
                 unuse(("v", ps), wg)
                 for _ in range(4):
@@ -210,7 +213,7 @@ def run(tiles, stages, seed):
             if blocked_rounds > 50:
                 raise RuntimeError(f"deadlock: done={done} tiles={tiles}")
     assert nbar[1].arrived == 0 and nbar[2].arrived == 0, "unpaired named-barrier arrivals"
-    for b in [full_q, empty_q] + full_k + empty_k + full_v + empty_v:
+    for b in full_q + empty_q + full_k + empty_k + full_v + empty_v:
         assert b.pending == b.count and b.tx == 0, "barrier left mid-phase"
 
 
@@ -224,8 +227,9 @@ def main():
             ne = nb + rng.choice([0, 0, 1, 1, 2, 3, 5, 8])
             tiles.append((nb, ne))
         for stages in (2, 3, 4):
-            run(tiles, stages, seed=it * 10 + stages)
-    print(f"ok: {n} tile lists x stages 2/3/4, no deadlock, no race")
+            for qstages in (1, 2):
+                run(tiles, stages, seed=it * 10 + stages + 100000 * qstages, qstages=qstages)
+    print(f"ok: {n} tile lists x stages 2/3/4 x Q buffers 1/2, no deadlock, no race")
 
 
 if __name__ == "__main__":

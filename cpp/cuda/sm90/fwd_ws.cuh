@@ -38,17 +38,20 @@ struct FwdWsTraits {
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
+  static constexpr int kQStages = kTile.q_stages;
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;  // one Q stage
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // one K or V stage
   // + one swizzle period so that the tiles can start 1024-byte aligned.
-  static constexpr int kBarrierBytes = 16 + 32 * kStages;  // FwdWsSmem
-  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKvBytes + kBarrierBytes + kAtomBytes;
+  static constexpr int kBarrierBytes = 16 * kQStages + 32 * kStages;  // FwdWsSmem
+  static constexpr int kSmemBytes =
+      kQStages * kQBytes + 2 * kStages * kKvBytes + kBarrierBytes + kAtomBytes;
   static_assert(kConsumerWarpgroups == 2, "ping-pong of two consumer warpgroups");
   static_assert(kHeadDim % kSwizzleElems == 0, "head dim must be a multiple of 64");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "TMA boxes and wgmma N");
+  static_assert(kQStages == 1 || kQStages == 2, "Q buffers");
   static_assert(kTile.producer_regs * 128 + kTile.consumer_regs * 128 * kConsumerWarpgroups <=
                     65536, "register file");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
@@ -73,7 +76,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int consumer_warp = pos.warp - 4;
   const PingPong ping{consumer_warp / 4};
   RingPos<Traits::kStages> kv;
-  uint32_t q_phase = 0;
+  RingPos<Traits::kQStages> q;
   ping.Start();
   for (int index = blockIdx.x; index < a.sched.tiles; index += gridDim.x) {
     const QueryBlockScheduler::Tile tile = PersistentScheduler::Get(a.sched, index);
@@ -83,7 +86,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     InitFwdState(o, row_m, row_l);
     if (blk.n_begin < blk.n_end)
       FwdWsConsumerTile<T, Traits>(a, sm, blk, ping, consumer_warp, pos.lane, pos.g, pos.t, kv,
-                                   q_phase, o, row_m, row_l);
+                                   q, o, row_m, row_l);
     StoreOutput<T>(a.args.p, blk.b, blk.h, blk.m0 + consumer_warp * 16, o, row_m, row_l,
                    a.args.scale_log2, pos.g, pos.t);  // out = O / l, lse
   }

@@ -2,9 +2,12 @@
 // structure, our code): the producer's loads and the consumers' GEMMs and
 // softmax for one tile of kBlockM query rows, all K/V blocks of its key range.
 //
-// Producer (one thread of warpgroup 0): per tile, Q by TMA once, then K and V
-// of every block into the ring of kStages stages (sm90/pipeline.cuh), each
-// behind its stage's empty barrier.
+// Producer (one thread of warpgroup 0): per tile, Q by TMA once into a ring
+// of kQStages buffers, then K and V of every block into the ring of kStages
+// stages (sm90/pipeline.cuh), each behind its stage's empty barrier. With two
+// Q buffers the next tile's Q is loaded as soon as this tile's last K/V load
+// is issued, not after the consumers' last S GEMM of this tile: at tile
+// boundaries the consumers then find Q there.
 //
 // Consumers (warpgroups 1.., 64 query rows each, all reading the same K/V
 // stages), per tile, with P of block n - 1 kept in registers:
@@ -52,22 +55,24 @@ struct FwdWsArgs {
 template <typename Traits>
 struct FwdWsSmem {
   uint32_t q, k, v;  // tiles, 1024-byte aligned
-  // full_q, empty_q, then per stage full_k, empty_k, full_v, empty_v:
-  // Traits::kBarrierBytes = 16 + 32 * kStages.
+  // per Q stage full_q, empty_q, then per K/V stage full_k, empty_k, full_v,
+  // empty_v: Traits::kBarrierBytes = 16 * kQStages + 32 * kStages.
   uint32_t bars;
-  __device__ __forceinline__ uint32_t full_q() const { return bars; }
-  __device__ __forceinline__ uint32_t empty_q() const { return bars + 8; }
-  __device__ __forceinline__ uint32_t full_k(int s) const { return bars + 16 + 32 * s; }
-  __device__ __forceinline__ uint32_t empty_k(int s) const { return bars + 24 + 32 * s; }
-  __device__ __forceinline__ uint32_t full_v(int s) const { return bars + 32 + 32 * s; }
-  __device__ __forceinline__ uint32_t empty_v(int s) const { return bars + 40 + 32 * s; }
+  static constexpr int kKvBars = 16 * Traits::kQStages;
+  __device__ __forceinline__ uint32_t full_q(int s) const { return bars + 16 * s; }
+  __device__ __forceinline__ uint32_t empty_q(int s) const { return bars + 8 + 16 * s; }
+  __device__ __forceinline__ uint32_t q_tile(int s) const { return q + s * Traits::kQBytes; }
+  __device__ __forceinline__ uint32_t full_k(int s) const { return bars + kKvBars + 32 * s; }
+  __device__ __forceinline__ uint32_t empty_k(int s) const { return bars + kKvBars + 8 + 32 * s; }
+  __device__ __forceinline__ uint32_t full_v(int s) const { return bars + kKvBars + 16 + 32 * s; }
+  __device__ __forceinline__ uint32_t empty_v(int s) const { return bars + kKvBars + 24 + 32 * s; }
   __device__ __forceinline__ uint32_t k_tile(int s) const { return k + s * Traits::kKvBytes; }
   __device__ __forceinline__ uint32_t v_tile(int s) const { return v + s * Traits::kKvBytes; }
 
   __device__ __forceinline__ static FwdWsSmem Carve(uint32_t smem_raw) {
     FwdWsSmem r;
     r.q = (smem_raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
-    r.k = r.q + Traits::kQBytes;
+    r.k = r.q + Traits::kQStages * Traits::kQBytes;
     r.v = r.k + Traits::kStages * Traits::kKvBytes;
     r.bars = r.v + Traits::kStages * Traits::kKvBytes;
     return r;
@@ -75,8 +80,10 @@ struct FwdWsSmem {
 
   // Thread 0, before the CTA barrier that precedes the role split.
   __device__ __forceinline__ void Init() const {
-    MbarrierInit(full_q(), 1);
-    MbarrierInit(empty_q(), Traits::kConsumerWarps);
+    for (int s = 0; s < Traits::kQStages; ++s) {
+      MbarrierInit(full_q(s), 1);
+      MbarrierInit(empty_q(s), Traits::kConsumerWarps);
+    }
     for (int s = 0; s < Traits::kStages; ++s) {
       MbarrierInit(full_k(s), 1);
       MbarrierInit(empty_k(s), Traits::kConsumerWarps);
@@ -97,20 +104,21 @@ __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSme
   const FwdParams& p = a.args.p;
   const int group = static_cast<int>(p.shape.group_size());
   RingPos<Traits::kStages> kv;
-  uint32_t q_phase = 0;
+  RingPos<Traits::kQStages> q;
   for (int index = blockIdx.x; index < a.sched.tiles; index += gridDim.x) {
     const QueryBlockScheduler::Tile tile = PersistentScheduler::Get(a.sched, index);
     const FwdBlock<T> blk = FwdBlock<T>::template Make<kBlockM, kBlockN>(p, tile);
     if (blk.n_begin >= blk.n_end) continue;  // the consumers skip it too
     const int b = static_cast<int>(tile.b), h = static_cast<int>(tile.h), h_kv = h / group;
-    // Q: after both consumer warpgroups' last S GEMM of the previous tile.
-    MbarrierWait(sm.empty_q(), q_phase ^ 1);
-    MbarrierArriveExpectTx(sm.full_q(), Traits::kQBytes);
+    // Q: after both consumer warpgroups' last S GEMM of the tile that used
+    // this buffer before (the previous tile with one buffer).
+    MbarrierWait(sm.empty_q(q.stage()), q.phase() ^ 1);
+    MbarrierArriveExpectTx(sm.full_q(q.stage()), Traits::kQBytes);
 #pragma unroll
     for (int cb = 0; cb < kColBlocks; ++cb)
-      TmaLoadBox(sm.q + cb * kBlockM * kSwizzleBytes, &a.q_map, cb * kSwizzleElems,
-                 static_cast<int>(blk.m0), h, b, sm.full_q());
-    q_phase ^= 1;
+      TmaLoadBox(sm.q_tile(q.stage()) + cb * kBlockM * kSwizzleBytes, &a.q_map,
+                 cb * kSwizzleElems, static_cast<int>(blk.m0), h, b, sm.full_q(q.stage()));
+    q.Advance();
     for (int64_t n = blk.n_begin; n < blk.n_end; ++n) {
       const int row = static_cast<int>(n * kBlockN);
       MbarrierWait(sm.empty_k(kv.stage()), kv.phase() ^ 1);
@@ -146,11 +154,19 @@ struct PingPong {
   __device__ __forceinline__ void Start() const {
     if (wg == 1) NamedBarrierArrive(kPingBarrier + 0, kPingThreads);
   }
+  // Immediate barrier ids (a branch on the warp-uniform wg): as registers,
+  // ptxas spilled the two ids at D=128 and reloaded them before every turn.
   __device__ __forceinline__ void WaitTurn() const {
-    NamedBarrierSync(kPingBarrier + wg, kPingThreads);
+    if (wg == 0)
+      asm volatile("bar.sync %0, %1;\n" ::"n"(kPingBarrier + 0), "n"(kPingThreads) : "memory");
+    else
+      asm volatile("bar.sync %0, %1;\n" ::"n"(kPingBarrier + 1), "n"(kPingThreads) : "memory");
   }
   __device__ __forceinline__ void PassTurn() const {
-    NamedBarrierArrive(kPingBarrier + (wg ^ 1), kPingThreads);
+    if (wg == 0)
+      asm volatile("bar.arrive %0, %1;\n" ::"n"(kPingBarrier + 1), "n"(kPingThreads) : "memory");
+    else
+      asm volatile("bar.arrive %0, %1;\n" ::"n"(kPingBarrier + 0), "n"(kPingThreads) : "memory");
   }
   __device__ __forceinline__ void Finish() const {
     if (wg == 0) NamedBarrierSync(kPingBarrier + 0, kPingThreads);
@@ -227,11 +243,12 @@ __device__ __forceinline__ void PackP(uint32_t (&p)[kNTiles / 2][4],
 }
 
 // One consumer warpgroup's work on one tile: O, m, l of this warp's 16 rows.
-// `kv` and `q_phase` carry the ring positions from tile to tile.
+// `kv` and `q` carry the ring positions from tile to tile.
 template <typename T, typename Traits>
 __device__ __forceinline__ void FwdWsConsumerTile(
     const FwdWsArgs& a, const FwdWsSmem<Traits>& sm, const FwdBlock<T>& blk, const PingPong& ping,
-    int consumer_warp, int lane, int g, int t, RingPos<Traits::kStages>& kv, uint32_t& q_phase,
+    int consumer_warp, int lane, int g, int t, RingPos<Traits::kStages>& kv,
+    RingPos<Traits::kQStages>& q,
     float (&o)[1][Traits::kHeadDim / kMmaN][4], float (&row_m)[1][2], float (&row_l)[1][2]) {
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kNTiles = kBlockN / kMmaN;
@@ -239,15 +256,16 @@ __device__ __forceinline__ void FwdWsConsumerTile(
   const int64_t m0 = blk.m0, n_begin = blk.n_begin, n_end = blk.n_end;
   const int64_t warp_row0 = m0 + consumer_warp * 16;
   // This warpgroup's 64 rows of Q: row 64 * wg of every column block.
-  const uint32_t q_rows = sm.q + ping.wg * 64 * kSwizzleBytes;
+  const int q_stage = q.stage();
+  const uint32_t q_rows = sm.q_tile(q_stage) + ping.wg * 64 * kSwizzleBytes;
   // One arrival per warp on an empty barrier, once the warpgroup's wait for
   // the GEMMs that read the stage has returned.
   auto release = [&](uint32_t bar) {
     if (lane == 0) ArriveBarrier(bar);
   };
 
-  MbarrierWait(sm.full_q(), q_phase);
-  q_phase ^= 1;
+  MbarrierWait(sm.full_q(q_stage), q.phase());
+  q.Advance();
   uint32_t p[kBlockN / kMmaK][4];
   float alpha[1][2];
   {
@@ -261,7 +279,7 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     WgmmaWait<0>();
     FenceRegisters(s[0]);
     release(sm.empty_k(kv.stage()));
-    if (n_begin + 1 == n_end) release(sm.empty_q());
+    if (n_begin + 1 == n_end) release(sm.empty_q(q_stage));
     // O is still 0: no rescale whatever the softmax says.
     ScoresToP<Traits>(s, row_m, row_l, alpha, args, blk.mask, m0, warp_row0, n_begin, g, t);
     PackP<T>(p, s);
@@ -282,7 +300,7 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     WgmmaWait<1>();  // S_n (O += P V may still run)
     FenceRegisters(s[0]);
     release(sm.empty_k(kv.stage()));
-    if (n + 1 == n_end) release(sm.empty_q());
+    if (n + 1 == n_end) release(sm.empty_q(q_stage));
     const bool rescale =
         ScoresToP<Traits>(s, row_m, row_l, alpha, args, blk.mask, m0, warp_row0, n, g, t);
     WgmmaWait<0>();  // O += P_{n-1} V_{n-1}

@@ -31,10 +31,13 @@ struct BwdTile {
 // The warp-specialized forward (sm90/fwd_ws.cuh): query rows per tile (one
 // consumer warpgroup per 64), keys per K/V block, K/V stages of the ring,
 // registers per thread of the producer warpgroup and of the consumers after
-// setmaxnreg (producer_regs * 128 + consumer_regs * block_m * 2 <= 65536).
+// setmaxnreg (producer_regs * 128 + consumer_regs * block_m * 2 <= 65536),
+// Q buffers (2: the next tile's Q loads while this tile's last blocks run,
+// instead of after its last S GEMM, off the consumers' path at tile starts).
 // FA3 uses 128 x 176 at D=128 (128 x 128 causal) and 192 x 192 at D=64.
 struct FwdWsTile {
   int block_m, block_n, stages, producer_regs, consumer_regs;
+  int q_stages = 1;
 };
 
 // Deterministic dQ (the forward's structure: S and dP, then dQ += dS K):
@@ -102,8 +105,9 @@ constexpr BwdTile BwdTileSize(int head_dim) { return TilesFor(head_dim).bwd; }
 constexpr DqTile DqTileSize(int head_dim) { return TilesFor(head_dim).dq; }
 
 // Tuning hook (tests/gpu/fwd_ws_run.sh): with -DJAX_FLASH_TUNE_D=<bucket>,
-// -DJAX_FLASH_TUNE_WS_STAGES=<n> and -DJAX_FLASH_TUNE_WS_BN=<64 or 128>
-// replace that field of the bucket's warp-specialized forward tile.
+// -DJAX_FLASH_TUNE_WS_STAGES=<n>, -DJAX_FLASH_TUNE_WS_BN=<64 or 128>
+// and -DJAX_FLASH_TUNE_WS_QSTAGES=<1 or 2> replace that field of the
+// bucket's warp-specialized forward tile.
 constexpr FwdWsTile FwdWsTileSize(int head_dim) {
   FwdWsTile t = head_dim <= 64 ? FwdWsTile{128, 128, 4, 24, 240} : FwdWsTile{128, 128, 2, 24, 240};
 #ifdef JAX_FLASH_TUNE_D
@@ -113,6 +117,9 @@ constexpr FwdWsTile FwdWsTileSize(int head_dim) {
 #endif
 #ifdef JAX_FLASH_TUNE_WS_BN
   t.block_n = JAX_FLASH_TUNE_WS_BN;
+#endif
+#ifdef JAX_FLASH_TUNE_WS_QSTAGES
+  t.q_stages = JAX_FLASH_TUNE_WS_QSTAGES;
 #endif
 #endif
   return t;
