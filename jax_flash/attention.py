@@ -19,12 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_flash import _supported, autodiff  # noqa: F401 (autodiff registers the rules)
-from jax_flash.primitives import accumulation_dtype, flash_fwd_p, match_varying
+from jax_flash.primitives import accumulation_dtype, flash_fwd_p, mask_operands, match_varying
 
 _NO_INT_OPERAND = np.zeros((0,), np.int32)
 _NO_MASK = np.zeros((0,), np.bool_)
 _NO_KEY = np.zeros((0,), np.uint32)
-NO_OFFSETS = np.zeros((0,), np.int32)  # a whole problem: positions and indices start at 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -453,14 +452,15 @@ def flash_attention(query, key, value, *, bias=None, mask=None,
   batch = math.prod(batch_shape)
   def to_kernel(x):
     return x.reshape((batch,) + x.shape[len(batch_shape):])
-  kernel_mask = (
-      _lengths("query_seq_lengths", query_seq_lengths, batch_shape, seqlen_q),
-      _lengths("key_value_seq_lengths", key_value_seq_lengths, batch_shape, seqlen_k),
-      *_segment_ids(q_segment_ids, kv_segment_ids, batch_shape, seqlen_q, seqlen_k),
-      _bias(bias, batch_shape, dense_full, acc_dtype),
-      _mask(mask, batch_shape, dense_full),
-      dropout_key, NO_OFFSETS,
-  )
+  q_ids, kv_ids = _segment_ids(q_segment_ids, kv_segment_ids, batch_shape, seqlen_q, seqlen_k)
+  kernel_mask = mask_operands(
+      query.dtype,
+      q_seqlens=_lengths("query_seq_lengths", query_seq_lengths, batch_shape, seqlen_q),
+      kv_seqlens=_lengths("key_value_seq_lengths", key_value_seq_lengths, batch_shape, seqlen_k),
+      q_segment_ids=q_ids, kv_segment_ids=kv_ids,
+      bias=_bias(bias, batch_shape, dense_full, acc_dtype),
+      mask=_mask(mask, batch_shape, dense_full),
+      dropout_key=dropout_key)
   operands = match_varying(to_kernel(query), to_kernel(key), to_kernel(value), *kernel_mask)
   out, lse = _attention(config, *operands)
   out = out.reshape(query.shape)

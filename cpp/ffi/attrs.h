@@ -23,7 +23,7 @@ struct ScoreAttrs {
 // The backward's: the score attributes, then its own (JAX_FLASH_BWD_ATTRS
 // lists them in this order, which aggregate initialisation follows).
 struct BwdAttrs : ScoreAttrs {
-  bool deterministic;
+  JAX_FLASH_BWD_OWN_ATTRS(JAX_FLASH_ATTR_FIELD)
 };
 
 #undef JAX_FLASH_ATTR_FIELD

@@ -4,10 +4,11 @@
 // Everything else is generated from these lists: the XLA bindings of the
 // handlers and the structs they decode into (ops.h, attrs.h), and the
 // nanobind module's ffi_contract(), from which Python takes its operand
-// names and attribute types and against which it checks the primitives at
-// import (jax_flash/_ffi.py). Adding an operand or an attribute is one line
-// here, the policy that reads it (decode.h, the kernels) and the Python call
-// site that passes it.
+// names and its attributes' names and types (jax_flash/_ffi.py;
+// tests/test_contract.py checks the lowered calls against it). Adding an
+// operand or an attribute is one line here, the policy that reads it
+// (decode.h, the kernels), and in Python its sharding roles (primitives.py)
+// and the call site that passes it.
 //
 // The targets have the same operands, results and attributes on every
 // platform, except the CUDA backward's extra workspace result.
@@ -86,11 +87,20 @@
   X(int64_t, window_right, "j <= i + window_right; < 0 = unbounded")       \
   X(double, dropout_rate, "drop probability in [0, 1); 0 = off")           \
   X(bool, broadcast_dropout, "one dropout mask for every batch element and head")
-#define JAX_FLASH_BWD_ATTRS(X) \
-  JAX_FLASH_SCORE_ATTRS(X)     \
+#define JAX_FLASH_FWD_ATTRS(X) JAX_FLASH_SCORE_ATTRS(X)
+#define JAX_FLASH_JVP_ATTRS(X) JAX_FLASH_SCORE_ATTRS(X)
+#define JAX_FLASH_BWD_OWN_ATTRS(X) \
   X(bool, deterministic, "bitwise-reproducible gradients (the CPU backward always is)")
+#define JAX_FLASH_BWD_ATTRS(X) JAX_FLASH_SCORE_ATTRS(X) JAX_FLASH_BWD_OWN_ATTRS(X)
 
 // The targets, by op.
 #define JAX_FLASH_FWD_TARGET "jax_flash_fwd"
 #define JAX_FLASH_BWD_TARGET "jax_flash_bwd"
 #define JAX_FLASH_JVP_TARGET "jax_flash_jvp"
+
+// Every op: X(target, operand list, result list, attribute list), each list
+// one of the macros above (the mask operands follow each op's own operands).
+#define JAX_FLASH_FFI_OPS(X)                                                                  \
+  X(JAX_FLASH_FWD_TARGET, JAX_FLASH_FWD_OPERANDS, JAX_FLASH_FWD_RESULTS, JAX_FLASH_FWD_ATTRS) \
+  X(JAX_FLASH_BWD_TARGET, JAX_FLASH_BWD_OPERANDS, JAX_FLASH_BWD_RESULTS, JAX_FLASH_BWD_ATTRS) \
+  X(JAX_FLASH_JVP_TARGET, JAX_FLASH_JVP_OPERANDS, JAX_FLASH_JVP_RESULTS, JAX_FLASH_JVP_ATTRS)

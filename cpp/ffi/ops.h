@@ -29,7 +29,6 @@ using ffi_decode::MaskOperands;
 #define JAX_FLASH_FFI_COUNT(name, dtype, shape) +1
 
 struct FwdOp {
-  static constexpr const char* kTarget = JAX_FLASH_FWD_TARGET;
   struct Operands { JAX_FLASH_FWD_OPERANDS(JAX_FLASH_FFI_BUFFER_FIELD) };
   struct Results { JAX_FLASH_FWD_RESULTS(JAX_FLASH_FFI_RESULT_FIELD) };
   using Attrs = ffi_decode::ScoreAttrs;
@@ -52,7 +51,6 @@ struct FwdOp {
 };
 
 struct BwdOp {
-  static constexpr const char* kTarget = JAX_FLASH_BWD_TARGET;
   struct Operands { JAX_FLASH_BWD_OPERANDS(JAX_FLASH_FFI_BUFFER_FIELD) };
   struct Results { JAX_FLASH_BWD_RESULTS(JAX_FLASH_FFI_RESULT_FIELD) };
   using Attrs = ffi_decode::BwdAttrs;
@@ -73,7 +71,6 @@ struct BwdOp {
 };
 
 struct JvpOp {
-  static constexpr const char* kTarget = JAX_FLASH_JVP_TARGET;
   struct Operands { JAX_FLASH_JVP_OPERANDS(JAX_FLASH_FFI_BUFFER_FIELD) };
   struct Results { JAX_FLASH_JVP_RESULTS(JAX_FLASH_FFI_RESULT_FIELD) };
   using Attrs = ffi_decode::ScoreAttrs;
