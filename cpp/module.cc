@@ -6,6 +6,7 @@
 #include "cpu/kernels.h"
 #include "ffi/contract.h"
 #include "ffi/handlers.h"
+#include "jax_flash/mask.h"
 #include "jax_flash/supported.h"
 
 namespace nb = nanobind;
@@ -56,6 +57,10 @@ nb::dict Contract() {
   nb::dict extra;
   extra["cuda"] = cuda_bwd;
   contract["extra_results"] = extra;
+  // Query rows and keys per block_mask cell (mask.h).
+  nb::dict constants;
+  constants["block_mask_block"] = jax_flash::kBlockMaskBlock;
+  contract["constants"] = constants;
   return contract;
 }
 
@@ -88,7 +93,7 @@ NB_MODULE(_jax_flash, m) {
         "The custom calls' operands, results and attributes (cpp/ffi/contract.h): {'ops': "
         "{target: {'operands', 'results': [(name, dtype, shape)], 'attributes': [(name, "
         "C++ type, meaning)]}}, 'mask_operands': [...], 'extra_results': {platform: "
-        "{target: [...]}}}.");
+        "{target: [...]}}, 'constants': {'block_mask_block': ...}}.");
 
 #ifdef JAX_FLASH_WITH_CUDA
   m.def("cuda_bwd_workspace_bytes",

@@ -30,6 +30,8 @@ CONTRACT = _jax_flash.ffi_contract()
 MASK_OPERANDS = tuple(name for name, _, _ in CONTRACT["mask_operands"])
 # contract.h's operand dtypes; "input" is q's, "acc" its accumulation dtype.
 OPERAND_DTYPES = {name: dtype for name, dtype, _ in CONTRACT["mask_operands"]}
+# Query rows and keys per cell of the block-sparse mask (mask.h).
+BLOCK_MASK_BLOCK = int(CONTRACT["constants"]["block_mask_block"])
 # How each C++ attribute type is written into the call (ffi_lowering types
 # numpy scalars exactly: f64, i64; Python bools as i1).
 _ATTRIBUTE_TYPES = {"double": np.float64, "int64_t": np.int64, "bool": bool}

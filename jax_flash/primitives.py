@@ -12,7 +12,7 @@ are in autodiff.py.
 Operands, results and attributes are the custom calls' (cpp/ffi/contract.h,
 read through _ffi.CONTRACT): optional operands have shape ``(0,)`` when
 absent; every op ends with the MASK_OPERANDS (lengths, segment ids, bias,
-mask, dropout key, offsets). The primitives' parameters are the calls'
+mask, block mask, dropout key, offsets). The primitives' parameters are the calls'
 attributes (scale, softcap, is_causal, window_left, window_right,
 dropout_rate, broadcast_dropout, deterministic); only the backward's call
 takes deterministic, the forward and the JVP carry it for the backward that
@@ -47,8 +47,7 @@ flash_jvp_p.multiple_results = True
 _LOWERING_PLATFORMS = ("cpu", "cuda")
 
 MASK_OPERANDS = _ffi.MASK_OPERANDS
-_BIAS, _MASK, _KEY, _OFFSETS = (MASK_OPERANDS.index(name)
-                                for name in ("bias", "mask", "dropout_key", "offsets"))
+_BIAS, _KEY, _OFFSETS = (MASK_OPERANDS.index(name) for name in ("bias", "dropout_key", "offsets"))
 
 
 def accumulation_dtype(dtype) -> np.dtype:
@@ -196,9 +195,12 @@ _DENSE_ROLES = ("b", "h", "s", "t")  # a bias or mask, broadcastable to (B, Hq, 
 _READABLE = {"q": "query", "k": "key", "v": "value"}
 
 # Roles (see sharding/partitioning.py) of each mask operand's dimensions.
+# The block mask's cells are indexed by position (mask.h): a sequence shard
+# reads the whole mask, told its place by the offsets.
 _MASK_ROLES = {"q_seqlens": ("b",), "kv_seqlens": ("b",), "q_segment_ids": ("b", "s"),
                "kv_segment_ids": ("b", "t"), "bias": _DENSE_ROLES, "mask": _DENSE_ROLES,
-               "dropout_key": (None, None), "offsets": (None,)}
+               "block_mask": ("b", "h", None, None), "dropout_key": (None, None),
+               "offsets": (None,)}
 if set(_MASK_ROLES) != set(MASK_OPERANDS):
   raise ImportError(f"jax_flash: primitives.py gives sharding roles to {sorted(_MASK_ROLES)}, "
                     f"but the extension's mask operands are {sorted(MASK_OPERANDS)}: the "
@@ -221,14 +223,15 @@ def _layout(name, target, per_row_roles, result_roles, mask_operands, params):
   mask_roles = _mask_roles(mask_operands)
   window = params["window_left"] >= 0 or params["window_right"] >= 0
   dropout = params["dropout_rate"] > 0
-  lengths = not _is_absent(mask_operands[MASK_OPERANDS.index("q_seqlens")])
+  by_position = [not _is_absent(mask_operands[MASK_OPERANDS.index(name)])
+                 for name in ("q_seqlens", "block_mask")]
   return partitioning.Layout(
       name=name,
       operand_names=tuple(_READABLE.get(name, name) for name in _ffi.operands(target)),
       operand_roles=per_row_roles + tuple(mask_roles),
       result_roles=result_roles(mask_roles),
       offsets_index=len(per_row_roles) + _OFFSETS,
-      needs_positions=params["is_causal"] or window or dropout or lengths,
+      needs_positions=params["is_causal"] or window or dropout or any(by_position),
       needs_ids=dropout,
       batch_shardable=not dropout or mask_operands[_KEY].shape[0] == 1,
       position_multiple=DROPOUT_BLOCK if dropout else 1)
@@ -304,7 +307,7 @@ def _is_absent(x) -> bool:
 
 
 # Operands broadcastable over the batch like a dense bias (4-d, batch dim 1 or B).
-_DENSE_OPERANDS = ("bias", "mask", "bias_dot")
+_DENSE_OPERANDS = ("bias", "mask", "bias_dot", "block_mask")
 
 
 def _fold_into_batch(args, dims, axis_size, batch, target):
@@ -364,9 +367,9 @@ def _fwd_batch_rule(args, dims, **params):
     # extra query heads of each KV group (placing the mapped axis right after
     # the head axis keeps the GQA grouping head // group_size intact). Not
     # with dropout, whose mask depends on the head index, nor with a dense
-    # bias or mask that varies per head.
-    bias, mask = args[3 + _BIAS], args[3 + _MASK]
-    if all(_is_absent(x) or x.shape[1] == 1 for x in (bias, mask)):
+    # bias or mask or a block mask that varies per head.
+    dense = [args[3 + MASK_OPERANDS.index(name)] for name in ("bias", "mask", "block_mask")]
+    if all(_is_absent(x) or x.shape[1] == 1 for x in dense):
       q = jnp.moveaxis(args[0], q_dim, 3)  # (B, Sq, Hq, V, D)
       batch, seqlen_q, num_heads, _, head_dim = q.shape
       q = q.reshape(batch, seqlen_q, num_heads * axis_size, head_dim)

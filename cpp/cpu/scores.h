@@ -38,8 +38,10 @@ struct HeadView {
     return v;
   }
 
-  // False only if no (i, j) of the tile is visible; such tiles are skipped.
+  // False only if no (i, j) of the tile is visible; such tiles are skipped
+  // (a hidden block of the block-sparse mask by its cells alone, never read).
   bool TileMayBeVisible(int64_t i0, int64_t rows, int64_t j0, int64_t cols) const {
+    if (!mask.AnyBlockSet(i0, i0 + rows, j0, j0 + cols)) return false;
     return !mask.HasElementwiseTerms() || mask.AnyVisible(i0, i0 + rows, j0, j0 + cols);
   }
 };

@@ -88,9 +88,10 @@ bool TensorCoresSupport(const AttentionShape& shape, DType dtype) {
 
 // The shape test plus what the 16-byte loads need of the buffers: every row
 // and head stride a multiple of 8 elements and every pointer 16-byte aligned;
-// and no bias (not in these kernels yet).
+// and no bias or block-sparse mask (not in these kernels yet: the block mask
+// goes to the exact kernels, which skip its hidden tiles unread).
 bool TensorCoresSupport(const FwdParams& p, DType dtype) {
-  if (p.score.bias != nullptr) return false;
+  if (p.score.bias != nullptr || p.mask.block != nullptr) return false;
   return TensorCoresSupport(p.shape, dtype) && Aligned(p.q) && Aligned(p.k) && Aligned(p.v) &&
          Aligned(p.out) && VectorStrides(p.q_strides) && VectorStrides(p.k_strides) &&
          VectorStrides(p.v_strides) && VectorStrides(p.out_strides);

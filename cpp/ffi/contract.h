@@ -29,6 +29,9 @@
   X(kv_segment_ids, "int32", "(B, Sk): i sees j only where the ids are equal")              \
   X(bias, "acc", "rank 4, each dim 1 or (B, Hq, Sq, Sk)'s: added to the scaled logits")     \
   X(mask, "bool", "rank 4, broadcast like bias: False hides the pair")                      \
+  X(block_mask, "bool",                                                                     \
+    "(B' in 1 or B, H' in 1 or Hq, R, C), R and C 1 or at least Sq and Sk / 128 rounded "   \
+    "up: False hides the 128 x 128 block of positions (mask.h)")                            \
   X(dropout_key, "uint32",                                                                  \
     "(Bkey, 2), Bkey dividing B: element b uses key b / (B / Bkey) and counter batch "      \
     "index b % (B / Bkey) (vmap over keys folds into the batch); present when "             \

@@ -143,8 +143,34 @@ inline ffi::Error DecodeOffsets(const ffi::AnyBuffer& offsets, const int32_t** o
   return ffi::Error::Success();
 }
 
-// Lengths, segment ids and the dense mask -> mask pointers; checks shapes
-// and dtypes.
+// The block-sparse mask (B', H', R, C): B' and H' 1 or B and Hq; R and C 1
+// (broadcast) or enough blocks of kBlockMaskBlock positions for this call's
+// rows and keys. A chunk (offsets) reads the whole problem's mask by
+// position; cells past its end are hidden, never read (mask.h).
+inline ffi::Error DecodeBlockMask(const AttentionShape& s, const ffi::AnyBuffer& buf,
+                                  MaskParams* m) {
+  if (IsAbsent(buf)) return ffi::Error::Success();
+  if (buf.element_type() != ffi::DataType::PRED) return Invalid("block_mask must be bool");
+  auto d = buf.dimensions();
+  const int64_t rows = (s.seqlen_q + kBlockMaskBlock - 1) / kBlockMaskBlock;
+  const int64_t cols = (s.seqlen_k + kBlockMaskBlock - 1) / kBlockMaskBlock;
+  if (d.size() != 4 || (d[0] != 1 && d[0] != s.batch) || (d[1] != 1 && d[1] != s.num_heads_q) ||
+      (d[2] != 1 && d[2] < rows) || (d[3] != 1 && d[3] < cols))
+    return Invalid("block_mask must be rank 4, (1 or B, 1 or Hq, 1 or >= ceil(Sq / " +
+                   std::to_string(kBlockMaskBlock) + "), 1 or >= ceil(Sk / " +
+                   std::to_string(kBlockMaskBlock) + ")) = (" + std::to_string(s.batch) + ", " +
+                   std::to_string(s.num_heads_q) + ", " + std::to_string(rows) + ", " +
+                   std::to_string(cols) + "), got " + DimsToString(d));
+  m->block = static_cast<const uint8_t*>(buf.untyped_data());
+  m->block_strides = DenseStrides{d[0] == 1 ? 0 : d[1] * d[2] * d[3], d[1] == 1 ? 0 : d[2] * d[3],
+                                  d[2] == 1 ? 0 : d[3], d[3] == 1 ? 0 : 1};
+  m->block_rows = d[2];
+  m->block_cols = d[3];
+  return ffi::Error::Success();
+}
+
+// Lengths, segment ids, the dense and the block mask -> mask pointers;
+// checks shapes and dtypes.
 inline ffi::Error DecodeMask(const AttentionShape& s, const ScoreAttrs& a,
                              const MaskOperands& ops, MaskParams* m) {
   m->causal = a.is_causal;
@@ -189,7 +215,7 @@ inline ffi::Error DecodeMask(const AttentionShape& s, const ScoreAttrs& a,
     if (auto e = DecodeDense("mask", ops.mask, s, &m->dense_strides, dims); e.failure()) return e;
     m->dense = static_cast<const uint8_t*>(ops.mask.untyped_data());
   }
-  return ffi::Error::Success();
+  return DecodeBlockMask(s, ops.block_mask, m);
 }
 
 inline ffi::Error DecodeScore(const AttentionShape& s, const ScoreAttrs& a,
