@@ -113,11 +113,11 @@ struct BatchMask {
     r.block = m.block ? m.block + b * m.block_strides.batch + h * m.block_strides.head : nullptr;
     r.block_row_stride = m.block_strides.row;
     r.block_col_stride = m.block_strides.col;
-    // A broadcast dim admits every index (stride 0); otherwise an index
+    // A broadcast dim (1, stride 0) admits every index; otherwise an index
     // outside the mask, which only a direct call with offsets can reach, is
     // hidden rather than read.
-    r.block_rows = m.block_strides.row == 0 ? ~uint64_t{0} : static_cast<uint64_t>(m.block_rows);
-    r.block_cols = m.block_strides.col == 0 ? ~uint64_t{0} : static_cast<uint64_t>(m.block_cols);
+    r.block_rows = m.block_rows == 1 ? ~uint64_t{0} : static_cast<uint64_t>(m.block_rows);
+    r.block_cols = m.block_cols == 1 ? ~uint64_t{0} : static_cast<uint64_t>(m.block_cols);
     r.q_position = q_position;
     r.kv_position = kv_position;
     return r;
