@@ -22,8 +22,10 @@ nb::capsule Capsule(Fn* fn) {
 
 // contract.h's lists as Python values: operands and results as (name, dtype,
 // shape) tuples, attributes as (name, C++ type, meaning).
-#define JAX_FLASH_BUFFER_ENTRY(name, dtype, shape) list.append(nb::make_tuple(#name, dtype, shape));
-#define JAX_FLASH_ATTR_ENTRY(type, name, meaning) list.append(nb::make_tuple(#name, #type, meaning));
+#define JAX_FLASH_BUFFER_ENTRY(name, dtype, shape) \
+  list.append(nb::make_tuple(#name, dtype, shape));
+#define JAX_FLASH_ATTR_ENTRY(type, name, meaning) \
+  list.append(nb::make_tuple(#name, #type, meaning));
 
 template <typename Fill>
 nb::list List(Fill&& fill) {

@@ -12,8 +12,8 @@ are in autodiff.py.
 Operands, results and attributes are the custom calls' (cpp/ffi/contract.h,
 read through _ffi.CONTRACT): optional operands have shape ``(0,)`` when
 absent; every op ends with the MASK_OPERANDS (lengths, segment ids, bias,
-mask, block mask, dropout key, offsets). The primitives' parameters are the calls'
-attributes (scale, softcap, is_causal, window_left, window_right,
+mask, block mask, dropout key, offsets). The primitives' parameters are the
+calls' attributes (scale, softcap, is_causal, window_left, window_right,
 dropout_rate, broadcast_dropout, deterministic); only the backward's call
 takes deterministic, the forward and the JVP carry it for the backward that
 their derivatives bind.
@@ -223,8 +223,8 @@ def _layout(name, target, per_row_roles, result_roles, mask_operands, params):
   mask_roles = _mask_roles(mask_operands)
   window = params["window_left"] >= 0 or params["window_right"] >= 0
   dropout = params["dropout_rate"] > 0
-  by_position = [not _is_absent(mask_operands[MASK_OPERANDS.index(name)])
-                 for name in ("q_seqlens", "block_mask")]
+  by_position = [not _is_absent(mask_operands[MASK_OPERANDS.index(operand)])
+                 for operand in ("q_seqlens", "block_mask")]
   return partitioning.Layout(
       name=name,
       operand_names=tuple(_READABLE.get(name, name) for name in _ffi.operands(target)),

@@ -142,8 +142,8 @@ struct Handler {
   // Context, operands (the op's, then the mask operands), results (the
   // contract's, then the platform's), the attributes as one struct.
   static auto Binding() {
-    return internal::AddRets<kNumRets>(internal::AddArgs<kNumArgs>(
-                                           ffi::Ffi::Bind().template Ctx<typename Platform::ContextBinding>()))
+    auto with_context = ffi::Ffi::Bind().template Ctx<typename Platform::ContextBinding>();
+    return internal::AddRets<kNumRets>(internal::AddArgs<kNumArgs>(std::move(with_context)))
         .template Attrs<typename Op::Attrs>();
   }
 
