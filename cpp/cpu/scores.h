@@ -27,7 +27,7 @@ struct HeadView {
   static HeadView For(const FwdParams& p, int64_t b, int64_t h) {
     const AttentionShape& s = p.shape;
     HeadView v;
-    v.mask = BatchMask::For(p.mask, b, h, s.seqlen_q, s.seqlen_k);
+    v.mask = BatchMask::WithBlocks(p.mask, b, h, s.seqlen_q, s.seqlen_k);
     const DenseStrides& bs = p.score.bias_strides;
     v.bias = p.score.bias != nullptr
                  ? static_cast<const A*>(p.score.bias) + b * bs.batch + h * bs.head

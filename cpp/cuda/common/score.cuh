@@ -284,7 +284,7 @@ struct HeadTerms {
     const AttentionShape& s = p.shape;
     const DenseStrides& bs = p.score.bias_strides;
     HeadTerms t;
-    t.mask = BatchMask::For(p.mask, b, h, s.seqlen_q, s.seqlen_k);
+    t.mask = BatchMask::WithBlocks(p.mask, b, h, s.seqlen_q, s.seqlen_k);
     t.bias = p.score.bias != nullptr
                  ? static_cast<const Acc*>(p.score.bias) + b * bs.batch + h * bs.head
                  : nullptr;

@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kThreads) BwdDkDvKernel(const BwdParams p) {
   // The band (hence QueryRange, block-aligned with a block mask) is the same
   // for every head.
   int64_t query_begin, query_end;
-  BatchMask::For(p.mask, b, h_kv * s.group_size(), s.seqlen_q, s.seqlen_k)
+  BatchMask::WithBlocks(p.mask, b, h_kv * s.group_size(), s.seqlen_q, s.seqlen_k)
       .QueryRange(j0, j0 + n_valid, &query_begin, &query_end);
 
   const Acc scale = static_cast<Acc>(p.score.scale);

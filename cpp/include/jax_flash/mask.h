@@ -89,8 +89,11 @@ struct BatchMask {
   int64_t q_position;   // positions of row 0 and key 0 (blocks are in positions)
   int64_t kv_position;
 
-  JAX_FLASH_HOST_DEVICE static BatchMask For(const MaskParams& m, int64_t b, int64_t h,
-                                             int64_t seqlen_q, int64_t seqlen_k) {
+  // Every term, the block-sparse mask included: the kernels that skip its
+  // hidden cells (CPU, CUDA exact). cuda/dispatch.cu sends problems with a
+  // block mask only to those.
+  JAX_FLASH_HOST_DEVICE static BatchMask WithBlocks(const MaskParams& m, int64_t b, int64_t h,
+                                                    int64_t seqlen_q, int64_t seqlen_k) {
     BatchMask r;
     r.causal = m.causal;
     r.window_left = m.window_left;
@@ -123,13 +126,21 @@ struct BatchMask {
     return r;
   }
 
-  // For kernels without dense-mask or block-mask support: the dispatch sends
-  // problems with either to kernels that use the 5-argument form.
+  // Every term but the block-sparse mask (the tensor-core kernels): a null
+  // block pointer the compiler sees, so their code is what it was without one.
+  JAX_FLASH_HOST_DEVICE static BatchMask For(const MaskParams& m, int64_t b, int64_t h,
+                                             int64_t seqlen_q, int64_t seqlen_k) {
+    BatchMask r = WithBlocks(m, b, h, seqlen_q, seqlen_k);
+    r.block = nullptr;
+    return r;
+  }
+
+  // For kernels without dense-mask support either: the dispatch sends
+  // problems with a dense mask to kernels that use the 5-argument forms.
   JAX_FLASH_HOST_DEVICE static BatchMask For(const MaskParams& m, int64_t b,
                                              int64_t seqlen_q, int64_t seqlen_k) {
     BatchMask r = For(m, b, 0, seqlen_q, seqlen_k);
     r.dense = nullptr;
-    r.block = nullptr;
     return r;
   }
 
