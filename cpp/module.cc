@@ -1,9 +1,12 @@
-// The nanobind module: handler capsules per platform, and build facts.
+// The nanobind module: handler capsules per platform, the FFI contract, and
+// build facts.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
 #include "cpu/kernels.h"
+#include "ffi/contract.h"
 #include "ffi/handlers.h"
+#include "jax_flash/mask.h"
 #include "jax_flash/supported.h"
 
 namespace nb = nanobind;
@@ -17,6 +20,55 @@ nb::capsule Capsule(Fn* fn) {
   return nb::capsule(reinterpret_cast<void*>(fn));
 }
 
+// contract.h's lists as Python values: operands and results as (name, dtype,
+// shape) tuples, attributes as (name, C++ type, meaning).
+#define JAX_FLASH_BUFFER_ENTRY(name, dtype, shape) \
+  list.append(nb::make_tuple(#name, dtype, shape));
+#define JAX_FLASH_ATTR_ENTRY(type, name, meaning) \
+  list.append(nb::make_tuple(#name, #type, meaning));
+
+template <typename Fill>
+nb::list List(Fill&& fill) {
+  nb::list list;
+  fill(list);
+  return list;
+}
+
+nb::dict Contract() {
+  nb::dict ops;
+#define JAX_FLASH_OP_ENTRY(target, OPERANDS, RESULTS, ATTRS)                                 \
+  {                                                                                        \
+    nb::dict op;                                                                           \
+    op["operands"] = List([](nb::list& list) {                                             \
+      OPERANDS(JAX_FLASH_BUFFER_ENTRY) JAX_FLASH_MASK_OPERANDS(JAX_FLASH_BUFFER_ENTRY)     \
+    });                                                                                    \
+    op["results"] = List([](nb::list& list) { RESULTS(JAX_FLASH_BUFFER_ENTRY) });          \
+    op["attributes"] = List([](nb::list& list) { ATTRS(JAX_FLASH_ATTR_ENTRY) });           \
+    ops[target] = op;                                                                      \
+  }
+  JAX_FLASH_FFI_OPS(JAX_FLASH_OP_ENTRY)
+#undef JAX_FLASH_OP_ENTRY
+  nb::dict contract;
+  contract["ops"] = ops;
+  contract["mask_operands"] =
+      List([](nb::list& list) { JAX_FLASH_MASK_OPERANDS(JAX_FLASH_BUFFER_ENTRY) });
+  // Results a platform's handler has beyond the op's (sized at lowering).
+  nb::dict cuda_bwd;
+  cuda_bwd[JAX_FLASH_BWD_TARGET] =
+      List([](nb::list& list) { JAX_FLASH_CUDA_BWD_EXTRA_RESULTS(JAX_FLASH_BUFFER_ENTRY) });
+  nb::dict extra;
+  extra["cuda"] = cuda_bwd;
+  contract["extra_results"] = extra;
+  // Query rows and keys per block_mask cell (mask.h).
+  nb::dict constants;
+  constants["block_mask_block"] = jax_flash::kBlockMaskBlock;
+  contract["constants"] = constants;
+  return contract;
+}
+
+#undef JAX_FLASH_BUFFER_ENTRY
+#undef JAX_FLASH_ATTR_ENTRY
+
 }  // namespace
 
 NB_MODULE(_jax_flash, m) {
@@ -25,19 +77,25 @@ NB_MODULE(_jax_flash, m) {
   m.def("registrations", []() {
     nb::dict by_platform;
     nb::dict cpu;
-    cpu["jax_flash_fwd"] = Capsule(JaxFlashFwdCpu);
-    cpu["jax_flash_bwd"] = Capsule(JaxFlashBwdCpu);
-    cpu["jax_flash_jvp"] = Capsule(JaxFlashJvpCpu);
+    cpu[JAX_FLASH_FWD_TARGET] = Capsule(JaxFlashFwdCpu);
+    cpu[JAX_FLASH_BWD_TARGET] = Capsule(JaxFlashBwdCpu);
+    cpu[JAX_FLASH_JVP_TARGET] = Capsule(JaxFlashJvpCpu);
     by_platform["cpu"] = cpu;
 #ifdef JAX_FLASH_WITH_CUDA
     nb::dict cuda;
-    cuda["jax_flash_fwd"] = Capsule(JaxFlashFwdCuda);
-    cuda["jax_flash_bwd"] = Capsule(JaxFlashBwdCuda);
-    cuda["jax_flash_jvp"] = Capsule(JaxFlashJvpCuda);
+    cuda[JAX_FLASH_FWD_TARGET] = Capsule(JaxFlashFwdCuda);
+    cuda[JAX_FLASH_BWD_TARGET] = Capsule(JaxFlashBwdCuda);
+    cuda[JAX_FLASH_JVP_TARGET] = Capsule(JaxFlashJvpCuda);
     by_platform["CUDA"] = cuda;
 #endif
     return by_platform;
   }, "Handler capsules by XLA platform name.");
+
+  m.def("ffi_contract", &Contract,
+        "The custom calls' operands, results and attributes (cpp/ffi/contract.h): {'ops': "
+        "{target: {'operands', 'results': [(name, dtype, shape)], 'attributes': [(name, "
+        "C++ type, meaning)]}}, 'mask_operands': [...], 'extra_results': {platform: "
+        "{target: [...]}}, 'constants': {'block_mask_block': ...}}.");
 
 #ifdef JAX_FLASH_WITH_CUDA
   m.def("cuda_bwd_workspace_bytes",

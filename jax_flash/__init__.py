@@ -57,9 +57,9 @@ if importlib.util.find_spec(f"{__name__}._jax_flash") is None:
 else:
   from jax_flash import _jax_flash
   from jax_flash._ffi import build_info
-  from jax_flash.attention import dot_product_attention, flash_attention
+  from jax_flash.attention import BLOCK_MASK_BLOCK, dot_product_attention, flash_attention
   from jax_flash.sharding.ring import from_zigzag, ring_attention, to_zigzag
 
   __version__ = _jax_flash.build_info()["version"]
-__all__ = ["build_info", "dot_product_attention", "flash_attention", "from_zigzag",
+__all__ = ["BLOCK_MASK_BLOCK", "build_info", "dot_product_attention", "flash_attention", "from_zigzag",
            "ring_attention", "to_zigzag"]

@@ -1,9 +1,15 @@
-"""Loads the compiled extension and registers its FFI targets with XLA, on import.
+"""Loads the compiled extension, registers its FFI targets with XLA on import,
+and holds the FFI contract.
 
 Registering on import (not at the first lowering) is what lets a function
 serialized with jax.export run in a fresh process after `import jax_flash`:
 deserializing lowers nothing. Registration only records the handlers; it
 initialises no backend (a platform's handlers wait until its plugin loads).
+
+The contract (each custom call's operands, results and attributes) is written
+once, in cpp/ffi/contract.h; the extension exports it (``ffi_contract()``),
+and the primitives take their operand names and their attributes' names and
+types from here, so Python cannot pass what the handlers do not decode.
 """
 
 from __future__ import annotations
@@ -18,6 +24,37 @@ from jax_flash import _jax_flash
 FWD_TARGET = "jax_flash_fwd"
 BWD_TARGET = "jax_flash_bwd"
 JVP_TARGET = "jax_flash_jvp"  # forward mode
+
+CONTRACT = _jax_flash.ffi_contract()
+# The optional operands every op ends with, in order.
+MASK_OPERANDS = tuple(name for name, _, _ in CONTRACT["mask_operands"])
+# contract.h's operand dtypes; "input" is q's, "acc" its accumulation dtype.
+OPERAND_DTYPES = {name: dtype for name, dtype, _ in CONTRACT["mask_operands"]}
+# Query rows and keys per cell of the block-sparse mask (mask.h).
+BLOCK_MASK_BLOCK = int(CONTRACT["constants"]["block_mask_block"])
+# How each C++ attribute type is written into the call (ffi_lowering types
+# numpy scalars exactly: f64, i64; Python bools as i1).
+_ATTRIBUTE_TYPES = {"double": np.float64, "int64_t": np.int64, "bool": bool}
+
+
+def operands(target: str) -> tuple[str, ...]:
+  """The operand names of a custom call, in order (its own, then MASK_OPERANDS)."""
+  return tuple(name for name, _, _ in CONTRACT["ops"][target]["operands"])
+
+
+def attributes(target: str, params: dict) -> dict:
+  """The call's attributes from a primitive's parameters, typed as the handler decodes them.
+
+  Exactly the target's attributes: parameters it does not take (the
+  forward's ``deterministic``, carried for its backward) are left out.
+  """
+  attrs = {}
+  for name, cpp_type, _ in CONTRACT["ops"][target]["attributes"]:
+    if name not in params:
+      raise TypeError(f"jax_flash: the {target} call needs the parameter {name!r} "
+                      f"(cpp/ffi/contract.h); the primitive got {sorted(params)}")
+    attrs[name] = _ATTRIBUTE_TYPES[cpp_type](params[name])
+  return attrs
 
 
 def _register_targets() -> None:

@@ -18,13 +18,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash import _supported, autodiff  # noqa: F401 (autodiff registers the rules)
-from jax_flash.primitives import accumulation_dtype, flash_fwd_p, match_varying
+from jax_flash import _ffi, _supported, autodiff  # noqa: F401 (autodiff registers the rules)
+from jax_flash.primitives import accumulation_dtype, flash_fwd_p, mask_operands, match_varying
 
 _NO_INT_OPERAND = np.zeros((0,), np.int32)
 _NO_MASK = np.zeros((0,), np.bool_)
 _NO_KEY = np.zeros((0,), np.uint32)
-NO_OFFSETS = np.zeros((0,), np.int32)  # a whole problem: positions and indices start at 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,12 +263,13 @@ def _segment_ids(q_segment_ids, kv_segment_ids, batch_shape, seqlen_q, seqlen_k)
   return (jnp.asarray(q_ids).astype(np.int32), jnp.asarray(kv_ids).astype(np.int32))
 
 
-def _dense_operand(name: str, x, batch_shape: tuple[int, ...], full: tuple[int, int, int]):
+def _dense_operand(name: str, x, batch_shape: tuple[int, ...], full: tuple[int, int, int],
+                   dims: str = "q_len, kv_len"):
   """A bias or mask, broadcastable to (*batch_shape, N, T, S), as the kernels take it.
 
   Returns a 4-d array (B', N', T', S') with each dim 1 or the kernel's
   (B, N, T, S): leading batch dims are flattened (and spelled out if only
-  some of them broadcast).
+  some of them broadcast). `dims` names the last two in messages.
   """
   target = batch_shape + full
   if x.ndim > len(target):
@@ -277,8 +277,8 @@ def _dense_operand(name: str, x, batch_shape: tuple[int, ...], full: tuple[int, 
                      f"{target}), got shape {tuple(x.shape)}")
   shape = (1,) * (len(target) - x.ndim) + tuple(x.shape)
   if any(d not in (1, t) for d, t in zip(shape, target)):
-    raise ValueError(f"{name} must be broadcastable to {target} (batch..., heads, q_len, "
-                     f"kv_len), got shape {tuple(x.shape)}")
+    raise ValueError(f"{name} must be broadcastable to {target} (batch..., heads, {dims}), "
+                     f"got shape {tuple(x.shape)}")
   x = x.reshape(shape)
   lead = shape[:len(batch_shape)]
   if all(d == 1 for d in lead):
@@ -302,6 +302,27 @@ def _mask(mask, batch_shape, full):
   if getattr(mask, "dtype", None) != jnp.bool_:
     raise DTypeError(f"mask must be a boolean array, got {getattr(mask, 'dtype', type(mask).__name__)}")
   return _dense_operand("mask", mask, batch_shape, full)
+
+
+# Query rows and keys per cell of the block-sparse mask (block_mask): one
+# value, set by the kernels (cpp/include/jax_flash/mask.h, kBlockMaskBlock).
+BLOCK_MASK_BLOCK = _ffi.BLOCK_MASK_BLOCK
+
+
+def _block_mask_shape(seqlen_q: int, seqlen_k: int) -> tuple[int, int]:
+  """The last two dims of a full block_mask: ``ceil(T / 128), ceil(S / 128)``."""
+  return -(-seqlen_q // BLOCK_MASK_BLOCK), -(-seqlen_k // BLOCK_MASK_BLOCK)
+
+
+def _block_mask(block_mask, batch_shape, num_heads, seqlen_q, seqlen_k):
+  if block_mask is None:
+    return _NO_MASK
+  if getattr(block_mask, "dtype", None) != jnp.bool_:
+    raise DTypeError("block_mask must be a boolean array, got "
+                     f"{getattr(block_mask, 'dtype', type(block_mask).__name__)}")
+  full = (num_heads,) + _block_mask_shape(seqlen_q, seqlen_k)
+  return _dense_operand("block_mask", block_mask, batch_shape, full,
+                        dims=f"ceil(q_len / {BLOCK_MASK_BLOCK}), ceil(kv_len / {BLOCK_MASK_BLOCK})")
 
 
 _ONE_KEY = "one PRNG key, from jax.random.key(seed) or jax.random.PRNGKey(seed)"
@@ -357,7 +378,7 @@ def _dropout(dropout_rate, dropout_rng):
 # -- the functions -------------------------------------------------------------
 
 
-def flash_attention(query, key, value, *, bias=None, mask=None,
+def flash_attention(query, key, value, *, bias=None, mask=None, block_mask=None,
                     scale: float | None = None, is_causal: bool = False,
                     local_window_size: int | tuple[int, int] | None = None,
                     query_seq_lengths=None, key_value_seq_lengths=None,
@@ -379,6 +400,12 @@ def flash_attention(query, key, value, *, bias=None, mask=None,
       Differentiable: its gradient is summed over the broadcast dimensions.
     mask: boolean, broadcastable to ``(..., N, T, S)``; ``True`` = attend.
       Tiles where it is all False are skipped.
+    block_mask: block-sparse attention: boolean, broadcastable to
+      ``(..., N, ceil(T / 128), ceil(S / 128))`` (``BLOCK_MASK_BLOCK`` = 128
+      query rows by 128 keys per cell). ``False`` hides every (query, key)
+      pair of the block, exactly like a dense mask of False there, combined
+      (and) with every other mask; hidden blocks are skipped without being
+      read, so the cost follows the visible blocks.
     scale: multiplies ``query . key``; default ``1 / sqrt(H)``.
     is_causal: query ``i`` sees keys ``j <= i`` (top-left aligned, as in
       jax.nn, also when ``T != S``).
@@ -453,14 +480,16 @@ def flash_attention(query, key, value, *, bias=None, mask=None,
   batch = math.prod(batch_shape)
   def to_kernel(x):
     return x.reshape((batch,) + x.shape[len(batch_shape):])
-  kernel_mask = (
-      _lengths("query_seq_lengths", query_seq_lengths, batch_shape, seqlen_q),
-      _lengths("key_value_seq_lengths", key_value_seq_lengths, batch_shape, seqlen_k),
-      *_segment_ids(q_segment_ids, kv_segment_ids, batch_shape, seqlen_q, seqlen_k),
-      _bias(bias, batch_shape, dense_full, acc_dtype),
-      _mask(mask, batch_shape, dense_full),
-      dropout_key, NO_OFFSETS,
-  )
+  q_ids, kv_ids = _segment_ids(q_segment_ids, kv_segment_ids, batch_shape, seqlen_q, seqlen_k)
+  kernel_mask = mask_operands(
+      query.dtype,
+      q_seqlens=_lengths("query_seq_lengths", query_seq_lengths, batch_shape, seqlen_q),
+      kv_seqlens=_lengths("key_value_seq_lengths", key_value_seq_lengths, batch_shape, seqlen_k),
+      q_segment_ids=q_ids, kv_segment_ids=kv_ids,
+      bias=_bias(bias, batch_shape, dense_full, acc_dtype),
+      mask=_mask(mask, batch_shape, dense_full),
+      block_mask=_block_mask(block_mask, batch_shape, query.shape[-2], seqlen_q, seqlen_k),
+      dropout_key=dropout_key)
   operands = match_varying(to_kernel(query), to_kernel(key), to_kernel(value), *kernel_mask)
   out, lse = _attention(config, *operands)
   out = out.reshape(query.shape)
@@ -470,7 +499,7 @@ def flash_attention(query, key, value, *, bias=None, mask=None,
   return out, lse.reshape(query.shape[:-1])
 
 
-def dot_product_attention(query, key, value, bias=None, mask=None, *,
+def dot_product_attention(query, key, value, bias=None, mask=None, *, block_mask=None,
                           scale: float | None = None, is_causal: bool = False,
                           query_seq_lengths=None, key_value_seq_lengths=None,
                           local_window_size: int | tuple[int, int] | None = None,
@@ -504,8 +533,10 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
   example ``key_value_seq_lengths == 0``, or a window that leaves the
   sequence, or a mask row that is all False) outputs 0 with a logsumexp of
   ``-inf``, where jax.nn averages all values. ``implementation`` exists for
-  signature compatibility and must be None. Beyond jax.nn: ``dropout_rate``,
-  ``dropout_rng`` and ``broadcast_dropout`` as in flash_attention.
+  signature compatibility and must be None. Beyond jax.nn: ``block_mask``
+  (block-sparse attention, broadcastable to ``(B, N, ceil(T / 128),
+  ceil(S / 128))``), ``dropout_rate``, ``dropout_rng`` and
+  ``broadcast_dropout`` as in flash_attention.
   """
   if implementation is not None:
     raise ValueError("implementation must be None for jax_flash.dot_product_attention "
@@ -526,7 +557,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
     bias = jnp.asarray(bias)
     if not jnp.issubdtype(bias.dtype, jnp.floating) and hasattr(query, "dtype"):
       bias = bias.astype(jnp.promote_types(query.dtype, jnp.float32))
-  out, lse = flash_attention(query, key, value, bias=bias, mask=mask, scale=scale,
+  out, lse = flash_attention(query, key, value, bias=bias, mask=mask, block_mask=block_mask,
+                             scale=scale,
                              is_causal=is_causal, dropout_rate=dropout_rate,
                              dropout_rng=dropout_rng, broadcast_dropout=broadcast_dropout,
                              local_window_size=local_window_size,

@@ -496,7 +496,8 @@ def make_parser() -> argparse.ArgumentParser:
                       f"{' '.join(features)}, or all (bias: ALiBi (1,N,S,S); mask: causal as a "
                       "dense mask, causal shapes only; padding: Flax's padding mask; lengths: the "
                       "same as seq lengths; dropout 0.1, against jax_flash without; segments: 4 "
-                      "packed sequences, jax.nn given the dense mask)")
+                      "packed sequences, jax.nn given the dense mask; block-sparse: local + "
+                      "global 128 x 128 blocks, jax.nn given the dense mask)")
   p.add_argument("--repeats", type=int,
                  help="timed samples per measurement (default: by time, 3 to 30)")
   p.add_argument("--memory", action="store_true",

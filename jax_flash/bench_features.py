@@ -22,10 +22,11 @@ dropout      dropout 0.1: jax_flash only (``jax.nn.dot_product_attention`` has n
 segments     4 packed sequences: jax_flash gets ``q_segment_ids``/
              ``kv_segment_ids``; xla and cudnn get the equivalent dense mask
              ``(B, 1, S, S)`` (jax.nn has no segment ids)
+block-sparse a local + global block pattern (``block_sparse_mask``: each block of
+             128 queries sees its own and the neighbouring key blocks and the
+             first): jax_flash gets the ``block_mask`` ``(1, 1, S/128, S/128)``,
+             xla and cudnn the equivalent dense mask ``(1, 1, S, S)``
 ===========  =====================================================================
-
-Block-sparse attention gets a feature here once ``jax_flash.flash_attention``
-takes a ``block_mask`` (the ``BLOCK-SPARSE`` comment in ``FEATURES`` says how).
 
 The issue-11 targets (GPU) are checked by ``target_lines`` on the rows.
 """
@@ -71,6 +72,21 @@ def packed_segment_ids(case) -> np.ndarray:
   return np.broadcast_to(ids.astype(np.int32), (case.batch, case.seqlen))
 
 
+def block_sparse_mask(case) -> np.ndarray:
+  """(1, 1, R, R), R = ceil(S / 128): cell (i, j) is visible when |i - j| <= 1
+  (a local band of blocks) or j == 0 (a global first block), as in BigBird's
+  and Longformer's sparse patterns."""
+  cells = -(-case.seqlen // jax_flash.BLOCK_MASK_BLOCK)
+  i, j = np.arange(cells)[:, None], np.arange(cells)[None, :]
+  return ((np.abs(i - j) <= 1) | (j == 0))[None, None]
+
+
+def dense_of_block_mask(block_mask: np.ndarray, seqlen: int) -> np.ndarray:
+  """The dense mask (..., S, S) a block mask stands for."""
+  cell = np.arange(seqlen) // jax_flash.BLOCK_MASK_BLOCK
+  return np.asarray(block_mask)[..., cell, :][..., cell]
+
+
 def _valid_mask(lengths: np.ndarray, seqlen: int) -> np.ndarray:
   """(B, 1, S, S): Flax's make_attention_mask(valid, valid) of valid = t < length."""
   valid = np.arange(seqlen)[None, :] < lengths[:, None]
@@ -107,10 +123,9 @@ FEATURES = {
         f"{PACKED_SEGMENTS} packed sequences (segment ids)",
         lambda c: dict(q_segment_ids=jnp.asarray(packed_segment_ids(c)),
                        kv_segment_ids=jnp.asarray(packed_segment_ids(c)))),
-    # BLOCK-SPARSE: once jax_flash.flash_attention takes `block_mask`, a feature
-    # "block_sparse" goes here: jax_flash given the block_mask, xla and cudnn
-    # the equivalent dense mask (B, 1, S, S) through jax_nn_operands, and the
-    # name added to VS_CUDNN_FEATURES (target >= 0.8x cuDNN, like the masks).
+    "block-sparse": Feature(
+        "local + global 128 x 128 blocks (block_mask)",
+        lambda c: dict(block_mask=jnp.asarray(block_sparse_mask(c)))),
 }
 PLAIN = Feature("plain attention (is_causal on causal shapes)", lambda c: {})
 
@@ -143,8 +158,9 @@ def given_lines(rows: list[dict]) -> list[str]:
   return [f"  given to {', '.join(impls)}: {text}" for text, impls in given.items()]
 
 
-def jax_nn_operands(ops: dict) -> tuple[dict | None, str]:
-  """ops as jax.nn.dot_product_attention arguments, or (None, why it cannot take them)."""
+def jax_nn_operands(ops: dict, case) -> tuple[dict | None, str]:
+  """ops (of `case`) as jax.nn.dot_product_attention arguments, or (None, why it cannot
+  take them)."""
   if "dropout_rng" in ops:
     return None, "jax.nn.dot_product_attention has no dropout"
   out, note = {}, ""
@@ -153,6 +169,9 @@ def jax_nn_operands(ops: dict) -> tuple[dict | None, str]:
       q_ids, kv_ids = ops["q_segment_ids"], ops["kv_segment_ids"]
       out["mask"] = q_ids[:, None, :, None] == kv_ids[:, None, None, :]
       note = " (the segments as a dense mask: jax.nn has no segment ids)"
+    elif name == "block_mask":
+      out["mask"] = jnp.asarray(dense_of_block_mask(x, case.seqlen))
+      note = " (the block mask as a dense mask: jax.nn has no block_mask)"
     elif name != "kv_segment_ids":
       out[name] = x
   return out, note
@@ -174,7 +193,7 @@ def problem(name: str, case, impl: str, ops: dict):
   if impl == "jax_flash":
     kwargs, static, note = ops, feature.static, ""
   else:
-    kwargs, note = jax_nn_operands(ops)
+    kwargs, note = jax_nn_operands(ops, case)
     if kwargs is None:
       return None, note
     static = {}
@@ -209,7 +228,7 @@ def reference_operands(case, ops: dict) -> dict | None:
   no reference (dropout: its mask is drawn inside the kernel)."""
   if "dropout_rng" in ops:
     return None
-  kwargs, _ = jax_nn_operands(ops)  # the segments as a dense mask
+  kwargs, _ = jax_nn_operands(ops, case)  # segments and block mask as a dense mask
   ref = {}
   if "bias" in kwargs:
     ref["bias"] = np.asarray(kwargs["bias"]).astype(np.float64)
@@ -225,8 +244,8 @@ def reference_operands(case, ops: dict) -> dict | None:
 TARGET_DTYPE = "bfloat16"
 TARGET_SEQLENS = (1024, 16384)  # inclusive range
 FEATURE_TARGET_HEAD_DIMS = (64, 128, 256)
-VS_CUDNN_TARGET = 0.8  # bias, mask, padding, segments; and D=96/192/256 plain, fwd and bwd
-VS_CUDNN_FEATURES = ("bias", "mask", "padding", "segments")
+VS_CUDNN_TARGET = 0.8  # the VS_CUDNN_FEATURES; and D=96/192/256 plain, fwd and bwd
+VS_CUDNN_FEATURES = ("bias", "mask", "padding", "segments", "block-sparse")
 HEAD_DIM_TARGET_HEAD_DIMS = (96, 192, 256)
 DROPOUT_TIME_TARGET = 1.15  # at most this times the time of the same call without dropout
 

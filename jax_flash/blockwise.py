@@ -28,10 +28,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_flash import dropout
+from jax_flash import _ffi, dropout
 from jax_flash.primitives import MASK_OPERANDS, match_varying
 
 BLOCK_N = 128  # keys per step: (B, H, Sq, 128) tiles
+_BLOCK_MASK_BLOCK = _ffi.BLOCK_MASK_BLOCK
 _HIGHEST = lax.Precision.HIGHEST
 
 
@@ -62,8 +63,8 @@ class _Problem:
     ops = dict(zip(MASK_OPERANDS, mask_operands, strict=True))
     self.q_seqlens, self.kv_seqlens, self.keys = (
         ops["q_seqlens"], ops["kv_seqlens"], ops["dropout_key"])
-    q_seg, kv_seg, bias, mask = (ops[name] for name in (
-        "q_segment_ids", "kv_segment_ids", "bias", "mask"))
+    q_seg, kv_seg, bias, mask, block_mask = (ops[name] for name in (
+        "q_segment_ids", "kv_segment_ids", "bias", "mask", "block_mask"))
     # Query and key positions of row and key 0, global batch and head of element 0.
     offsets = ops["offsets"]
     self.q_position, self.kv_position, self.batch_offset, self.head_offset = (
@@ -87,6 +88,7 @@ class _Problem:
     self.bias_shape = None if _absent(bias) else bias.shape
     self.bias = None if _absent(bias) else self.dense(bias.astype(self.acc))
     self.mask = None if _absent(mask) else self.dense(mask)
+    self.block_mask = None if _absent(block_mask) else self.block_rows(block_mask)
 
   # -- layouts ----------------------------------------------------------------
 
@@ -111,6 +113,24 @@ class _Problem:
     heads = (self.num_kv_heads, self.group) if x.shape[1] != 1 else (1, 1)
     x = x.reshape((x.shape[0],) + heads + x.shape[2:])
     return x if x.shape[-1] == 1 else self.pad_keys(x, axis=4)
+
+  def block_rows(self, block_mask):
+    """The block mask (B', H', R, C) -> (B', Hkv|1, G|1, Sq|1, C): each row's
+    cells, by position (mask.h); cells past the mask's end are hidden."""
+    heads = (self.num_kv_heads, self.group) if block_mask.shape[1] != 1 else (1, 1)
+    x = block_mask.reshape((block_mask.shape[0],) + heads + block_mask.shape[2:])
+    if x.shape[3] == 1:
+      return x
+    rows = (self.q_position + jnp.arange(self.seqlen_q)) // _BLOCK_MASK_BLOCK
+    return jnp.take(x, rows, axis=3, mode="fill", fill_value=False)
+
+  def block_cells(self, j0):
+    """The block mask's cells of keys j0 .. j0 + block, (B', Hkv|1, G|1, Sq|1, block|1)."""
+    x = self.block_mask
+    if x.shape[4] == 1:
+      return x
+    cols = (self.kv_position + j0 + jnp.arange(self.block)) // _BLOCK_MASK_BLOCK
+    return jnp.take(x, cols, axis=4, mode="fill", fill_value=False)
 
   def key_block(self, x, j0, axis=1):
     return x if x.shape[axis] == 1 else lax.dynamic_slice_in_dim(x, j0, self.block, axis)
@@ -139,6 +159,8 @@ class _Problem:
       vis &= self.q_seg == self.key_block(self.kv_seg, j0)[:, None, None, None, :]
     if self.mask is not None:
       vis &= self.key_block(self.mask, j0, axis=4)
+    if self.block_mask is not None:
+      vis &= self.block_cells(j0)
     return vis
 
   def logits(self, qg, k_blk, j0):

@@ -9,23 +9,14 @@ alone, into its heads) so that ``vmap`` never loops. Their autodiff rules
 (the forward's JVP is ``flash_jvp_p``, whose transpose is ``flash_bwd_p``)
 are in autodiff.py.
 
-Operands (all arrays; optional ones have shape ``(0,)`` when absent):
-  fwd: q, k, v, *mask_operands -> out (like q), lse (B, Hq, Sq) in the
-       accumulation dtype
-  jvp: q, k, v, out, lse, q_dot, k_dot, v_dot, bias_dot, *mask_operands ->
-       out_dot, lse_dot: the forward's tangents, linear in the four tangent
-       operands (each like its primal, or (0,) when zero)
-  bwd: q, k, v, out, lse, dout, *mask_operands -> dq, dk, dv, dbias
-  mask_operands: q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids (int32),
-       bias (accumulation dtype, 4-d, broadcastable to (B, Hq, Sq, Sk)),
-       mask (bool, likewise), dropout_key (uint32 (Bkey, 2)), offsets (int32
-       (4,): positions of the first query row and key, global batch and head
-       index of the first element; for shards and ring-attention chunks).
-  dbias has the bias's shape, or (0,) without a bias.
-Parameters (static): scale, softcap, is_causal, window_left, window_right,
-dropout_rate, broadcast_dropout, deterministic. Only the backward kernel reads
-deterministic; the forward and the JVP carry it for the backward that their
-derivatives bind. The C++ side of this contract is cpp/ffi/decode.h.
+Operands, results and attributes are the custom calls' (cpp/ffi/contract.h,
+read through _ffi.CONTRACT): optional operands have shape ``(0,)`` when
+absent; every op ends with the MASK_OPERANDS (lengths, segment ids, bias,
+mask, block mask, dropout key, offsets). The primitives' parameters are the
+calls' attributes (scale, softcap, is_causal, window_left, window_right,
+dropout_rate, broadcast_dropout, deterministic); only the backward's call
+takes deterministic, the forward and the JVP carry it for the backward that
+their derivatives bind.
 """
 
 from __future__ import annotations
@@ -55,15 +46,25 @@ flash_jvp_p.multiple_results = True
 # XLA's "no registered implementation" error, which build_info() explains.
 _LOWERING_PLATFORMS = ("cpu", "cuda")
 
-MASK_OPERANDS = ("q_seqlens", "kv_seqlens", "q_segment_ids", "kv_segment_ids", "bias", "mask",
-                 "dropout_key", "offsets")
-_BIAS, _MASK, _KEY, _OFFSETS = (MASK_OPERANDS.index(name)
-                                for name in ("bias", "mask", "dropout_key", "offsets"))
+MASK_OPERANDS = _ffi.MASK_OPERANDS
+_BIAS, _KEY, _OFFSETS = (MASK_OPERANDS.index(name) for name in ("bias", "dropout_key", "offsets"))
 
 
 def accumulation_dtype(dtype) -> np.dtype:
   """float64 inputs accumulate (and return lse) in float64, the rest in float32."""
   return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
+def mask_operands(dtype, **present) -> tuple:
+  """The MASK_OPERANDS of a call on inputs of `dtype`: those given by name,
+  the others absent (shape (0,), in the dtype contract.h gives them)."""
+  unknown = set(present) - set(MASK_OPERANDS)
+  if unknown:
+    raise TypeError(f"jax_flash: no mask operand named {sorted(unknown)}; they are {MASK_OPERANDS}")
+  dtypes = {"acc": accumulation_dtype(dtype), "input": np.dtype(dtype)}
+  return tuple(present[name] if name in present else
+               np.zeros((0,), dtypes.get(_ffi.OPERAND_DTYPES[name], _ffi.OPERAND_DTYPES[name]))
+               for name in MASK_OPERANDS)
 
 
 # -- abstract evaluation -------------------------------------------------------
@@ -152,25 +153,11 @@ flash_jvp_p.def_impl(functools.partial(_impl, flash_jvp_p))
 # -- lowering ------------------------------------------------------------------
 
 
-def _typed_attributes(scale, softcap, is_causal, window_left, window_right, dropout_rate,
-                      broadcast_dropout, **extra):
-  """Attributes typed exactly as the C++ handlers declare them (decode.h)."""
-  attrs = dict(scale=np.float64(scale), softcap=np.float64(softcap),
-               is_causal=bool(is_causal), window_left=np.int64(window_left),
-               window_right=np.int64(window_right), dropout_rate=np.float64(dropout_rate),
-               broadcast_dropout=bool(broadcast_dropout))
-  attrs.update({name: bool(value) for name, value in extra.items()})
-  return attrs
-
-
 def _lowering(target):
   lower = jax.ffi.ffi_lowering(target)
 
-  def rule(ctx, *args, deterministic=False, **params):
-    attrs = _typed_attributes(**params)
-    if target == _ffi.BWD_TARGET:  # the one kernel with a deterministic mode
-      attrs["deterministic"] = bool(deterministic)
-    return lower(ctx, *args, **attrs)
+  def rule(ctx, *args, **params):
+    return lower(ctx, *args, **_ffi.attributes(target, params))
 
   return rule
 
@@ -200,43 +187,58 @@ def _cuda_bwd_lowering():
 # -- sharding: what each operand and result dimension is -----------------------
 
 
+_QUERY_ROLES = ("b", "s", "h", "d")
+_KEY_ROLES = ("b", "t", "k", "d")
+_DENSE_ROLES = ("b", "h", "s", "t")  # a bias or mask, broadcastable to (B, Hq, Sq, Sk)
+
+# The operands' names in sharding warnings, where the contract's are terse.
+_READABLE = {"q": "query", "k": "key", "v": "value"}
+
+# Roles (see sharding/partitioning.py) of each mask operand's dimensions.
+# The block mask's cells are indexed by position (mask.h): a sequence shard
+# reads the whole mask, told its place by the offsets.
+_MASK_ROLES = {"q_seqlens": ("b",), "kv_seqlens": ("b",), "q_segment_ids": ("b", "s"),
+               "kv_segment_ids": ("b", "t"), "bias": _DENSE_ROLES, "mask": _DENSE_ROLES,
+               "block_mask": ("b", "h", None, None), "dropout_key": (None, None),
+               "offsets": (None,)}
+if set(_MASK_ROLES) != set(MASK_OPERANDS):
+  raise ImportError(f"jax_flash: primitives.py gives sharding roles to {sorted(_MASK_ROLES)}, "
+                    f"but the extension's mask operands are {sorted(MASK_OPERANDS)}: the "
+                    "package and its compiled extension disagree (reinstall it)")
+
+
 def _mask_roles(mask_operands) -> list[tuple]:
-  """Roles (see sharding/partitioning.py) of the MASK_OPERANDS' dimensions."""
-  dense = ("b", "h", "s", "t")
-  roles = [("b",), ("b",), ("b", "s"), ("b", "t"), dense, dense, (None, None), (None,)]
+  """Roles of the MASK_OPERANDS' dimensions (none along broadcast or absent ones)."""
   return [(None,) if _is_absent(x) else
-          tuple(None if x.shape[i] == 1 else r for i, r in enumerate(role))
-          for x, role in zip(mask_operands, roles)]
+          tuple(None if x.shape[i] == 1 else r for i, r in enumerate(_MASK_ROLES[name]))
+          for name, x in zip(MASK_OPERANDS, mask_operands)]
 
 
 # With dropout, a chunk's positions are multiples of the 16 x 16 blocks of
 # draws (cpp/include/jax_flash/dropout.h).
 DROPOUT_BLOCK = 16
 
-_QUERY_ROLES = ("b", "s", "h", "d")
-_KEY_ROLES = ("b", "t", "k", "d")
-_DENSE_ROLES = ("b", "h", "s", "t")  # a bias or mask, broadcastable to (B, Hq, Sq, Sk)
 
-
-def _layout(name, per_row_names, per_row_roles, result_roles, mask_operands, params):
+def _layout(name, target, per_row_roles, result_roles, mask_operands, params):
   mask_roles = _mask_roles(mask_operands)
   window = params["window_left"] >= 0 or params["window_right"] >= 0
   dropout = params["dropout_rate"] > 0
-  lengths = not _is_absent(mask_operands[0])
+  by_position = [not _is_absent(mask_operands[MASK_OPERANDS.index(operand)])
+                 for operand in ("q_seqlens", "block_mask")]
   return partitioning.Layout(
       name=name,
-      operand_names=per_row_names + MASK_OPERANDS,
+      operand_names=tuple(_READABLE.get(name, name) for name in _ffi.operands(target)),
       operand_roles=per_row_roles + tuple(mask_roles),
       result_roles=result_roles(mask_roles),
-      offsets_index=len(per_row_names) + _OFFSETS,
-      needs_positions=params["is_causal"] or window or dropout or lengths,
+      offsets_index=len(per_row_roles) + _OFFSETS,
+      needs_positions=params["is_causal"] or window or dropout or any(by_position),
       needs_ids=dropout,
       batch_shardable=not dropout or mask_operands[_KEY].shape[0] == 1,
       position_multiple=DROPOUT_BLOCK if dropout else 1)
 
 
 def _fwd_layout(avals_in, params):
-  return _layout("flash_attention (forward)", ("query", "key", "value"),
+  return _layout("flash_attention (forward)", _ffi.FWD_TARGET,
                  (_QUERY_ROLES, _KEY_ROLES, _KEY_ROLES),
                  lambda mask_roles: (_QUERY_ROLES, ("b", "h", "s")), avals_in[3:], params)
 
@@ -250,8 +252,7 @@ def _tangent_roles(tangent, roles):
 
 def _jvp_layout(avals_in, params):
   q_dot, k_dot, v_dot, bias_dot = avals_in[5:9]
-  return _layout("flash_attention (forward mode)",
-                 ("query", "key", "value", "out", "lse", "q_dot", "k_dot", "v_dot", "bias_dot"),
+  return _layout("flash_attention (forward mode)", _ffi.JVP_TARGET,
                  (_QUERY_ROLES, _KEY_ROLES, _KEY_ROLES, _QUERY_ROLES, ("b", "h", "s"),
                   _tangent_roles(q_dot, _QUERY_ROLES), _tangent_roles(k_dot, _KEY_ROLES),
                   _tangent_roles(v_dot, _KEY_ROLES), _tangent_roles(bias_dot, _DENSE_ROLES)),
@@ -259,7 +260,7 @@ def _jvp_layout(avals_in, params):
 
 
 def _bwd_layout(avals_in, params):
-  return _layout("flash_attention (backward)", ("query", "key", "value", "out", "lse", "dout"),
+  return _layout("flash_attention (backward)", _ffi.BWD_TARGET,
                  (_QUERY_ROLES, _KEY_ROLES, _KEY_ROLES, _QUERY_ROLES, ("b", "h", "s"),
                   _QUERY_ROLES),
                  lambda mask_roles: (_QUERY_ROLES, _KEY_ROLES, _KEY_ROLES, mask_roles[_BIAS]),
@@ -305,26 +306,22 @@ def _is_absent(x) -> bool:
   return x.ndim == 1 and x.shape[0] == 0
 
 
-def _operand_names(num_leading, dense_leading=()):
-  """Operand names for _fold_into_batch: per-row tensors (None), then MASK_OPERANDS.
-
-  `dense_leading` marks leading operands that are dense like the bias (its tangent).
-  """
-  return tuple("bias" if i in dense_leading else None for i in range(num_leading)) + MASK_OPERANDS
+# Operands broadcastable over the batch like a dense bias (4-d, batch dim 1 or B).
+_DENSE_OPERANDS = ("bias", "mask", "bias_dot", "block_mask")
 
 
-def _fold_into_batch(args, dims, axis_size, batch, names):
+def _fold_into_batch(args, dims, axis_size, batch, target):
   """Moves every vmapped axis to the front and merges it with the batch axis.
 
-  `batch` is the kernel batch of one example; `names` (_operand_names) says
-  which operands are per-row tensors and which MASK_OPERANDS. Unbatched
-  operands are broadcast, absent optional operands stay absent. Returns the
-  folded operands and, for the bias, whether its batch dim was 1 (so that
-  dbias can be summed back).
+  `batch` is the kernel batch of one example; the operands are those of the
+  custom call `target` (their names say which are dense, _DENSE_OPERANDS).
+  Unbatched operands are broadcast, absent optional operands stay absent.
+  Returns the folded operands and, for the bias, whether its batch dim was 1
+  (so that dbias can be summed back).
   """
   folded = []
   bias_was_broadcast = False
-  for x, d, name in zip(args, dims, names):
+  for x, d, name in zip(args, dims, _ffi.operands(target), strict=True):
     if name == "offsets":
       # One chunk's offsets hold for every example folded into its batch.
       if d is not _NOT_MAPPED:
@@ -338,7 +335,7 @@ def _fold_into_batch(args, dims, axis_size, batch, names):
       continue
     x = jnp.broadcast_to(x[None], (axis_size,) + x.shape) if d is _NOT_MAPPED else (
         jnp.moveaxis(x, d, 0))
-    if name in ("bias", "mask"):
+    if name in _DENSE_OPERANDS:
       # A dense operand may broadcast over the batch (dim 1); the folded
       # batch is axis_size * batch, so spell the batch out first.
       if name == "bias":
@@ -370,9 +367,9 @@ def _fwd_batch_rule(args, dims, **params):
     # extra query heads of each KV group (placing the mapped axis right after
     # the head axis keeps the GQA grouping head // group_size intact). Not
     # with dropout, whose mask depends on the head index, nor with a dense
-    # bias or mask that varies per head.
-    bias, mask = args[3 + _BIAS], args[3 + _MASK]
-    if all(_is_absent(x) or x.shape[1] == 1 for x in (bias, mask)):
+    # bias or mask or a block mask that varies per head.
+    dense = [args[3 + MASK_OPERANDS.index(name)] for name in ("bias", "mask", "block_mask")]
+    if all(_is_absent(x) or x.shape[1] == 1 for x in dense):
       q = jnp.moveaxis(args[0], q_dim, 3)  # (B, Sq, Hq, V, D)
       batch, seqlen_q, num_heads, _, head_dim = q.shape
       q = q.reshape(batch, seqlen_q, num_heads * axis_size, head_dim)
@@ -381,7 +378,7 @@ def _fwd_batch_rule(args, dims, **params):
       lse = jnp.moveaxis(lse.reshape(batch, num_heads, axis_size, seqlen_q), 2, 0)
       return (out, lse), (0, 0)
   batch = _example_batch(args[0], q_dim)
-  folded, _ = _fold_into_batch(args, dims, axis_size, batch, _operand_names(3))
+  folded, _ = _fold_into_batch(args, dims, axis_size, batch, _ffi.FWD_TARGET)
   out, lse = flash_fwd_p.bind(*folded, **params)
   return (_unfold_batch(out, axis_size), _unfold_batch(lse, axis_size)), (0, 0)
 
@@ -389,8 +386,7 @@ def _fwd_batch_rule(args, dims, **params):
 def _bwd_batch_rule(args, dims, **params):
   axis_size = _axis_size(args, dims)
   batch = _example_batch(args[0], dims[0])
-  folded, bias_was_broadcast = _fold_into_batch(args, dims, axis_size, batch,
-                                                 _operand_names(6))
+  folded, bias_was_broadcast = _fold_into_batch(args, dims, axis_size, batch, _ffi.BWD_TARGET)
   dq, dk, dv, dbias = flash_bwd_p.bind(*folded, **params)
   grads = [_unfold_batch(g, axis_size) for g in (dq, dk, dv)]
   if _is_absent(dbias):
@@ -405,9 +401,7 @@ def _bwd_batch_rule(args, dims, **params):
 def _jvp_batch_rule(args, dims, **params):
   axis_size = _axis_size(args, dims)
   batch = _example_batch(args[0], dims[0])
-  # q, k, v, out, lse, q_dot, k_dot, v_dot, then bias_dot, dense like the bias.
-  names = _operand_names(9, dense_leading=(8,))
-  folded, _ = _fold_into_batch(args, dims, axis_size, batch, names)
+  folded, _ = _fold_into_batch(args, dims, axis_size, batch, _ffi.JVP_TARGET)
   out_dot, lse_dot = flash_jvp_p.bind(*folded, **params)
   return (_unfold_batch(out_dot, axis_size), _unfold_batch(lse_dot, axis_size)), (0, 0)
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jax_flash
-from jax_flash.primitives import flash_bwd_p, flash_fwd_p
+from jax_flash.primitives import flash_bwd_p, flash_fwd_p, mask_operands
 from reference import Options, attention
 
 
@@ -303,8 +303,7 @@ def test_windows_of_any_size_are_exact(backend, window, is_causal):
 def test_handler_clamps_windows(backend):
   """A direct primitive call with int64-max bounds: no overflow in i + right."""
   q, k, v = qkv(dtype=jnp.float64)
-  operands = [q, k, v] + [jnp.asarray(x) for x in [NO] * 4 + [NO_BIAS.astype(np.float64),
-                                                             NO_MASK, NO_KEY, NO]]
+  operands = [q, k, v, *map(jnp.asarray, mask_operands(q.dtype))]
   big = np.iinfo(np.int64).max
   for left, right in [(big, big), (0, big), (big, 0)]:
     out, _ = flash_fwd_p.bind(*operands, **dict(FWD_PARAMS, scale=8**-0.5, window_left=left,
@@ -419,10 +418,6 @@ def test_dot_product_attention_rejects_an_implementation():
 
 # -- the C++ handlers validate too: errors, never a crash -----------------------
 
-NO = np.zeros((0,), np.int32)
-NO_BIAS = np.zeros((0,), np.float32)
-NO_MASK = np.zeros((0,), bool)
-NO_KEY = np.zeros((0,), np.uint32)
 FWD_PARAMS = dict(scale=1.0, softcap=0.0, is_causal=False, window_left=-1, window_right=-1,
                   dropout_rate=0.0, broadcast_dropout=False)
 
@@ -433,31 +428,33 @@ FWD_PARAMS = dict(scale=1.0, softcap=0.0, is_causal=False, window_left=-1, windo
                                   "dropout key batch"])
 def test_handler_rejects_bad_operands(backend, case):
   q, k, v = qkv()
-  operands = [q, k, v, NO, NO, NO, NO, NO_BIAS, NO_MASK, NO_KEY, NO]
+  ops = {}
   params = dict(FWD_PARAMS)
   if case == "lengths shape":
-    operands[3] = np.zeros((5,), np.int32)
+    ops["q_seqlens"] = np.zeros((5,), np.int32)
   elif case == "segment shape":
-    operands[5], operands[6] = np.zeros((2, 3), np.int32), np.zeros((2, 12), np.int32)
+    ops["q_segment_ids"], ops["kv_segment_ids"] = (np.zeros((2, 3), np.int32),
+                                                   np.zeros((2, 12), np.int32))
   elif case == "lengths dtype":
-    operands[4] = np.zeros((2,), np.float32)
+    ops["kv_seqlens"] = np.zeros((2,), np.float32)
   elif case == "scale":
     params["scale"] = float("inf")
   elif case == "softcap":
     params["softcap"] = -2.0
   elif case == "one segment operand":
-    operands[5] = np.zeros((2, 10), np.int32)
+    ops["q_segment_ids"] = np.zeros((2, 10), np.int32)
   elif case == "bias shape":
-    operands[7] = np.zeros((2, 4, 10, 5), np.float32)
+    ops["bias"] = np.zeros((2, 4, 10, 5), np.float32)
   elif case == "bias dtype":
-    operands[7] = np.zeros((1, 1, 10, 12), np.float64)
+    ops["bias"] = np.zeros((1, 1, 10, 12), np.float64)
   elif case == "mask dtype":
-    operands[8] = np.zeros((1, 1, 10, 12), np.int32)
+    ops["mask"] = np.zeros((1, 1, 10, 12), np.int32)
   elif case == "dropout without key":
     params["dropout_rate"] = 0.5
   elif case == "dropout key batch":
     params["dropout_rate"] = 0.5
-    operands[9] = np.zeros((3, 2), np.uint32)
+    ops["dropout_key"] = np.zeros((3, 2), np.uint32)
+  operands = [q, k, v, *mask_operands(q.dtype, **ops)]
   with pytest.raises(Exception, match="jax_flash"):
     jax.block_until_ready(flash_fwd_p.bind(*map(jnp.asarray, operands), **params))
 
@@ -467,7 +464,7 @@ def test_bwd_handler_rejects_bad_lse(backend):
   bad_lse = jnp.zeros((2, 4, 10), jnp.float64)  # must be float32 for float32 inputs
   with pytest.raises(Exception, match="lse must be float32"):
     jax.block_until_ready(flash_bwd_p.bind(q, k, v, q, bad_lse, q,
-                                           *map(jnp.asarray, [NO] * 4 + [NO_BIAS, NO_MASK, NO_KEY, NO]),
+                                           *map(jnp.asarray, mask_operands(q.dtype)),
                                            deterministic=False, **FWD_PARAMS))
 
 

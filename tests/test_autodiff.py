@@ -130,8 +130,7 @@ class Problem:
 
 def absent_mask_operands(bias_dtype):
   """Every MASK_OPERANDS entry absent, as the primitives take them."""
-  dtypes = dict(bias=bias_dtype, mask=bool, dropout_key=jnp.uint32)
-  return [jnp.zeros((0,), dtypes.get(name, jnp.int32)) for name in primitives.MASK_OPERANDS]
+  return [jnp.asarray(x) for x in primitives.mask_operands(bias_dtype)]
 
 
 def loss_of(f):

@@ -6,6 +6,7 @@ import sys
 import jax
 import pytest
 
+import jax_flash
 from jax_flash import bench
 
 PLATFORM = jax.default_backend()
@@ -225,11 +226,11 @@ def test_feature_reference_matches_jax_nn_and_leaves_unseen_rows_out():
   from jax_flash import bench_features as bf
   case = bench.Case(3, 2, 37, 8, "float32", True)
   q, k, v, _ = bench.make_inputs(case, seed=2)
-  for feature in ("bias", "mask", "padding", "lengths", "segments"):
+  for feature in ("bias", "mask", "padding", "lengths", "segments", "block-sparse"):
     ops = bf.FEATURES[feature].operands(case)
     ref = bench.reference_fwd(q, k, v, case.causal and bf.FEATURES[feature].uses_is_causal,
                               **bf.reference_operands(case, ops))
-    nn_ops, _ = bf.jax_nn_operands(ops)
+    nn_ops, _ = bf.jax_nn_operands(ops, case)
     out = jax.nn.dot_product_attention(q, k, v, is_causal=case.causal and
                                        bf.FEATURES[feature].uses_is_causal, **nn_ops)
     seen = ~np.isnan(ref)
@@ -243,6 +244,22 @@ def test_feature_reference_matches_jax_nn_and_leaves_unseen_rows_out():
       assert seen.all()
   assert bf.packed_segment_ids(case)[0].tolist() == sorted(bf.packed_segment_ids(case)[0])
   assert len(set(bf.packed_segment_ids(case)[0].tolist())) == bf.PACKED_SEGMENTS
+
+
+def test_block_sparse_feature_is_the_dense_mask_it_stands_for():
+  import numpy as np
+  from jax_flash import bench_features as bf
+  case = bench.Case(1, 2, 300, 8, "float32", False)  # three cells of 128 a side
+  ops = bf.FEATURES["block-sparse"].operands(case)
+  np.testing.assert_array_equal(np.asarray(ops["block_mask"]),
+                                [[[[1, 1, 0], [1, 1, 1], [1, 1, 1]]]])
+  q, k, v, _ = bench.make_inputs(case, seed=3)
+  nn_ops, note = bf.jax_nn_operands(ops, case)
+  assert nn_ops["mask"].shape == (1, 1, 300, 300) and "as a dense mask" in note
+  assert not np.asarray(nn_ops["mask"])[0, 0, :128, 256:].any()
+  want = jax.nn.dot_product_attention(q, k, v, **nn_ops)
+  np.testing.assert_allclose(np.asarray(jax_flash.flash_attention(q, k, v, **ops)),
+                             np.asarray(want), atol=2e-5)
 
 
 def _gpu_row(impl, feature="plain", causal=True, seqlen=2048, head_dim=128, fwd=1.0, fwdbwd=3.0,

@@ -24,7 +24,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_flash
 from conftest import assert_flash_close
-from jax_flash.primitives import flash_bwd_p, flash_fwd_p
+from jax_flash.primitives import flash_bwd_p, flash_fwd_p, mask_operands
 from jax_flash.sharding import partitioning
 from reference import Options, attention, make_inputs, visible_mask
 from reference import attention_and_grads as dense_attention_and_grads
@@ -59,9 +59,9 @@ NO_INT = np.zeros((0,), np.int32)
 
 def chunk_operands(offsets, acc_dtype, q_lengths=NO_INT, kv_lengths=NO_INT,
                    dropout_key=np.zeros((0,), np.uint32)):
-  return [jnp.asarray(x) for x in (q_lengths, kv_lengths, NO_INT, NO_INT,
-                                   np.zeros((0,), acc_dtype), np.zeros((0,), np.bool_),
-                                   dropout_key, np.asarray(offsets, np.int32))]
+  return [jnp.asarray(x) for x in mask_operands(
+      acc_dtype, q_seqlens=q_lengths, kv_seqlens=kv_lengths, dropout_key=dropout_key,
+      offsets=np.asarray(offsets, np.int32))]
 
 
 def chunk_params(scale, causal=False, window=(-1, -1), dropout_rate=0.0):

@@ -27,7 +27,7 @@ struct HeadView {
   static HeadView For(const FwdParams& p, int64_t b, int64_t h) {
     const AttentionShape& s = p.shape;
     HeadView v;
-    v.mask = BatchMask::For(p.mask, b, h, s.seqlen_q, s.seqlen_k);
+    v.mask = BatchMask::WithBlocks(p.mask, b, h, s.seqlen_q, s.seqlen_k);
     const DenseStrides& bs = p.score.bias_strides;
     v.bias = p.score.bias != nullptr
                  ? static_cast<const A*>(p.score.bias) + b * bs.batch + h * bs.head
@@ -38,8 +38,10 @@ struct HeadView {
     return v;
   }
 
-  // False only if no (i, j) of the tile is visible; such tiles are skipped.
+  // False only if no (i, j) of the tile is visible; such tiles are skipped
+  // (a hidden block of the block-sparse mask by its cells alone, never read).
   bool TileMayBeVisible(int64_t i0, int64_t rows, int64_t j0, int64_t cols) const {
+    if (!mask.AnyBlockSet(i0, i0 + rows, j0, j0 + cols)) return false;
     return !mask.HasElementwiseTerms() || mask.AnyVisible(i0, i0 + rows, j0, j0 + cols);
   }
 };

@@ -17,6 +17,10 @@ namespace jax_flash::cpu {
 // the score matrix stay in L1; kBlockN is a multiple of every vector width.
 inline constexpr int64_t kBlockM = 64;
 inline constexpr int64_t kBlockN = 64;
+// Tiles never straddle two cells of the block-sparse mask (mask.h), so a
+// hidden cell's tiles are skipped whole.
+static_assert(kBlockMaskBlock % kBlockM == 0 && kBlockMaskBlock % kBlockN == 0,
+              "CPU tiles must divide the block mask's cells");
 inline constexpr double kLog2e = 1.4426950408889634;
 inline constexpr double kLn2 = 0.6931471805599453;
 

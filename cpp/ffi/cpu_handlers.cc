@@ -1,5 +1,5 @@
-// CPU FFI handlers: decode (shared with CUDA), then run the CPU kernels on
-// XLA's intra-op thread pool.
+// CPU FFI handlers: the ops of ops.h (decoded and validated as on every
+// platform), run by the CPU kernels on XLA's intra-op thread pool.
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -8,16 +8,14 @@
 #include <vector>
 
 #include "cpu/kernels.h"
-#include "ffi/decode.h"
 #include "ffi/handlers.h"
+#include "ffi/ops.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace jax_flash {
 namespace {
-
-using ffi_decode::ScoreAndMaskAttrs;
 
 cpu::DType ToCpuDType(ffi::DataType t) {
   switch (t) {
@@ -66,127 +64,48 @@ cpu::ParallelFor PoolParallelFor(ffi::ThreadPool& pool) {
   };
 }
 
-ffi::Error FwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                  ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
-                  ffi::AnyBuffer q_segment_ids, ffi::AnyBuffer kv_segment_ids, ffi::AnyBuffer bias,
-                  ffi::AnyBuffer mask, ffi::AnyBuffer dropout_key,
-                  ffi::AnyBuffer offsets,
-                  ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
-                  double scale, double softcap, bool is_causal, int64_t window_left,
-                  int64_t window_right, double dropout_rate, bool broadcast_dropout) {
-  const ScoreAndMaskAttrs attrs{scale,        softcap,      is_causal,        window_left,
-                                window_right, dropout_rate, broadcast_dropout};
-  const ffi_decode::MaskOperands ops{q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids,
-                                     bias,      mask,       dropout_key, offsets};
-  FwdParams p;
-  if (auto e = ffi_decode::DecodeFwd(attrs, q, k, v, ops, out->dimensions(),
-                                     out->element_type(), lse->dimensions(),
-                                     lse->element_type(), &p);
-      e.failure())
-    return e;
-  p.out = out->untyped_data();
-  p.lse = lse->untyped_data();
-  cpu::FlashFwd(p, ToCpuDType(q.element_type()), PoolParallelFor(pool));
-  return ffi::Error::Success();
-}
+// The CPU platform of ops.h: XLA's intra-op thread pool as context.
+struct Cpu {
+  using ContextBinding = ffi::ThreadPool;
+  using Context = ffi::ThreadPool;
 
-ffi::Error BwdCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                  ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer dout,
-                  ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
-                  ffi::AnyBuffer q_segment_ids, ffi::AnyBuffer kv_segment_ids, ffi::AnyBuffer bias,
-                  ffi::AnyBuffer mask, ffi::AnyBuffer dropout_key,
-                  ffi::AnyBuffer offsets,
-                  ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                  ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dbias,
-                  double scale, double softcap, bool is_causal, int64_t window_left,
-                  int64_t window_right, double dropout_rate, bool broadcast_dropout,
-                  bool deterministic) {
-  (void)deterministic;  // The CPU backward is always deterministic.
-  const ScoreAndMaskAttrs attrs{scale,        softcap,      is_causal,        window_left,
-                                window_right, dropout_rate, broadcast_dropout};
-  const ffi_decode::MaskOperands ops{q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids,
-                                     bias,      mask,       dropout_key, offsets};
-  BwdParams p;
-  if (auto e = ffi_decode::DecodeBwd(attrs, q, k, v, out, lse, dout, ops, dq, dk, dv, dbias, &p);
-      e.failure())
-    return e;
-  const AttentionShape& s = p.shape;
-  const bool f64 = q.element_type() == ffi::DataType::F64;
-  const size_t delta_elems = static_cast<size_t>(s.batch * s.num_heads_q * s.seqlen_q);
-  std::vector<double> delta_f64(f64 ? delta_elems : 0);
-  std::vector<float> delta_f32(f64 ? 0 : delta_elems);
-  p.delta = f64 ? static_cast<void*>(delta_f64.data()) : static_cast<void*>(delta_f32.data());
-  cpu::FlashBwd(p, ToCpuDType(q.element_type()), PoolParallelFor(pool));
-  return ffi::Error::Success();
-}
+  static ffi::Error Fwd(ffi::ThreadPool pool, const FwdParams& p, ffi::DataType dtype,
+                        ffi_ops::NoExtraResults&) {
+    cpu::FlashFwd(p, ToCpuDType(dtype), PoolParallelFor(pool));
+    return ffi::Error::Success();
+  }
 
-ffi::Error JvpCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                  ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer q_dot,
-                  ffi::AnyBuffer k_dot, ffi::AnyBuffer v_dot, ffi::AnyBuffer bias_dot,
-                  ffi::AnyBuffer q_seqlens, ffi::AnyBuffer kv_seqlens,
-                  ffi::AnyBuffer q_segment_ids, ffi::AnyBuffer kv_segment_ids, ffi::AnyBuffer bias,
-                  ffi::AnyBuffer mask, ffi::AnyBuffer dropout_key, ffi::AnyBuffer offsets,
-                  ffi::Result<ffi::AnyBuffer> out_dot, ffi::Result<ffi::AnyBuffer> lse_dot,
-                  double scale, double softcap, bool is_causal, int64_t window_left,
-                  int64_t window_right, double dropout_rate, bool broadcast_dropout) {
-  const ScoreAndMaskAttrs attrs{scale,        softcap,      is_causal,        window_left,
-                                window_right, dropout_rate, broadcast_dropout};
-  const ffi_decode::MaskOperands ops{q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids,
-                                     bias,      mask,       dropout_key,   offsets};
-  JvpParams p;
-  if (auto e = ffi_decode::DecodeJvp(attrs, q, k, v, out, lse, ops, q_dot, k_dot, v_dot, bias_dot,
-                                     out_dot, lse_dot, &p);
-      e.failure())
-    return e;
-  cpu::FlashJvp(p, ToCpuDType(q.element_type()), PoolParallelFor(pool));
-  return ffi::Error::Success();
-}
+  // The CPU backward is always deterministic.
+  static ffi::Error Bwd(ffi::ThreadPool pool, BwdParams& p, ffi::DataType dtype,
+                        bool /*deterministic*/, ffi_ops::NoExtraResults&) {
+    const AttentionShape& s = p.shape;
+    const bool f64 = dtype == ffi::DataType::F64;
+    const size_t delta_elems = static_cast<size_t>(s.batch * s.num_heads_q * s.seqlen_q);
+    std::vector<double> delta_f64(f64 ? delta_elems : 0);
+    std::vector<float> delta_f32(f64 ? 0 : delta_elems);
+    p.delta = f64 ? static_cast<void*>(delta_f64.data()) : static_cast<void*>(delta_f32.data());
+    cpu::FlashBwd(p, ToCpuDType(dtype), PoolParallelFor(pool));
+    return ffi::Error::Success();
+  }
+
+  static ffi::Error Jvp(ffi::ThreadPool pool, const JvpParams& p, ffi::DataType dtype,
+                        ffi_ops::NoExtraResults&) {
+    cpu::FlashJvp(p, ToCpuDType(dtype), PoolParallelFor(pool));
+    return ffi::Error::Success();
+  }
+};
+
+using CpuFwd = ffi_ops::Handler<ffi_ops::FwdOp, Cpu>;
+using CpuBwd = ffi_ops::Handler<ffi_ops::BwdOp, Cpu>;
+using CpuJvp = ffi_ops::Handler<ffi_ops::JvpOp, Cpu>;
 
 }  // namespace
 }  // namespace jax_flash
 
-// Operand order is the contract in cpp/ffi/decode.h; CUDA binds the same.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxFlashFwdCpu, jax_flash::FwdCpu,
-    jax_flash::ffi_decode::AddScoreAndMaskAttrs(
-        jax_flash::ffi_decode::AddMaskOperands(ffi::Ffi::Bind()
-                                                   .Ctx<ffi::ThreadPool>()
-                                                   .Arg<ffi::AnyBuffer>()   // q (B, Sq, Hq, D)
-                                                   .Arg<ffi::AnyBuffer>()   // k (B, Sk, Hkv, D)
-                                                   .Arg<ffi::AnyBuffer>())  // v (B, Sk, Hkv, D)
-            .Ret<ffi::AnyBuffer>()     // out (B, Sq, Hq, D)
-            .Ret<ffi::AnyBuffer>()));  // lse (B, Hq, Sq), accumulation type
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxFlashBwdCpu, jax_flash::BwdCpu,
-    jax_flash::ffi_decode::AddScoreAndMaskAttrs(
-        jax_flash::ffi_decode::AddMaskOperands(ffi::Ffi::Bind()
-                                                   .Ctx<ffi::ThreadPool>()
-                                                   .Arg<ffi::AnyBuffer>()   // q
-                                                   .Arg<ffi::AnyBuffer>()   // k
-                                                   .Arg<ffi::AnyBuffer>()   // v
-                                                   .Arg<ffi::AnyBuffer>()   // out (forward result)
-                                                   .Arg<ffi::AnyBuffer>()   // lse (forward result)
-                                                   .Arg<ffi::AnyBuffer>())  // dout
-            .Ret<ffi::AnyBuffer>()   // dq
-            .Ret<ffi::AnyBuffer>()   // dk
-            .Ret<ffi::AnyBuffer>()   // dv
-            .Ret<ffi::AnyBuffer>())  // dbias: bias's shape, or (0,)
-        .Attr<bool>("deterministic"));  // bitwise-reproducible gradients
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxFlashJvpCpu, jax_flash::JvpCpu,
-    jax_flash::ffi_decode::AddScoreAndMaskAttrs(
-        jax_flash::ffi_decode::AddMaskOperands(ffi::Ffi::Bind()
-                                                   .Ctx<ffi::ThreadPool>()
-                                                   .Arg<ffi::AnyBuffer>()   // q
-                                                   .Arg<ffi::AnyBuffer>()   // k
-                                                   .Arg<ffi::AnyBuffer>()   // v
-                                                   .Arg<ffi::AnyBuffer>()   // out (forward result)
-                                                   .Arg<ffi::AnyBuffer>()   // lse (forward result)
-                                                   .Arg<ffi::AnyBuffer>()   // q_dot, like q, or (0,)
-                                                   .Arg<ffi::AnyBuffer>()   // k_dot, like k, or (0,)
-                                                   .Arg<ffi::AnyBuffer>()   // v_dot, like v, or (0,)
-                                                   .Arg<ffi::AnyBuffer>())  // bias_dot, like bias, or (0,)
-            .Ret<ffi::AnyBuffer>()     // out_dot, like out
-            .Ret<ffi::AnyBuffer>()));  // lse_dot, like lse
+// Operands, results and attributes: contract.h, bound by ops.h.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashFwdCpu, jax_flash::CpuFwd::Impl(),
+                              jax_flash::CpuFwd::Binding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashBwdCpu, jax_flash::CpuBwd::Impl(),
+                              jax_flash::CpuBwd::Binding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashJvpCpu, jax_flash::CpuJvp::Impl(),
+                              jax_flash::CpuJvp::Binding());

@@ -1,33 +1,9 @@
-// Decoding and validation shared by the CPU and CUDA handlers.
+// Decoding and validation, shared by every op and platform (ops.h).
 //
-// Both platforms register the same targets with the same operands and
-// attributes; this header is the one place that turns XLA FFI buffers and
-// attributes into FwdParams/BwdParams, and the one place that says what is
-// valid. It must stay free of CUDA types so that the CPU build includes it.
-//
-// Operand contract (all shapes row-major, as XLA passes them):
-//   q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D): one floating dtype.
-//   q_seqlens, kv_seqlens: int32 (B,), or int32 (0,) when absent.
-//   q_segment_ids (B, Sq), kv_segment_ids (B, Sk): int32, or (0,) when absent
-//   (both present or both absent).
-//   bias: accumulation type, rank 4, each dim 1 or (B, Hq, Sq, Sk)'s; or (0,).
-//   mask: bool, rank 4, broadcast like bias; or (0,).
-//   dropout_key: uint32 (Bkey, 2), Bkey dividing B; or (0,) when off. Batch
-//   element b uses key b / (B / Bkey) and counter batch index b % (B / Bkey)
-//   (vmap over keys folds into the batch and stays exact).
-//   offsets: int32 (4,), mask.h's Offset (positions of this chunk's first query
-//   row and key, global batch and query-head index of its first element), or
-//   (0,) for a whole problem. Read on the kernel's device.
-//   Forward results: out like q; lse (B, Hq, Sq) in the accumulation type.
-//   Backward operands add out, lse, dout after v; results dq, dk, dv, dbias
-//   (bias's shape and dtype, or (0,) without a bias).
-//   JVP (forward mode) operands add out, lse and then the tangents q_dot,
-//   k_dot, v_dot, bias_dot after v (each tangent shaped like its primal, or
-//   (0,) when zero); results out_dot like out, lse_dot like lse.
-// Attributes (declared once, in AddScoreAndMaskAttrs):
-//   scale: f64, softcap: f64 (0 = off), is_causal: bool,
-//   window_left, window_right: i64 (< 0 = unbounded),
-//   dropout_rate: f64 in [0, 1), broadcast_dropout: bool.
+// The one place that turns XLA FFI buffers and attributes into FwdParams,
+// BwdParams and JvpParams, and the one place that says what is valid; the
+// operands, results and attributes themselves are listed in contract.h. It
+// must stay free of CUDA types so that the CPU build includes it.
 #pragma once
 
 #include <algorithm>
@@ -36,6 +12,8 @@
 #include <string>
 #include <utility>
 
+#include "ffi/attrs.h"
+#include "ffi/contract.h"
 #include "jax_flash/params.h"
 #include "jax_flash/supported.h"
 #include "xla/ffi/api/ffi.h"
@@ -44,51 +22,12 @@ namespace jax_flash::ffi_decode {
 
 namespace ffi = xla::ffi;
 
-// Attributes that fwd and bwd share, in one struct so that both handlers
-// decode them identically.
-struct ScoreAndMaskAttrs {
-  double scale;
-  double softcap;
-  bool is_causal;
-  int64_t window_left;
-  int64_t window_right;
-  double dropout_rate;
-  bool broadcast_dropout;
-};
-
-// Appends the shared attributes to a binding, in the order the handler
-// functions take them.
-template <typename Binding>
-auto AddScoreAndMaskAttrs(Binding binding) {
-  return std::move(binding).template Attr<double>("scale")   // multiplies q.k
-      .template Attr<double>("softcap")           // cap * tanh(x / cap); 0 = off
-      .template Attr<bool>("is_causal")           // j <= i
-      .template Attr<int64_t>("window_left")      // j >= i - left; < 0 = unbounded
-      .template Attr<int64_t>("window_right")     // j <= i + right; < 0 = unbounded
-      .template Attr<double>("dropout_rate")      // drop probability; 0 = off
-      .template Attr<bool>("broadcast_dropout");  // one mask for all batch and heads
-}
-
-// The operands that follow q, k, v (fwd), q, k, v, out, lse, dout (bwd) or q, k, v,
-// out, lse and the four tangents (jvp).
+// The operands every op ends with (contract.h), by name.
+#define JAX_FLASH_MASK_OPERAND_FIELD(name, dtype, shape) ffi::AnyBuffer name;
 struct MaskOperands {
-  ffi::AnyBuffer q_seqlens, kv_seqlens, q_segment_ids, kv_segment_ids, bias, mask, dropout_key,
-      offsets;
+  JAX_FLASH_MASK_OPERANDS(JAX_FLASH_MASK_OPERAND_FIELD)
 };
-
-// Appends the eight MaskOperands to a binding.
-template <typename Binding>
-auto AddMaskOperands(Binding binding) {
-  return std::move(binding)
-      .template Arg<ffi::AnyBuffer>()   // q_seqlens int32 (B,) or (0,)
-      .template Arg<ffi::AnyBuffer>()   // kv_seqlens int32 (B,) or (0,)
-      .template Arg<ffi::AnyBuffer>()   // q_segment_ids int32 (B, Sq) or (0,)
-      .template Arg<ffi::AnyBuffer>()   // kv_segment_ids int32 (B, Sk) or (0,)
-      .template Arg<ffi::AnyBuffer>()   // bias, accumulation type, 4-d broadcastable, or (0,)
-      .template Arg<ffi::AnyBuffer>()   // mask bool, 4-d broadcastable, or (0,)
-      .template Arg<ffi::AnyBuffer>()   // dropout_key uint32 (Bkey, 2) or (0,)
-      .template Arg<ffi::AnyBuffer>();  // offsets int32 (4,) or (0,)
-}
+#undef JAX_FLASH_MASK_OPERAND_FIELD
 
 inline std::string DimsToString(ffi::AnyBuffer::Dimensions dims) {
   std::string s = "(";
@@ -204,9 +143,35 @@ inline ffi::Error DecodeOffsets(const ffi::AnyBuffer& offsets, const int32_t** o
   return ffi::Error::Success();
 }
 
-// Lengths, segment ids and the dense mask -> mask pointers; checks shapes
-// and dtypes.
-inline ffi::Error DecodeMask(const AttentionShape& s, const ScoreAndMaskAttrs& a,
+// The block-sparse mask (B', H', R, C): B' and H' 1 or B and Hq; R and C 1
+// (broadcast) or enough blocks of kBlockMaskBlock positions for this call's
+// rows and keys. A chunk (offsets) reads the whole problem's mask by
+// position; cells past its end are hidden, never read (mask.h).
+inline ffi::Error DecodeBlockMask(const AttentionShape& s, const ffi::AnyBuffer& buf,
+                                  MaskParams* m) {
+  if (IsAbsent(buf)) return ffi::Error::Success();
+  if (buf.element_type() != ffi::DataType::PRED) return Invalid("block_mask must be bool");
+  auto d = buf.dimensions();
+  const int64_t rows = (s.seqlen_q + kBlockMaskBlock - 1) / kBlockMaskBlock;
+  const int64_t cols = (s.seqlen_k + kBlockMaskBlock - 1) / kBlockMaskBlock;
+  if (d.size() != 4 || (d[0] != 1 && d[0] != s.batch) || (d[1] != 1 && d[1] != s.num_heads_q) ||
+      (d[2] != 1 && d[2] < rows) || (d[3] != 1 && d[3] < cols))
+    return Invalid("block_mask must be rank 4, (1 or B, 1 or Hq, 1 or >= ceil(Sq / " +
+                   std::to_string(kBlockMaskBlock) + "), 1 or >= ceil(Sk / " +
+                   std::to_string(kBlockMaskBlock) + ")) = (" + std::to_string(s.batch) + ", " +
+                   std::to_string(s.num_heads_q) + ", " + std::to_string(rows) + ", " +
+                   std::to_string(cols) + "), got " + DimsToString(d));
+  m->block = static_cast<const uint8_t*>(buf.untyped_data());
+  m->block_strides = DenseStrides{d[0] == 1 ? 0 : d[1] * d[2] * d[3], d[1] == 1 ? 0 : d[2] * d[3],
+                                  d[2] == 1 ? 0 : d[3], d[3] == 1 ? 0 : 1};
+  m->block_rows = d[2];
+  m->block_cols = d[3];
+  return ffi::Error::Success();
+}
+
+// Lengths, segment ids, the dense and the block mask -> mask pointers;
+// checks shapes and dtypes.
+inline ffi::Error DecodeMask(const AttentionShape& s, const ScoreAttrs& a,
                              const MaskOperands& ops, MaskParams* m) {
   m->causal = a.is_causal;
   // A bound at least the length it limits, plus the largest distance between
@@ -250,10 +215,10 @@ inline ffi::Error DecodeMask(const AttentionShape& s, const ScoreAndMaskAttrs& a
     if (auto e = DecodeDense("mask", ops.mask, s, &m->dense_strides, dims); e.failure()) return e;
     m->dense = static_cast<const uint8_t*>(ops.mask.untyped_data());
   }
-  return ffi::Error::Success();
+  return DecodeBlockMask(s, ops.block_mask, m);
 }
 
-inline ffi::Error DecodeScore(const AttentionShape& s, const ScoreAndMaskAttrs& a,
+inline ffi::Error DecodeScore(const AttentionShape& s, const ScoreAttrs& a,
                               const MaskOperands& ops, ffi::DataType input_type,
                               ScoreParams* score) {
   if (!std::isfinite(a.scale)) return Invalid("scale must be finite");
@@ -273,7 +238,7 @@ inline ffi::Error DecodeScore(const AttentionShape& s, const ScoreAndMaskAttrs& 
 
 // Dropout rate and keys. The keys stay where XLA put them (the device):
 // kernels resolve them per batch element with HeadDropout::For.
-inline ffi::Error DecodeDropout(const AttentionShape& s, const ScoreAndMaskAttrs& a,
+inline ffi::Error DecodeDropout(const AttentionShape& s, const ScoreAttrs& a,
                                 const MaskOperands& ops, DropoutParams* d) {
   if (!(a.dropout_rate >= 0 && a.dropout_rate < 1))
     return Invalid("dropout_rate must be in [0, 1)");
@@ -293,7 +258,7 @@ inline ffi::Error DecodeDropout(const AttentionShape& s, const ScoreAndMaskAttrs
 
 // Everything the forward needs, validated. Results are checked against the
 // shapes they must have.
-inline ffi::Error DecodeFwd(const ScoreAndMaskAttrs& attrs, const ffi::AnyBuffer& q,
+inline ffi::Error DecodeFwd(const ScoreAttrs& attrs, const ffi::AnyBuffer& q,
                             const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
                             const MaskOperands& ops,
                             ffi::AnyBuffer::Dimensions out_dims, ffi::DataType out_type,
@@ -366,7 +331,7 @@ inline ffi::Error DecodeBwdExtras(const ffi::AnyBuffer& q, const ffi::AnyBuffer&
 
 // Everything the backward needs, validated, with the result pointers set
 // (dbias only when there is a bias); the caller provides p->delta.
-inline ffi::Error DecodeBwd(const ScoreAndMaskAttrs& attrs, const ffi::AnyBuffer& q,
+inline ffi::Error DecodeBwd(const ScoreAttrs& attrs, const ffi::AnyBuffer& q,
                             const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
                             const ffi::AnyBuffer& out, const ffi::AnyBuffer& lse,
                             const ffi::AnyBuffer& dout, const MaskOperands& ops,
@@ -410,7 +375,7 @@ inline ffi::Error DecodeTangent(const char* name, const ffi::AnyBuffer& tangent,
 
 // Everything the JVP needs, validated: the forward's operands, its results
 // out and lse as inputs, the tangents and the two results.
-inline ffi::Error DecodeJvp(const ScoreAndMaskAttrs& attrs, const ffi::AnyBuffer& q,
+inline ffi::Error DecodeJvp(const ScoreAttrs& attrs, const ffi::AnyBuffer& q,
                             const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
                             const ffi::AnyBuffer& out, const ffi::AnyBuffer& lse,
                             const MaskOperands& ops, const ffi::AnyBuffer& q_dot,

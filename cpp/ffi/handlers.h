@@ -1,9 +1,7 @@
 // The FFI handler symbols the Python module registers.
 //
-// Target names are the same on every platform ("jax_flash_fwd",
-// "jax_flash_bwd", "jax_flash_jvp"); Python registers each symbol under its
-// platform. The
-// operand and attribute contract is documented in cpp/ffi/decode.h.
+// Target names are the same on every platform (contract.h); Python registers
+// each symbol under its platform. Operands, results and attributes: contract.h.
 #pragma once
 
 #include "xla/ffi/api/api.h"

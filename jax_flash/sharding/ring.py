@@ -28,7 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_flash import attention as _attention
-from jax_flash.primitives import accumulation_dtype, flash_bwd_p, flash_fwd_p, match_varying
+from jax_flash.primitives import (accumulation_dtype, flash_bwd_p, flash_fwd_p, mask_operands,
+                                  match_varying)
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -164,9 +165,7 @@ def _operands(query_position, key_position, acc_dtype):
   offsets = jnp.stack([jnp.asarray(query_position, jnp.int32),
                        jnp.asarray(key_position, jnp.int32),
                        jnp.int32(0), jnp.int32(0)])
-  none = _attention._NO_INT_OPERAND
-  return (none, none, none, none, np.zeros((0,), acc_dtype), _attention._NO_MASK,
-          _attention._NO_KEY, offsets)
+  return mask_operands(acc_dtype, offsets=offsets)
 
 
 def _rows(x, rows):

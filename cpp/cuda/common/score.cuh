@@ -443,7 +443,7 @@ struct HeadTerms {
     const AttentionShape& s = p.shape;
     const DenseStrides& bs = p.score.bias_strides;
     HeadTerms t;
-    t.mask = BatchMask::For(p.mask, b, h, s.seqlen_q, s.seqlen_k);
+    t.mask = BatchMask::WithBlocks(p.mask, b, h, s.seqlen_q, s.seqlen_k);
     t.bias = p.score.bias != nullptr
                  ? static_cast<const Acc*>(p.score.bias) + b * bs.batch + h * bs.head
                  : nullptr;
@@ -460,11 +460,13 @@ struct HeadTerms {
   }
 
   // False only if no (i, j) of the tile is visible; such tiles are skipped.
-  // Only segments and the dense mask need the elementwise test (the band is
+  // The block-sparse mask by its cells (the same answer in every thread);
+  // segments and the dense mask need the elementwise test (the band is
   // already cut by KeyRange/QueryRange). A block-wide vote: every thread of
   // the block must call it (it is a barrier) and all get the same answer.
   __device__ __forceinline__ bool TileMayBeVisible(int64_t i0, int m_valid, int64_t j0,
                                                    int n_valid) const {
+    if (!mask.AnyBlockSet(i0, i0 + m_valid, j0, j0 + n_valid)) return false;
     if (!mask.HasElementwiseTerms()) return true;
     int found = 0;
     for (int idx = threadIdx.x; idx < m_valid * n_valid && !found; idx += blockDim.x)

@@ -211,9 +211,10 @@ __global__ void __launch_bounds__(kThreads) BwdDkDvKernel(const BwdParams p) {
   const int64_t j0 = n_block * kBlockN;
   const int n_valid = ValidRows<kBlockN>(s.seqlen_k - j0);
 
-  // The band (hence QueryRange) is the same for every head.
+  // The band (hence QueryRange, block-aligned with a block mask) is the same
+  // for every head.
   int64_t query_begin, query_end;
-  BatchMask::For(p.mask, b, s.seqlen_q, s.seqlen_k)
+  BatchMask::WithBlocks(p.mask, b, h_kv * s.group_size(), s.seqlen_q, s.seqlen_k)
       .QueryRange(j0, j0 + n_valid, &query_begin, &query_end);
 
   const Acc scale = static_cast<Acc>(p.score.scale);

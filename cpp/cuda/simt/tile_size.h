@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "jax_flash/mask.h"
 #include "jax_flash/supported.h"
 
 namespace jax_flash::cuda::simt {
@@ -44,6 +45,12 @@ struct ExactTiles {
   static constexpr int kJvpBlockN = kF64 ? (kMaxD <= 32 ? 32 : kMaxD <= 64 ? 16 : 8)
                                          : (kMaxD <= 32 ? 64 : kMaxD <= 64 ? 32 : 16);
   static constexpr int kLd = kMaxD + 1;  // row stride of a head-dim tile
+  // Tiles never straddle two cells of the block-sparse mask (mask.h), so a
+  // hidden cell's tiles are skipped whole.
+  static_assert(kBlockMaskBlock % kFwdBlockM == 0 && kBlockMaskBlock % kFwdBlockN == 0 &&
+                    kBlockMaskBlock % kBwdBlockM == 0 && kBlockMaskBlock % kBwdBlockN == 0 &&
+                    kBlockMaskBlock % kJvpBlockM == 0 && kBlockMaskBlock % kJvpBlockN == 0,
+                "exact-kernel tiles must divide the block mask's cells");
 };
 
 }  // namespace jax_flash::cuda::simt

@@ -10,6 +10,9 @@
 //   lengths: P + i < q_seqlen[b] and K + j < kv_seqlen[b]
 //   segments: q_segment_ids[b, i] == kv_segment_ids[b, j]   (this chunk's ids)
 //   dense:   mask[b, h, i, j] (this chunk's mask, broadcast to (B, Hq, Sq, Sk))
+//   block:   block_mask[b, h, (P + i) / 128, (K + j) / 128] (block-sparse
+//            attention: blocks of kBlockMaskBlock positions, in positions like
+//            causal, so a chunk of any size reads the whole problem's blocks)
 // Causal and window depend on P - K only: the diagonal, key j <= i + diagonal.
 #pragma once
 
@@ -29,6 +32,12 @@ enum Offset : int {
   kHeadOffset = 3,     // global index of query head 0 (dropout)
   kNumOffsets = 4,
 };
+
+// Query rows and keys per block of the block-sparse mask (Python's
+// jax_flash.BLOCK_MASK_BLOCK). Every CPU and exact CUDA tile size divides it,
+// so a tile never straddles two blocks of a whole problem and the tiles of a
+// hidden block are skipped, never read.
+inline constexpr int64_t kBlockMaskBlock = 128;
 
 // Element strides of an array broadcast to (B, Hq, Sq, Sk); a broadcast
 // dimension has stride 0.
@@ -50,6 +59,12 @@ struct MaskParams {
   const int32_t* kv_segment_ids = nullptr;  // (B, Sk), contiguous
   const uint8_t* dense = nullptr;           // boolean, broadcast to (B, Hq, Sq, Sk)
   DenseStrides dense_strides;
+  // Boolean (B', H', R, C) block mask, B' and H' 1 or B and Hq; null if
+  // absent. A dim of 1 broadcasts; block indices past R or C are hidden.
+  const uint8_t* block = nullptr;
+  DenseStrides block_strides;
+  int64_t block_rows = 0;
+  int64_t block_cols = 0;
   const int32_t* offsets = nullptr;         // (kNumOffsets,), or null: all 0
 };
 
@@ -66,9 +81,19 @@ struct BatchMask {
   const uint8_t* dense;  // this head's (Sq, Sk) view, or null
   int64_t dense_row_stride;
   int64_t dense_col_stride;
+  const uint8_t* block;  // this head's block mask, or null
+  int64_t block_row_stride;
+  int64_t block_col_stride;
+  uint64_t block_rows;  // block indices at or past these are hidden
+  uint64_t block_cols;
+  int64_t q_position;   // positions of row 0 and key 0 (blocks are in positions)
+  int64_t kv_position;
 
-  JAX_FLASH_HOST_DEVICE static BatchMask For(const MaskParams& m, int64_t b, int64_t h,
-                                             int64_t seqlen_q, int64_t seqlen_k) {
+  // Every term, the block-sparse mask included: the kernels that skip its
+  // hidden cells (CPU, CUDA exact). cuda/dispatch.cu sends problems with a
+  // block mask only to those.
+  JAX_FLASH_HOST_DEVICE static BatchMask WithBlocks(const MaskParams& m, int64_t b, int64_t h,
+                                                    int64_t seqlen_q, int64_t seqlen_k) {
     BatchMask r;
     r.causal = m.causal;
     r.window_left = m.window_left;
@@ -88,11 +113,30 @@ struct BatchMask {
     r.dense = m.dense ? m.dense + b * m.dense_strides.batch + h * m.dense_strides.head : nullptr;
     r.dense_row_stride = m.dense_strides.row;
     r.dense_col_stride = m.dense_strides.col;
+    r.block = m.block ? m.block + b * m.block_strides.batch + h * m.block_strides.head : nullptr;
+    r.block_row_stride = m.block_strides.row;
+    r.block_col_stride = m.block_strides.col;
+    // A broadcast dim (1, stride 0) admits every index; otherwise an index
+    // outside the mask, which only a direct call with offsets can reach, is
+    // hidden rather than read.
+    r.block_rows = m.block_rows == 1 ? ~uint64_t{0} : static_cast<uint64_t>(m.block_rows);
+    r.block_cols = m.block_cols == 1 ? ~uint64_t{0} : static_cast<uint64_t>(m.block_cols);
+    r.q_position = q_position;
+    r.kv_position = kv_position;
     return r;
   }
 
-  // For kernels without dense-mask support: the dispatch sends problems with
-  // a dense mask to kernels that use the 5-argument form.
+  // Every term but the block-sparse mask (the tensor-core kernels): a null
+  // block pointer the compiler sees, so their code is what it was without one.
+  JAX_FLASH_HOST_DEVICE static BatchMask For(const MaskParams& m, int64_t b, int64_t h,
+                                             int64_t seqlen_q, int64_t seqlen_k) {
+    BatchMask r = WithBlocks(m, b, h, seqlen_q, seqlen_k);
+    r.block = nullptr;
+    return r;
+  }
+
+  // For kernels without dense-mask support either: the dispatch sends
+  // problems with a dense mask to kernels that use the 5-argument forms.
   JAX_FLASH_HOST_DEVICE static BatchMask For(const MaskParams& m, int64_t b,
                                              int64_t seqlen_q, int64_t seqlen_k) {
     BatchMask r = For(m, b, 0, seqlen_q, seqlen_k);
@@ -109,13 +153,43 @@ struct BatchMask {
     if (window_right >= 0 && j > d + window_right) return false;
     if (q_seg != nullptr && q_seg[i] != kv_seg[j]) return false;
     if (dense != nullptr && !dense[i * dense_row_stride + j * dense_col_stride]) return false;
+    if (block != nullptr &&
+        !BlockSet((q_position + i) / kBlockMaskBlock, (kv_position + j) / kBlockMaskBlock))
+      return false;
+    return true;
+  }
+
+  // Whether some (all) block-mask cells that rows [i0, i1) x keys [j0, j1)
+  // fall in are set; true without a block mask (an empty rectangle has no
+  // cell). A tile of a whole problem lies in one cell (kBlockMaskBlock), a
+  // chunk's tiles in at most four.
+  JAX_FLASH_HOST_DEVICE bool AnyBlockSet(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+    if (block == nullptr) return true;
+    if (i0 >= i1 || j0 >= j1) return false;
+    for (int64_t bi = (q_position + i0) / kBlockMaskBlock;
+         bi <= (q_position + i1 - 1) / kBlockMaskBlock; ++bi)
+      for (int64_t bj = (kv_position + j0) / kBlockMaskBlock;
+           bj <= (kv_position + j1 - 1) / kBlockMaskBlock; ++bj)
+        if (BlockSet(bi, bj)) return true;
+    return false;
+  }
+  JAX_FLASH_HOST_DEVICE bool AllBlocksSet(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+    if (block == nullptr || i0 >= i1 || j0 >= j1) return true;
+    for (int64_t bi = (q_position + i0) / kBlockMaskBlock;
+         bi <= (q_position + i1 - 1) / kBlockMaskBlock; ++bi)
+      for (int64_t bj = (kv_position + j0) / kBlockMaskBlock;
+           bj <= (kv_position + j1 - 1) / kBlockMaskBlock; ++bj)
+        if (!BlockSet(bi, bj)) return false;
     return true;
   }
 
   // Keys [*begin, *end) that rows [i0, i1) may see, from the band structure
   // (causal, window, lengths); segments and the dense mask are not used here
   // (kernels test whole tiles of those with AnyVisible). Everything outside
-  // is invisible, so kernels skip it. Empty when begin >= end.
+  // is invisible, so kernels skip it. Empty when begin >= end. With a block
+  // mask, begin is moved back to the start of its block, so that tiles
+  // stepping from it never straddle two blocks (a hidden one is skipped
+  // whole, its keys never read).
   JAX_FLASH_HOST_DEVICE void KeyRange(int64_t i0, int64_t i1, int64_t* begin,
                                       int64_t* end) const {
     int64_t lo = 0, hi = kv_len;
@@ -124,12 +198,14 @@ struct BatchMask {
     if (causal) hi = Min(hi, i1 + diagonal);  // j <= i1 - 1 + diagonal
     if (window_right >= 0) hi = Min(hi, i1 + diagonal + window_right);
     if (window_left >= 0) lo = Max(lo, i0 + diagonal - window_left);
+    if (hi > lo) lo = BlockStart(lo, kv_position);
     *begin = lo;
     *end = hi > lo ? hi : lo;
   }
 
   // Query rows [*begin, *end) that may see some key in [j0, j1): the
-  // transpose of KeyRange, used by kernels that loop over key blocks.
+  // transpose of KeyRange, used by kernels that loop over key blocks (begin
+  // likewise at a block start with a block mask).
   JAX_FLASH_HOST_DEVICE void QueryRange(int64_t j0, int64_t j1, int64_t* begin,
                                         int64_t* end) const {
     int64_t lo = 0, hi = q_len;
@@ -138,17 +214,20 @@ struct BatchMask {
     if (causal) lo = Max(lo, j0 - diagonal);  // i >= j - diagonal
     if (window_right >= 0) lo = Max(lo, j0 - diagonal - window_right);  // i >= j - d - right
     if (window_left >= 0) hi = Min(hi, j1 - diagonal + window_left);  // i <= j - d + left
+    if (hi > lo) lo = BlockStart(lo, q_position);
     *begin = lo;
     *end = hi > lo ? hi : lo;
   }
 
   // True when every (i, j) in the rectangle is visible, so a kernel can skip
   // the per-element test. Needs no segments or dense mask; the band
-  // conditions are checked at the corners that bind them.
+  // conditions are checked at the corners that bind them, the block mask by
+  // its cells.
   JAX_FLASH_HOST_DEVICE bool AllVisible(int64_t i0, int64_t i1, int64_t j0,
                                         int64_t j1) const {
     if (q_seg != nullptr || dense != nullptr) return false;
     if (i1 > q_len || j1 > kv_len) return false;
+    if (!AllBlocksSet(i0, i1, j0, j1)) return false;
     if (causal && j1 - 1 > i0 + diagonal) return false;
     if (window_left >= 0 && j0 < i1 - 1 + diagonal - window_left) return false;
     if (window_right >= 0 && j1 - 1 > i0 + diagonal + window_right) return false;
@@ -158,7 +237,7 @@ struct BatchMask {
   // False when no (i, j) in the rectangle is visible, so a kernel can skip
   // the tile. Exact; costs one pass over the tile, so kernels call it only
   // when segments or a dense mask are present (the band is handled by
-  // KeyRange/QueryRange).
+  // KeyRange/QueryRange, the block mask by AnyBlockSet, cell by cell).
   JAX_FLASH_HOST_DEVICE bool AnyVisible(int64_t i0, int64_t i1, int64_t j0,
                                         int64_t j1) const {
     for (int64_t i = i0; i < i1; ++i)
@@ -172,6 +251,19 @@ struct BatchMask {
   }
 
  private:
+  // Block-mask cell (bi, bj) is set; a negative index (a negative offset of
+  // a direct call) wraps to a huge one and is hidden.
+  JAX_FLASH_HOST_DEVICE bool BlockSet(int64_t bi, int64_t bj) const {
+    return static_cast<uint64_t>(bi) < block_rows && static_cast<uint64_t>(bj) < block_cols &&
+           block[bi * block_row_stride + bj * block_col_stride];
+  }
+  // Index n moved back to the start of its block-mask block (index + position
+  // a multiple of kBlockMaskBlock, not below 0); n itself without a block mask.
+  JAX_FLASH_HOST_DEVICE int64_t BlockStart(int64_t n, int64_t position) const {
+    if (block == nullptr) return n;
+    const int64_t into = (position + n) % kBlockMaskBlock;
+    return Max(0, n - (into < 0 ? into + kBlockMaskBlock : into));
+  }
   JAX_FLASH_HOST_DEVICE static int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
   JAX_FLASH_HOST_DEVICE static int64_t Max(int64_t a, int64_t b) { return a > b ? a : b; }
   JAX_FLASH_HOST_DEVICE static int64_t Clamp(int64_t n, int64_t upper) {
