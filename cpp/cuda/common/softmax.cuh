@@ -14,6 +14,35 @@ namespace jax_flash::cuda {
 // Lazy rescale threshold of the online softmax (log2 units): P <= 2^8.
 inline constexpr float kRescaleLog2 = 8.f;
 
+// The second half of both online softmaxes below: S becomes P = exp2(S *
+// scale_log2 - m * scale_log2) against the rows' (updated) maxima, and each
+// lane adds its part of the row sums to l (reduced across the quad at the
+// end). Masked scores are -inf, so their P is exp2(-inf) = 0; a row whose
+// maximum is still -inf takes its exponent against 0.
+template <int kMT, int kNTiles>
+__device__ __forceinline__ void ExponentiateRows(float (&s)[kMT][kNTiles][4],
+                                                 const float (&row_m)[kMT][2],
+                                                 float (&row_l)[kMT][2], float scale_log2) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const float m_scaled = row_m[mt][hr] == -INFINITY ? 0.f : row_m[mt][hr] * scale_log2;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float pv = FastExp2(fmaf(s[mt][nt][2 * hr + c], scale_log2, -m_scaled));
+          s[mt][nt][2 * hr + c] = pv;
+          sum += pv;
+        }
+      }
+      row_l[mt][hr] += sum;
+    }
+  }
+}
+
 // Online softmax of one key block, lazy rescale: S becomes P in place, O
 // and l are rescaled when the reference max moves.
 //
@@ -69,25 +98,7 @@ __device__ __forceinline__ void OnlineSoftmax(float (&s)[kMT][kNTiles][4],
       }
     }
   }
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      // Masked scores are -inf, so their P is exp2(-inf) = 0.
-      const float m_scaled = row_m[mt][hr] == -INFINITY ? 0.f : row_m[mt][hr] * scale_log2;
-      float sum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float pv = FastExp2(fmaf(s[mt][nt][2 * hr + c], scale_log2, -m_scaled));
-          s[mt][nt][2 * hr + c] = pv;
-          sum += pv;
-        }
-      }
-      row_l[mt][hr] += sum;  // per-lane partial; reduced at the end
-    }
-  }
+  ExponentiateRows(s, row_m, row_l, scale_log2);
 }
 
 // OnlineSoftmax with O's rescale left to the caller, for kernels whose O
@@ -131,24 +142,7 @@ __device__ __forceinline__ bool OnlineSoftmaxDeferRescale(float (&s)[kMT][kNTile
       }
     }
   }
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const float m_scaled = row_m[mt][hr] == -INFINITY ? 0.f : row_m[mt][hr] * scale_log2;
-      float sum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float pv = FastExp2(fmaf(s[mt][nt][2 * hr + c], scale_log2, -m_scaled));
-          s[mt][nt][2 * hr + c] = pv;
-          sum += pv;
-        }
-      }
-      row_l[mt][hr] += sum;
-    }
-  }
+  ExponentiateRows(s, row_m, row_l, scale_log2);
   return rescale;
 }
 
