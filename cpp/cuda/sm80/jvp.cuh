@@ -7,9 +7,15 @@
 //   S   = Q K^T,   dS' = Q_dot K^T + Q K_dot^T
 //   soft cap: x = cap tanh(S scale / cap), dS' *= 1 - (x / cap)^2
 //   P   = exp2(x scale_log2 - lse2),  dS = scale dS'   (both 0 where hidden)
-//   lse_dot += rowsum(P o dS);   acc += (P o dS) V + P V_dot
-// then out_dot = acc - lse_dot o out (out as the forward stored it). P and
-// P o dS become A operands of the last two GEMMs without leaving registers
+//   lse_dot += rowsum(P o dS);   acc += (P o (dS - c)) V + P V_dot
+// then out_dot = acc - (lse_dot - c) o out (out as the forward stored it),
+// with a per-row shift c, the P-weighted mean of dS over the row's first
+// block with a visible key (any c gives the same result in exact
+// arithmetic, since rowsum(P) o out = sum P V): P o dS rounded to 16 bits
+// for the GEMM and the rounded out would otherwise cancel, and where a row
+// sees few keys lse_dot ~ dS and that cancellation left errors several
+// times a plain 16-bit implementation's. P and
+// P o (dS - c) become A operands of the last two GEMMs without leaving registers
 // (common/fragment.cuh). K, K_dot, V, V_dot stream through a cp.async
 // pipeline of JvpTile::stages stages. Absent (zero) tangents skip their loads
 // and GEMMs (uniform branches). Options: those of the sm80 forward (causal,
@@ -160,7 +166,11 @@ __global__ void __launch_bounds__(Traits::kThreads)
   for (int dt = 0; dt < kDTiles; ++dt)
 #pragma unroll
     for (int r = 0; r < 4; ++r) acc[dt][r] = 0.f;
-  float lse_dot[2] = {0.f, 0.f};  // per-lane partial sums; reduced over the quad at the end
+  // Per-lane partial sums of P o dS and of P, reduced over the quad at the
+  // end; the shift c of each row, set at its first block with a visible key.
+  float lse_dot[2] = {0.f, 0.f}, p_sum[2] = {0.f, 0.f};
+  float shift[2] = {0.f, 0.f};
+  bool shift_set[2] = {false, false};
 
   // Key block n's K, K_dot, V, V_dot into a stage (absent tangents: nothing).
   auto load_keys = [&](int stage, int64_t n) {
@@ -268,9 +278,30 @@ __global__ void __launch_bounds__(Traits::kThreads)
       for (int r = 0; r < 4; ++r) {
         ds[nt][r] *= s[nt][r];  // P o dS
         lse_dot[r / 2] += ds[nt][r];
+        p_sum[r / 2] += s[nt][r];
       }
+    // Until every row of the warp has its shift: the quad's sums so far are
+    // this block's (P was 0 on the row's earlier blocks), c = their ratio.
+    if (__any_sync(0xffffffffu, !(shift_set[0] && shift_set[1]))) {
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        float pds = lse_dot[hr], ps = p_sum[hr];
+        pds += __shfl_xor_sync(0xffffffffu, pds, 1);
+        pds += __shfl_xor_sync(0xffffffffu, pds, 2);
+        ps += __shfl_xor_sync(0xffffffffu, ps, 1);
+        ps += __shfl_xor_sync(0xffffffffu, ps, 2);
+        if (!shift_set[hr] && ps > 0.f) {
+          shift[hr] = pds / ps;
+          shift_set[hr] = true;
+        }
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) ds[nt][r] = fmaf(-shift[r / 2], s[nt][r], ds[nt][r]);
     if constexpr (kTerms) {
-      // lse_dot took P itself; the GEMMs take Z o P and Z o (P o dS).
+      // lse_dot took P itself; the GEMMs take Z o P and Z o (P o (dS - c)).
       if (dropout.enabled) DropoutRowsPair(s, ds, dropout, m0 + warp_row0, n0, g, t);
     }
 
@@ -318,12 +349,15 @@ __global__ void __launch_bounds__(Traits::kThreads)
   T* out_dot = static_cast<T*>(p.out_dot) + p.out_dot_strides.offset(b, 0, h);
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
-    float row_dot = lse_dot[hr];  // the 4 lanes of a quad hold one row
+    float row_dot = lse_dot[hr], row_p = p_sum[hr];  // the 4 lanes of a quad hold one row
     row_dot += __shfl_xor_sync(0xffffffffu, row_dot, 1);
     row_dot += __shfl_xor_sync(0xffffffffu, row_dot, 2);
+    row_p += __shfl_xor_sync(0xffffffffu, row_p, 1);
+    row_p += __shfl_xor_sync(0xffffffffu, row_p, 2);
     const int64_t i = m0 + warp_row0 + g + hr * 8;
     if (i >= seqlen_q) continue;
     if (t == 0) static_cast<float*>(p.lse_dot)[row_base + i] = row_dot;
+    const float shifted_dot = fmaf(-shift[hr], row_p, row_dot);  // lse_dot - c rowsum(P)
     const T* out_row = out + i * p.out_strides.row;
     T* out_dot_row = out_dot + i * p.out_dot_strides.row;
 #pragma unroll
@@ -332,7 +366,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
       if (col < head_dim) {
         const float o0 = ToFloat(out_row[col]), o1 = ToFloat(out_row[col + 1]);
         *reinterpret_cast<uint32_t*>(out_dot_row + col) =
-            Pack2<T>(acc[dt][2 * hr] - row_dot * o0, acc[dt][2 * hr + 1] - row_dot * o1);
+            Pack2<T>(acc[dt][2 * hr] - shifted_dot * o0, acc[dt][2 * hr + 1] - shifted_dot * o1);
       }
     }
   }
