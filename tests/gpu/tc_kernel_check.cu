@@ -552,6 +552,13 @@ static void AddFeatureCases(std::vector<Case>* cases) {
       c.causal = true; cases->push_back(c);
       c = Case{1, 300, 300, 2, 2, 40}; c.mask = kind; c.det = det; c.wl = 50; c.wr = 3;
       c.bf16 = false; cases->push_back(c);
+      // Key counts of 16-byte mask rows: the forward stages the mask (and
+      // the bias) per warp (common/term_slab.cuh); 208 ends in a partial
+      // key block, 131 and 77 in partial query blocks.
+      c = Case{2, 131, 208, 4, 2, 64}; c.mask = kind; c.det = det; cases->push_back(c);
+      c = Case{2, 77, 96, 4, 1, 128}; c.mask = kind; c.det = det; c.causal = true;
+      if (!det) c.bias = BiasKind::kFull;
+      cases->push_back(c);
     }
   Case c{3, 170, 190, 4, 2, 128}; c.dropout = kRate; c.causal = true; c.lengths = true;
   cases->push_back(c);

@@ -34,6 +34,18 @@ __device__ __forceinline__ void CpAsync4(uint32_t dst, const void* src, bool val
   const uint32_t v = valid ? *static_cast<const uint32_t*>(src) : 0u;
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(dst), "r"(v));
 }
+// The first `bytes` (0..16) of a 16-byte chunk, zeros after them.
+__device__ __forceinline__ void CpAsync16Bytes(uint32_t dst, const void* src, int bytes) {
+  uint4 v = make_uint4(0, 0, 0, 0);
+  if (bytes == 16) {
+    v = __ldcg(static_cast<const uint4*>(src));
+  } else {
+    unsigned char* b = reinterpret_cast<unsigned char*>(&v);
+    for (int i = 0; i < bytes; ++i) b[i] = static_cast<const unsigned char*>(src)[i];
+  }
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w));
+}
 __device__ __forceinline__ void CpAsyncCommit() {}
 template <int kPending>
 __device__ __forceinline__ void CpAsyncWait() {}
@@ -47,6 +59,11 @@ __device__ __forceinline__ void CpAsync4(uint32_t dst, const void* src, bool val
   const int src_bytes = valid ? 4 : 0;
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
+}
+// The first `bytes` (0..16) of a 16-byte chunk, zeros after them (src-size).
+__device__ __forceinline__ void CpAsync16Bytes(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(bytes));
 }
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>

@@ -30,6 +30,7 @@ struct FwdArgs {
                          // or with a bias (the kernel forms x = scale * q.k + bias first)
   float softcap;         // 0 = off
   float scale_over_cap;  // scale / softcap (1 / softcap with a bias)
+  TileOrder order;       // the kTerms kernels' CTA order (TermsTileOrder)
 };
 
 inline FwdArgs MakeFwdArgs(const FwdParams& params) {
@@ -37,6 +38,7 @@ inline FwdArgs MakeFwdArgs(const FwdParams& params) {
   args.p = params;
   const float scale = static_cast<float>(params.score.scale);
   args.softcap = static_cast<float>(params.score.softcap);
+  args.order = TermsTileOrder(params);
   // With a bias the kTerms kernels hold x = scale * q.k + bias (AddBias in
   // common/score.cuh), so scale leaves exp2 and tanh.
   const float pre = params.score.bias != nullptr ? 1.f : scale;

@@ -24,6 +24,7 @@
 #include "cuda/common/epilogue_fwd.cuh"
 #include "cuda/common/score.cuh"
 #include "cuda/common/softmax.cuh"
+#include "cuda/common/term_slab.cuh"
 #include "cuda/sm80/copy.cuh"
 #include "cuda/sm80/mma.cuh"
 #include "cuda/sm80/tile_size.h"
@@ -31,10 +32,11 @@
 
 namespace jax_flash::cuda::sm80 {
 
-template <int kHeadDim_, int kArch = 80>
+template <int kHeadDim_, int kArch_ = 80, bool kTerms = false>
 struct FwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr FwdTile kTile = TilesFor(kHeadDim, kArch).fwd;  // sm80/tile_size.h
+  static constexpr int kArch = kArch_;
+  static constexpr FwdTile kTile = FwdTileFor(kHeadDim, kArch, kTerms);  // sm80/tile_size.h
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kNWarps = kTile.warps;
@@ -50,6 +52,25 @@ struct FwdTraits {
   static_assert(kBlockM > 0, "no sm80 tile for this head-dim bucket (sm80/tile_size.h)");
   static_assert(kWarpRows % kMmaM == 0 && kHeadDim % 16 == 0 && kBlockN % 16 == 0);
   static_assert(kSmemElems * 2 <= MaxSmemBytes(kArch), "tile exceeds the arch's shared memory");
+  // The kTerms kernel's bias and dense mask, staged per warp after sV
+  // (common/term_slab.cuh), on sm_80+ (cp.async; Turing's 64 KiB would not
+  // hold them), up to D = 128 (above, the staging's addresses spilled next
+  // to O: D=256 16 -> 124 bytes).
+  using BiasSlab = WarpSlab<kWarpRows, kBlockN, 4>;
+  using MaskSlab = WarpSlab<kWarpRows, kBlockN, 1>;
+  static constexpr bool kStagesTerms = kArch >= 80 && kHeadDim <= 128;
+  static_assert(!kStagesTerms || kSmemElems * 2 + kNWarps * (BiasSlab::kBytes + MaskSlab::kBytes) <=
+                                     MaxSmemBytes(kArch),
+                "the staged score terms exceed the arch's shared memory");
+  // Dynamic shared memory of a launch; the kernel lays it out the same way.
+  static size_t SmemBytes(const FwdParams& p, bool terms) {
+    size_t bytes = kSmemElems * 2;
+    if (terms && kStagesTerms) {
+      if (BiasStageable(p)) bytes += kNWarps * BiasSlab::kBytes;
+      if (MaskStageable(p)) bytes += kNWarps * MaskSlab::kBytes;
+    }
+    return bytes;
+  }
 };
 
 template <typename T, typename Traits, bool kTerms>
@@ -67,8 +88,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const FwdBlock<T> blk =
-      FwdBlock<T>::template Make<kBlockM, kBlockN>(p, QueryBlockScheduler::Get());
+  const FwdBlock<T> blk = FwdBlock<T>::template Make<kBlockM, kBlockN>(
+      p, kTerms ? QueryBlockScheduler::Get(args.order) : QueryBlockScheduler::Get());
   const int64_t m0 = blk.m0, n_begin = blk.n_begin, n_end = blk.n_end;
   const GmemRows<T>& q = blk.q;
   const GmemRows<T>& k = blk.k;
@@ -83,6 +104,27 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   // scale out of scale_log2 and scale_over_cap).
   const BiasView bias = kTerms ? BiasView::For(p, blk.b, blk.h) : BiasView{};
   const float scale = kTerms ? static_cast<float>(p.score.scale) : 0.f;
+  // Staged terms (common/term_slab.cuh): this warp's slabs after sV, loaded
+  // one key block ahead. The cp.async groups then alternate K/V, slab: the
+  // waits below leave the newest group in flight.
+  constexpr bool kStage = kTerms && Traits::kStagesTerms;
+  using BiasSlab = typename Traits::BiasSlab;
+  using MaskSlab = typename Traits::MaskSlab;
+  const bool stage_bias = kStage && BiasStageable(p);
+  const bool stage_mask = kStage && MaskStageable(p);
+  unsigned char* const slabs = smem_raw + Traits::kSmemElems * sizeof(T);
+  unsigned char* const bias_slab = slabs + warp * BiasSlab::kBytes;
+  unsigned char* const mask_slab =
+      slabs + (stage_bias ? Traits::kNWarps * BiasSlab::kBytes : 0) + warp * MaskSlab::kBytes;
+  const int64_t slab_row0 = blk.m0 + warp * Traits::kWarpRows;
+  auto load_slabs = [&](int64_t n) {
+    if (stage_bias)
+      BiasSlab::Load(SmemAddr(bias_slab), bias.ptr, bias.row, slab_row0, p.shape.seqlen_q,
+                     n * kBlockN, p.shape.seqlen_k, lane);
+    if (stage_mask)
+      MaskSlab::Load(SmemAddr(mask_slab), mask.dense, mask.dense_row_stride, slab_row0,
+                     p.shape.seqlen_q, n * kBlockN, p.shape.seqlen_k, lane);
+  };
 
   // O and the running statistics of the rows this lane owns: rows (mt, half)
   // = warp row + mt*16 + g + 8*half.
@@ -95,6 +137,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(sK, k, n_begin * kBlockN, tid);
     LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(sV, v, n_begin * kBlockN, tid);
     CpAsyncCommit();
+    if constexpr (kStage) {
+      load_slabs(n_begin);
+      CpAsyncCommit();
+    }
   }
 
   const int warp_row0 = warp * Traits::kWarpRows;
@@ -117,7 +163,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     // One barrier per block: it publishes this block's K/V to all warps and
     // also tells that every warp is done with the previous block, whose
     // stage the prefetch below overwrites.
-    CpAsyncWait<0>();
+    // (Staged terms: this block's slab may stay in flight.)
+    if constexpr (kStage) CpAsyncWait<1>();
+    else CpAsyncWait<0>();
     __syncthreads();
     if (n + 1 < n_end) {
       // Prefetch the next K/V block into the other stage while this one computes.
@@ -126,8 +174,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
                                                                 (n + 1) * kBlockN, tid);
       LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(sV + next * kBlockN * kStride, v,
                                                                 (n + 1) * kBlockN, tid);
-      CpAsyncCommit();
+      if constexpr (!kStage) CpAsyncCommit();
     }
+    if constexpr (kStage) CpAsyncCommit();  // a group every block, empty at the last
     // Shared addresses as 32-bit byte offsets: per-lane part once, the
     // unrolled tile offsets then fold into the ldmatrix immediates.
     const uint32_t k_frag = k_lane + stage * (kBlockN * kStride * 2);
@@ -161,15 +210,30 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
 
     // ---- score transform, mask, online softmax (common/score.cuh, common/softmax.cuh) ------------
     if constexpr (kTerms) {
-      if (bias.ptr != nullptr)
+      if constexpr (kStage) {  // this block's slab: all but the K/V prefetch landed
+        CpAsyncWait<1>();
+        __syncwarp();
+      }
+      if (stage_bias)
+        AddStagedBias<BiasSlab::kRowBytes>(s, bias_slab, scale, g, t);
+      else if (bias.ptr != nullptr)
         AddBias<Rows::kQueries>(s, bias, scale, m0 + warp_row0, n * kBlockN, g, t);
       if (mask.HasElementwiseTerms()) {
         SoftCap(s, args.softcap, args.scale_over_cap);
-        MaskFragmentElementwise<Rows::kQueries>(s, mask, m0 + warp_row0, n * kBlockN, g, t,
-                                                -INFINITY);
+        if (stage_mask)
+          MaskFragmentStaged<MaskSlab::kRowBytes>(s, mask, mask_slab, m0 + warp_row0,
+                                                  n * kBlockN, g, t, -INFINITY);
+        else
+          MaskFragmentElementwise<Rows::kQueries>(s, mask, m0 + warp_row0, n * kBlockN, g, t,
+                                                  -INFINITY);
       } else {  // dropout alone: tiles inside the band need no mask
         TransformAndMask<kBlockM>(s, args.softcap, args.scale_over_cap, mask, m0,
                                   m0 + warp_row0, n * kBlockN, g, t);
+      }
+      if constexpr (kStage) {  // the warp is done with the slab: the next block's
+        __syncwarp();
+        if (n + 1 < n_end) load_slabs(n + 1);
+        CpAsyncCommit();
       }
     } else {
       TransformAndMask<kBlockM>(s, args.softcap, args.scale_over_cap, blk.mask, m0,
@@ -214,11 +278,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
 // compute_75, where copy.cuh and mma.cuh take their sm_75 forms).
 template <typename T, int kHeadDim, bool kTerms, int kArch = 80>
 cudaError_t LaunchFwd(const FwdParams& params, cudaStream_t stream) {
-  using Traits = FwdTraits<kHeadDim, kArch>;
+  using Traits = FwdTraits<kHeadDim, kArch, kTerms>;
   if (params.shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
   if (HasScoreTerms(params) != kTerms) return cudaErrorInvalidValue;
   return LaunchFwdGrid<Traits::kBlockM>(FwdKernel<T, Traits, kTerms>, Traits::kThreads,
-                                        Traits::kSmemElems * sizeof(T), params, stream);
+                                        Traits::SmemBytes(params, kTerms), params, stream);
 }
 
 }  // namespace jax_flash::cuda::sm80

@@ -111,6 +111,19 @@ constexpr Tiles TilesFor(int head_dim, int arch = 80) {
 // The forward-mode derivative (sm80/jvp.cuh): query rows per CTA (16 per
 // warp), keys per block, and pipeline stages, each holding K, K_dot, V and
 // V_dot (one stage where two would not fit an A100's 163 KiB).
+// The forward's tile; with score terms (the kTerms kernels) on sm_80+,
+// warps of one m-tile (16 rows): the bias and mask slabs, their addresses
+// and the terms' views spilled next to two m-tiles' O and S (ptxas -v:
+// D=64 472 bytes, D=128 284; cpp/cuda/NOTES.md).
+constexpr FwdTile FwdTileFor(int head_dim, int arch, bool terms) {
+  FwdTile t = TilesFor(head_dim, arch).fwd;
+  if (terms && arch >= 80 && t.block_m / t.warps > 16) t.block_m = 16 * t.warps;
+#ifdef JAX_FLASH_TUNE_TERMS_MINB
+  if (terms && arch >= 80) t.min_blocks = JAX_FLASH_TUNE_TERMS_MINB;
+#endif
+  return t;
+}
+
 struct JvpTile {
   int head_dim, block_m, block_n, stages;
 };
