@@ -608,6 +608,12 @@ int main(int argc, char** argv) {
       Case j{1, 131, 130, 2, 2, 192}; j.det = true; j.causal = true; ok &= RunCase(j, 20);
       Case k{1, 70, 129, 2, 1, 256}; k.det = true; k.wl = 20; k.wr = 20; ok &= RunCase(k, 21);
       Case l{1, 50, 90, 2, 2, 64}; l.det = true; l.lengths = true; ok &= RunCase(l, 22);
+      // The forward's staged terms (16-byte rows; a batch-broadcast bias:
+      // batch-innermost CTAs; a partial last key block).
+      Case s{2, 40, 96, 4, 2, 64}; s.bias = BiasKind::kHead; s.mask = MaskKind::kShared;
+      s.causal = true; ok &= RunCase(s, 23);
+      Case u{1, 70, 208, 2, 1, 128}; u.bias = BiasKind::kFull; u.mask = MaskKind::kFull;
+      u.dropout = 0.25; ok &= RunCase(u, 24);
     }
     std::printf(ok ? "SMALL OK\n" : "SMALL FAILED\n");
     return ok ? 0 : 1;
