@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_flash
-from jax_flash import bench
+from jax_flash import bench, bench_report
 
 MODES = ("fwd", "jvp", "grad", "hvp")
 
@@ -76,9 +76,9 @@ def table_block(case: bench.Case, rows: list[dict]) -> str:
            f"  {'mode':<5} {'impl':<10} {'ms':>9} {'×xla':>6} {'+in MiB':>9}"]
   for r in rows:
     memory = r["memory_beyond_inputs"]
-    lines.append(f"  {r['mode']:<5} {r['impl']:<10} {bench.fmt(r['ms']):>9} "
-                 f"{bench.fmt(r['vs_xla']):>6} "
-                 f"{bench.fmt(None if memory is None else memory / bench.MiB):>9}"
+    lines.append(f"  {r['mode']:<5} {r['impl']:<10} {bench_report.fmt(r['ms']):>9} "
+                 f"{bench_report.fmt(r['vs_xla']):>6} "
+                 f"{bench_report.fmt(None if memory is None else memory / bench.MiB):>9}"
                  + ("" if r["status"] == "ok" else "  " + r["status"]))
   return "\n".join(lines)
 
@@ -107,8 +107,8 @@ def parse_args(argv):
 
 def main(argv=None) -> list[dict]:
   args = parse_args(argv)
-  meta = bench.header_info()
-  print(bench.header_line(meta))
+  meta = bench_report.header_info()
+  print(bench_report.header_line(meta))
   print("median ms under jit; ×xla = xla's time / this row's; +in MiB = XLA's plan beyond "
         "the inputs")
   causals = {"yes": [True], "no": [False], "both": [False, True]}[args.causal]

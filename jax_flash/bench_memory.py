@@ -18,8 +18,9 @@ import jax
 import numpy as np
 
 from jax_flash import bench_features
-from jax_flash.bench import (MEMORY_FIELDS, MiB, Case, compile_fn, fmt, grad_fn, progress,
-                             short_error, too_big)
+from jax_flash.bench import (MEMORY_FIELDS, MiB, Case, compile_fn, grad_fn, progress, short_error,
+                             too_big)
+from jax_flash.bench_report import fmt
 
 
 def _rss_bytes(field: str) -> int:

@@ -7,7 +7,7 @@ import jax
 import pytest
 
 import jax_flash
-from jax_flash import bench
+from jax_flash import bench, bench_report
 
 PLATFORM = jax.default_backend()
 on_cpu = pytest.mark.skipif(PLATFORM != "cpu", reason="checks what a CPU run shows")
@@ -117,7 +117,7 @@ def test_target_verdicts_only_where_a_target_is_defined():
           _row("jax_flash", False, head_dim=128, fwd_vs_xla=9.0, fwdbwd_vs_xla=9.0),
           _row("xla", False, fwd_vs_xla=1.0, fwdbwd_vs_xla=1.0),
           _row("jax_flash", True, seqlen=16384, runtime_beyond_inputs=161 << 20)]
-  text = bench.format_targets(rows, "cpu")
+  text = bench_report.format_targets(rows, "cpu")
   lines = text.strip().splitlines()[1:]
   assert lines == [
       "  B=1 H=8 S=1024 D=64 float32 causal=no: fwd 2.00× xla ok, fwd+bwd 1.20× xla MISS "
@@ -129,10 +129,10 @@ def test_target_verdicts_only_where_a_target_is_defined():
   # No speed target on a GPU; its memory target is the peak against the ideal.
   gpu = _row("jax_flash", False, seqlen=32768, head_dim=128, heads=16, dtype="bfloat16",
              runtime_peak=int(1.1 * 8 * 32768 * 16 * 128 * 2), runtime_source="device peak")
-  assert bench.format_targets(rows[:2] + [gpu], "gpu").strip().splitlines()[1:] == [
+  assert bench_report.format_targets(rows[:2] + [gpu], "gpu").strip().splitlines()[1:] == [
       "  B=1 H=16 S=32768 D=128 bfloat16 causal=no: fwd+bwd peak 1.10× ideal ok "
       "(target ≤ 1.2× ideal)"]
-  assert bench.format_targets(rows[2:5], "cpu") == ""
+  assert bench_report.format_targets(rows[2:5], "cpu") == ""
 
 
 def test_plot_without_matplotlib_fails_before_measuring(monkeypatch, capsys, tmp_path):
@@ -290,7 +290,7 @@ def test_feature_target_verdicts_on_a_gpu():
           # the head-dim target: plain D=96, fwd and bwd against cudnn
           _gpu_row("jax_flash", head_dim=96, causal=False, fwd=1.0, fwdbwd=3.0),
           _gpu_row("cudnn", head_dim=96, causal=False, fwd=0.9, fwdbwd=2.3)]
-  lines = bench.format_targets(rows, "gpu").strip().splitlines()
+  lines = bench_report.format_targets(rows, "gpu").strip().splitlines()
   assert lines[0] == "Targets, jax_flash:"
   assert lines[1:] == [
       f"  bias {label}: fwd 0.90× cudnn ok, fwd+bwd 0.67× cudnn MISS "
@@ -305,4 +305,4 @@ def test_feature_target_verdicts_on_a_gpu():
       "(Error: x)) (target ≥ 0.8× cudnn given the same problem)",
       "  plain B=4 H=16 S=2048 D=96 bfloat16 causal=no: fwd 0.90× cudnn ok, bwd 0.70× cudnn MISS "
       "(target ≥ 0.8× cudnn)"]
-  assert bench.format_targets(rows, "cpu") == ""  # GPU targets
+  assert bench_report.format_targets(rows, "cpu") == ""  # GPU targets
