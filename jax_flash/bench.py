@@ -16,7 +16,7 @@ measures the peak memory of one forward+backward of every (shape, impl), each
 in a fresh process, before the timing. ``--features`` adds the problems users
 run (``jax_flash.bench_features``). Every row is a plain dict (``--json``,
 ``jax_flash.plots``). Target verdicts are printed for the shapes the targets
-are defined for.
+are defined for; ``jax_flash.bench_report`` writes the header, tables and verdicts.
 """
 
 from __future__ import annotations
