@@ -150,6 +150,24 @@ inline void SetContiguousStrides(jax_flash::BwdParams* p) {
   p->dk_strides = p->dv_strides = p->k_strides;
 }
 
+// Contiguous strides of a broadcast operand (a dense mask or bias) of dims
+// (B, H, Sq, Sk), each 1 or full: 0 along a dim of 1, as decode.h's
+// DecodeDense computes them.
+inline jax_flash::DenseStrides BroadcastStrides(const int64_t (&dims)[4]) {
+  int64_t stride[4], running = 1;
+  for (int i = 3; i >= 0; --i) {
+    stride[i] = dims[i] == 1 ? 0 : running;
+    running *= dims[i];
+  }
+  return jax_flash::DenseStrides{stride[0], stride[1], stride[2], stride[3]};
+}
+
+// The offset of element (b, h, i, j) of a dense operand with strides s.
+inline int64_t DenseAt(const jax_flash::DenseStrides& s, int64_t b, int64_t h, int64_t i,
+                       int64_t j) {
+  return b * s.batch + h * s.head + i * s.row + j * s.col;
+}
+
 // ---- device and timing ------------------------------------------------------------
 
 inline void PrintDevice() {
