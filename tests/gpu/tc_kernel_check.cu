@@ -6,8 +6,7 @@
 // float64 CPU reference by the FlashAttention rule: max error of the kernel
 // <= 2 x max error of a plain same-dtype implementation (float math with the
 // 16-bit roundings such an implementation makes: P, dS and outputs) + atol.
-// Timing: cudaEvents, median of many after warm-up, FLOPs per FA papers.
-// The cases: tc_cases.h.
+// The cases: tc_cases.h. Timing (the bench modes): tc_bench.h.
 //
 // Score terms: a dense boolean mask (MaskKind: its broadcast shape) and
 // dropout (keys, rate), the reference drawing the keep mask from
@@ -17,15 +16,14 @@
 // Build: tests/gpu/build.sh. Usage: tc_kernel_check [check|small|features|bench|bench_fp16|
 // bench_cap|bench_d|bench_fwd|bench1 D S causal|prof D S causal]
 // (tests/gpu/fwd_ws_run.sh checks and times the warp-specialized Hopper
-// forward against the one without and against a baseline tree.)
+// forward against the one without and against a baseline tree; it and
+// tc_run.sh grep this file for bench_cap and bench_fwd, the modes a tree has.)
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,29 +31,18 @@
 #include "check_util.h"
 #include "cuda/dispatch.h"
 #include "cuda/launch.h"
+#include "tc_bench.h"
 #include "tc_cases.h"
 
 using namespace jax_flash;
+using check::FromBits;
+using check::ToBits;
 using cuda::DType;
 using cuda::KernelPath;
 
-static uint16_t ToBits(float x, bool bf16) {
-  if (bf16) { __nv_bfloat16 h = __float2bfloat16_rn(x); uint16_t r; std::memcpy(&r, &h, 2); return r; }
-  __half h = __float2half_rn(x); uint16_t r; std::memcpy(&r, &h, 2); return r;
-}
-static float FromBits(uint16_t b, bool bf16) {
-  if (bf16) { __nv_bfloat16 h; std::memcpy(&h, &b, 2); return __bfloat162float(h); }
-  __half h; std::memcpy(&h, &b, 2); return __half2float(h);
-}
 static float Round(float x, bool bf16) { return FromBits(ToBits(x, bf16), bf16); }
 
-// Device bytes; never a null pointer, also for an empty tensor.
-struct Dev : check::DeviceArray<unsigned char> {
-  explicit Dev(size_t bytes) : DeviceArray(std::max<size_t>(bytes, 16)) {}
-  void* p() const { return ptr; }
-};
-
-static DType DTypeOf(bool bf16) { return bf16 ? DType::kBFloat16 : DType::kFloat16; }
+using Dev = check::DeviceBytes;  // never a null pointer, also for an empty tensor
 
 // Reference outputs. Index (b, s, h, d) contiguous; lse (b, h, s).
 struct Ref {
@@ -327,7 +314,7 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
   check::SetContiguousStrides(&p);
   p.dout = ddo.p(); p.dq = ddq.p(); p.dk = ddk.p(); p.dv = ddv.p();
 
-  const DType dtype = DTypeOf(c.bf16);
+  const DType dtype = check::DType16(c.bf16);
   const KernelPath fwd_path = cuda::FwdPath(p, dtype), bwd_path = cuda::BwdPath(p, dtype, c.det);
   if (fwd_path == KernelPath::kExact || bwd_path == KernelPath::kExact) {
     std::printf("UNSUPPORTED (exact kernels) %s\n", c.name().c_str());
@@ -401,47 +388,6 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
   return ok;
 }
 
-static void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once = false,
-                  float softcap = 0.f, bool fwd_only = false) {
-  if (check::RoutesAsTuring()) bf16 = false;  // as RunCase
-  const size_t n = (size_t)B * S * H * D;
-  Dev q(n * 2), k(n * 2), v(n * 2), o(n * 2), lse((size_t)B * H * S * 4), dout(n * 2), dq(n * 2), dk(n * 2),
-      dv(n * 2);
-  std::vector<uint16_t> h(n); std::mt19937 rng(1); std::normal_distribution<float> nd;
-  for (auto& x : h) x = ToBits(nd(rng), bf16);
-  for (Dev* d : {&q, &k, &v, &dout}) CHECK_CUDA(cudaMemcpy(d->p(), h.data(), n * 2, cudaMemcpyHostToDevice));
-  BwdParams p;
-  p.shape = AttentionShape{B, S, S, H, H, D};
-  p.mask.causal = causal;
-  p.score.scale = 1.0 / std::sqrt((double)D);
-  p.score.softcap = softcap;
-  p.q = q.p(); p.k = k.p(); p.v = v.p(); p.out = o.p(); p.lse = lse.p(); p.dout = dout.p(); p.dq = dq.p(); p.dk = dk.p();
-  p.dv = dv.p();
-  check::SetContiguousStrides(&p);
-  const DType dtype = DTypeOf(bf16);
-  Dev ws(cuda::BwdWorkspaceBytes(p.shape, dtype, false));
-  const double flops = 4.0 * B * H * (double)S * S * D * (causal ? 0.5 : 1.0);
-  if (once) {  // one launch of each, for a profiler
-    CHECK_CUDA(cuda::LaunchFwd(p, dtype, nullptr));
-    CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), false, nullptr));
-    CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), true, nullptr));
-    CHECK_CUDA(cudaDeviceSynchronize());
-    return;
-  }
-  float tf = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchFwd(p, dtype, nullptr)); }, 20);
-  if (fwd_only) {
-    std::printf("BENCH %s B%d S%d H%d D%d %s%s: fwd %.3f ms %.0f TF/s\n", bf16 ? "bf16" : "fp16", B,
-                S, H, D, causal ? "causal" : "full", softcap > 0 ? " cap" : "", tf,
-                flops / tf * 1e-9);
-    return;
-  }
-  float tb = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), false, nullptr)); }, 10);
-  float td = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), true, nullptr)); }, 5);
-  std::printf("BENCH %s B%d S%d H%d D%d %s%s: fwd %.3f ms %.0f TF/s | bwd %.3f ms %.0f TF/s | bwd-det %.3f ms %.0f TF/s\n",
-              bf16 ? "bf16" : "fp16", B, S, H, D, causal ? "causal" : "full", softcap > 0 ? " cap" : "", tf, flops / tf * 1e-9, tb,
-              2.5 * flops / tb * 1e-9, td, 2.5 * flops / td * 1e-9);
-}
-
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "check";
   if (mode == "small") {  // for compute-sanitizer
@@ -450,37 +396,7 @@ int main(int argc, char** argv) {
     std::printf(ok ? "SMALL OK\n" : "SMALL FAILED\n");
     return ok ? 0 : 1;
   }
-  if ((mode == "bench1" || mode == "prof") && argc == 5) {  // one shape: bench1 D S causal
-    const int D = std::atoi(argv[2]), S = std::atoi(argv[3]);
-    Bench(16384 / S, S, 2048 / D, D, std::atoi(argv[4]) != 0, true, mode == "prof");
-    return 0;
-  }
-  if (mode == "bench" || mode == "bench_fp16") {
-    for (int D : {64, 128})
-      for (int S : {4096, 16384})
-        for (bool causal : {false, true}) Bench(16384 / S, S, 2048 / D, D, causal, mode == "bench");
-    return 0;
-  }
-  if (mode == "bench_cap") {  // the bench shapes with a soft cap (its own Hopper bwd kernels)
-    for (int D : {64, 128})
-      for (int S : {4096, 16384})
-        for (bool causal : {false, true}) Bench(16384 / S, S, 2048 / D, D, causal, true, false, 30.f);
-    return 0;
-  }
-  if (mode == "bench_fwd") {  // forward only, FA3 shapes (B * S = 16k, H * D = 2048), S 1k-16k
-    for (int D : {64, 128})
-      for (bool causal : {false, true})
-        for (int S : {1024, 2048, 4096, 8192, 16384})
-          Bench(16384 / S, S, 2048 / D, D, causal, true, false, 0.f, true);
-    return 0;
-  }
-  if (mode == "bench_d") {  // the other buckets, bf16, the FA3 shapes (H = 2048 / D rounded down)
-    Bench(4, 4096, 64, 32, false, true);
-    for (int D : {96, 192, 256})
-      for (int S : {4096, 16384})
-        for (bool causal : {false, true}) Bench(16384 / S, S, 2048 / D, D, causal, true);
-    return 0;
-  }
+  if (RunBenchMode(mode, argc, argv)) return 0;
   std::vector<Case> cases;
   if (mode == "features") AddFeatureCases(&cases);  // the score terms alone (also part of check)
   else AddCheckCases(&cases);
