@@ -251,9 +251,7 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
   }
   if (c.mask != MaskKind::kNone) {
     mh.dense = dense.data();
-    mh.dense_strides = DenseStrides{md[0] > 1 ? md[1] * md[2] * md[3] : 0,
-                                    md[1] > 1 ? md[2] * md[3] : 0, md[2] > 1 ? md[3] : 0,
-                                    md[3] > 1 ? 1 : 0};
+    mh.dense_strides = check::BroadcastStrides(md);
   }
   // Bias: normal values (sd 2), in its own shape.
   HostBias hb;
@@ -265,8 +263,7 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
     if (c.bias == BiasKind::kRow) { bd[0] = B; bd[2] = Sq; }
     hb.val.resize(bd[0] * bd[1] * bd[2] * bd[3]);
     for (auto& x : hb.val) x = 2.f * nd(rng);
-    hb.strides = DenseStrides{bd[0] > 1 ? bd[1] * bd[2] * bd[3] : 0, bd[1] > 1 ? bd[2] * bd[3] : 0,
-                              bd[2] > 1 ? bd[3] : 0, bd[3] > 1 ? 1 : 0};
+    hb.strides = check::BroadcastStrides(hb.dims);
   }
   // Dropout keys: (1, 2) or (B, 2).
   std::vector<uint32_t> keys(2 * B);
