@@ -1,5 +1,6 @@
 // Host helpers the kernel drivers in tests/gpu share: CUDA error checks,
-// device arrays, storage types, random inputs, contiguous parameters, timing.
+// device arrays, storage types, random inputs, contiguous and broadcast
+// strides, timing.
 // Plain host code against the CUDA runtime; each driver keeps its own cases,
 // reference and comparison rule.
 #pragma once
@@ -45,6 +46,18 @@ template <> inline __nv_bfloat16 FromDouble(double x) {
   return __float2bfloat16(static_cast<float>(x));
 }
 template <> inline __half FromDouble(double x) { return __float2half(static_cast<float>(x)); }
+
+// 16-bit values as raw bits, bfloat16 when bf16 else float16 (rounded to
+// nearest even): the tensor-core driver's storage, chosen per case at run time.
+inline uint16_t ToBits(float x, bool bf16) {
+  if (bf16) return __nv_bfloat16_raw(__float2bfloat16_rn(x)).x;
+  return __half_raw(__float2half_rn(x)).x;
+}
+inline float FromBits(uint16_t b, bool bf16) {
+  if (bf16) return __bfloat162float(__nv_bfloat16(__nv_bfloat16_raw{b}));
+  return __half2float(__half(__half_raw{b}));
+}
+inline DType DType16(bool bf16) { return bf16 ? DType::kBFloat16 : DType::kFloat16; }
 
 inline const char* DTypeName(DType t) {
   switch (t) {
@@ -123,6 +136,12 @@ struct DeviceArray {
   }
 };
 
+// Untyped device bytes; never a null pointer, also for an empty tensor.
+struct DeviceBytes : DeviceArray<unsigned char> {
+  explicit DeviceBytes(size_t bytes) : DeviceArray(std::max<size_t>(bytes, 16)) {}
+  void* p() const { return ptr; }
+};
+
 // Normal random values rounded to T; `host` keeps the rounded values as
 // doubles, so a reference sees exactly what the kernel sees.
 template <typename T>
@@ -148,6 +167,24 @@ inline void SetContiguousStrides(jax_flash::BwdParams* p) {
   p->v_strides = p->k_strides;
   p->out_strides = p->dout_strides = p->dq_strides = p->q_strides;
   p->dk_strides = p->dv_strides = p->k_strides;
+}
+
+// Contiguous strides of a broadcast operand (a dense mask or bias) of dims
+// (B, H, Sq, Sk), each 1 or full: 0 along a dim of 1, as decode.h's
+// DecodeDense computes them.
+inline jax_flash::DenseStrides BroadcastStrides(const int64_t (&dims)[4]) {
+  int64_t stride[4], running = 1;
+  for (int i = 3; i >= 0; --i) {
+    stride[i] = dims[i] == 1 ? 0 : running;
+    running *= dims[i];
+  }
+  return jax_flash::DenseStrides{stride[0], stride[1], stride[2], stride[3]};
+}
+
+// The offset of element (b, h, i, j) of a dense operand with strides s.
+inline int64_t DenseAt(const jax_flash::DenseStrides& s, int64_t b, int64_t h, int64_t i,
+                       int64_t j) {
+  return b * s.batch + h * s.head + i * s.row + j * s.col;
 }
 
 // ---- device and timing ------------------------------------------------------------

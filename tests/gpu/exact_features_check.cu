@@ -42,6 +42,8 @@ using jax_flash::HeadDropout;
 using jax_flash::MaskParams;
 using jax_flash::SeqStrides;
 using jax_flash::cuda::DType;
+using check::BroadcastStrides;
+using check::DenseAt;
 using check::DeviceArray;
 using check::Error;
 using check::RandomTensor;
@@ -67,21 +69,6 @@ struct Case {
   int64_t key_batch = 1;
   bool broadcast_dropout = false;
 };
-
-// Contiguous strides of a broadcast operand (0 along broadcast dims), as
-// decode.h's DecodeDense computes them.
-DenseStrides BroadcastStrides(const Dims4& dims) {
-  int64_t stride[4], running = 1;
-  for (int i = 3; i >= 0; --i) {
-    stride[i] = dims.d[i] == 1 ? 0 : running;
-    running *= dims.d[i];
-  }
-  return DenseStrides{stride[0], stride[1], stride[2], stride[3]};
-}
-
-int64_t DenseAt(const DenseStrides& s, int64_t b, int64_t h, int64_t i, int64_t j) {
-  return b * s.batch + h * s.head + i * s.row + j * s.col;
-}
 
 // ---------------------------------------------------------------------------
 // The dense float64 reference.
@@ -109,7 +96,7 @@ Reference ComputeReference(const Case& c, const MaskParams& mask_params,
   r.dv.assign(B * Sk * Hkv * D, 0.0);
   r.dbias.assign(c.bias.present() ? c.bias.count() : 0, 0.0);
   r.dbias_abs.assign(r.dbias.size(), 0.0);
-  const DenseStrides dbias_strides = BroadcastStrides(c.bias);
+  const DenseStrides dbias_strides = BroadcastStrides(c.bias.d);
   const double keep_scale = dropout_params.keep_scale();  // of the rate rounded to 2^-16
   std::vector<double> x(Sk), dcap(Sk), prob(Sk), kept(Sk);
   std::vector<char> vis(Sk);
@@ -213,7 +200,7 @@ bool RunCase(const Case& c, uint64_t seed) {
   // Bias in the accumulation type, in its own (broadcast) shape.
   const size_t nbias = c.bias.present() ? c.bias.count() : 0;
   DeviceArray<Acc> bias(nbias), dbias(nbias);
-  const DenseStrides bias_strides = BroadcastStrides(c.bias);
+  const DenseStrides bias_strides = BroadcastStrides(c.bias.d);
   if (nbias) {
     bias.Upload(RandomTensor<Acc>(nbias, rng, &hbias));
     dbias.Poison();
@@ -224,7 +211,7 @@ bool RunCase(const Case& c, uint64_t seed) {
   // whole tile for the kernels to skip).
   const size_t nmask = c.mask.present() ? c.mask.count() : 0;
   std::vector<uint8_t> hmask(nmask);
-  const DenseStrides mask_strides = BroadcastStrides(c.mask);
+  const DenseStrides mask_strides = BroadcastStrides(c.mask.d);
   std::bernoulli_distribution coin(0.6);
   for (int64_t b = 0; b < c.mask.d[0]; ++b)
     for (int64_t h = 0; h < c.mask.d[1]; ++h)

@@ -41,6 +41,8 @@
 #include "jax_flash/params.h"
 
 using namespace jax_flash;
+using check::BroadcastStrides;
+using check::DenseAt;
 using check::DeviceArray;
 using check::Error;
 using check::RandomTensor;
@@ -70,19 +72,6 @@ struct Case {
   Dims4 bias, mask;
   unsigned tangents = kAll;
 };
-
-DenseStrides BroadcastStrides(const Dims4& dims) {
-  int64_t stride[4], running = 1;
-  for (int i = 3; i >= 0; --i) {
-    stride[i] = dims.d[i] == 1 ? 0 : running;
-    running *= dims.d[i];
-  }
-  return DenseStrides{stride[0], stride[1], stride[2], stride[3]};
-}
-
-int64_t DenseAt(const DenseStrides& s, int64_t b, int64_t h, int64_t i, int64_t j) {
-  return b * s.batch + h * s.head + i * s.row + j * s.col;
-}
 
 template <typename T>
 double RoundTo(double x) {
@@ -235,7 +224,7 @@ bool RunCase(const Case& c, uint64_t seed) {
   lse_dot.Poison();
 
   const size_t nbias = c.bias.present() ? c.bias.count() : 0;
-  hp.bias_strides = BroadcastStrides(c.bias);
+  hp.bias_strides = BroadcastStrides(c.bias.d);
   DeviceArray<Acc> bias(nbias), bias_dot((c.tangents & kBiasDot) ? nbias : 0);
   if (nbias) {
     bias.Upload(RandomTensor<Acc>(nbias, rng, &hp.bias));
@@ -245,7 +234,7 @@ bool RunCase(const Case& c, uint64_t seed) {
   // Dense mask: 60% True, rows i % 11 == 5 False (rows that see nothing).
   const size_t nmask = c.mask.present() ? c.mask.count() : 0;
   std::vector<uint8_t> hmask(nmask);
-  const DenseStrides mask_strides = BroadcastStrides(c.mask);
+  const DenseStrides mask_strides = BroadcastStrides(c.mask.d);
   std::bernoulli_distribution coin(0.6);
   for (int64_t b = 0; b < c.mask.d[0]; ++b)
     for (int64_t h = 0; h < c.mask.d[1]; ++h)

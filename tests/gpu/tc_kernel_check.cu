@@ -6,7 +6,7 @@
 // float64 CPU reference by the FlashAttention rule: max error of the kernel
 // <= 2 x max error of a plain same-dtype implementation (float math with the
 // 16-bit roundings such an implementation makes: P, dS and outputs) + atol.
-// Timing: cudaEvents, median of many after warm-up, FLOPs per FA papers.
+// The cases: tc_cases.h. Timing (the bench modes): tc_bench.h.
 //
 // Score terms: a dense boolean mask (MaskKind: its broadcast shape) and
 // dropout (keys, rate), the reference drawing the keep mask from
@@ -16,15 +16,14 @@
 // Build: tests/gpu/build.sh. Usage: tc_kernel_check [check|small|features|bench|bench_fp16|
 // bench_cap|bench_d|bench_fwd|bench1 D S causal|prof D S causal]
 // (tests/gpu/fwd_ws_run.sh checks and times the warp-specialized Hopper
-// forward against the one without and against a baseline tree.)
+// forward against the one without and against a baseline tree; it and
+// tc_run.sh grep this file for bench_cap and bench_fwd, the modes a tree has.)
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -32,83 +31,18 @@
 #include "check_util.h"
 #include "cuda/dispatch.h"
 #include "cuda/launch.h"
+#include "tc_bench.h"
+#include "tc_cases.h"
 
 using namespace jax_flash;
+using check::FromBits;
+using check::ToBits;
 using cuda::DType;
 using cuda::KernelPath;
 
-// The dense mask's shape: (B, Hq, Sq, Sk) random blocks, (1, 1, Sq, Sk)
-// random blocks, (B, 1, 1, Sk) key padding, (1, 1, Sq, Sk) causal.
-enum class MaskKind { kNone, kFull, kShared, kPadding, kCausal };
-static const char* MaskName(MaskKind k) {
-  switch (k) {
-    case MaskKind::kNone: return "";
-    case MaskKind::kFull: return " mask(B,H,T,S)";
-    case MaskKind::kShared: return " mask(1,1,T,S)";
-    case MaskKind::kPadding: return " mask(B,1,1,S)";
-    case MaskKind::kCausal: return " mask=causal";
-  }
-  return "";
-}
-
-// The bias's shape (float32, the accumulation type): (B, Hq, Sq, Sk),
-// per head (1, Hq, Sq, Sk), ALiBi-like (1, Hq, 1, Sk), per query (B, 1, Sq, 1)
-// (softmax-invariant, its dbias is 0 up to rounding: it checks the key
-// reduction of dbias and the scalar loads of a stride-0 key dimension).
-enum class BiasKind { kNone, kFull, kHead, kAlibi, kRow };
-static const char* BiasName(BiasKind k) {
-  switch (k) {
-    case BiasKind::kNone: return "";
-    case BiasKind::kFull: return " bias(B,H,T,S)";
-    case BiasKind::kHead: return " bias(1,H,T,S)";
-    case BiasKind::kAlibi: return " bias(1,H,1,S)";
-    case BiasKind::kRow: return " bias(B,1,T,1)";
-  }
-  return "";
-}
-
-struct Case {
-  int B, Sq, Sk, Hq, Hkv, D;
-  bool causal = false;
-  int wl = -1, wr = -1;
-  bool lengths = false, segments = false;
-  float softcap = 0.f;
-  bool bf16 = true;
-  bool det = false;
-  MaskKind mask = MaskKind::kNone;
-  double dropout = 0;       // rate (a multiple of 2^-16)
-  bool key_per_batch = false;  // dropout keys (B, 2) instead of (1, 2)
-  BiasKind bias = BiasKind::kNone;
-  std::string name() const {
-    char buf[320];
-    std::snprintf(buf, sizeof buf, "%s B%d Sq%d Sk%d H%d/%d D%d%s%s%s%s%s%s%s%s%s", bf16 ? "bf16" : "fp16", B,
-                  Sq, Sk, Hq, Hkv, D, causal ? " causal" : "",
-                  (wl >= 0 || wr >= 0) ? (" win" + std::to_string(wl) + "," + std::to_string(wr)).c_str() : "",
-                  lengths ? " lens" : "", segments ? " segs" : "", softcap > 0 ? " cap" : "",
-                  MaskName(mask), BiasName(bias),
-                  dropout > 0 ? (" drop" + std::to_string(dropout).substr(0, 5) + (key_per_batch ? "/b" : "")).c_str() : "",
-                  det ? " det" : "");
-    return buf;
-  }
-};
-
-static uint16_t ToBits(float x, bool bf16) {
-  if (bf16) { __nv_bfloat16 h = __float2bfloat16_rn(x); uint16_t r; std::memcpy(&r, &h, 2); return r; }
-  __half h = __float2half_rn(x); uint16_t r; std::memcpy(&r, &h, 2); return r;
-}
-static float FromBits(uint16_t b, bool bf16) {
-  if (bf16) { __nv_bfloat16 h; std::memcpy(&h, &b, 2); return __bfloat162float(h); }
-  __half h; std::memcpy(&h, &b, 2); return __half2float(h);
-}
 static float Round(float x, bool bf16) { return FromBits(ToBits(x, bf16), bf16); }
 
-// Device bytes; never a null pointer, also for an empty tensor.
-struct Dev : check::DeviceArray<unsigned char> {
-  explicit Dev(size_t bytes) : DeviceArray(std::max<size_t>(bytes, 16)) {}
-  void* p() const { return ptr; }
-};
-
-static DType DTypeOf(bool bf16) { return bf16 ? DType::kBFloat16 : DType::kFloat16; }
+using Dev = check::DeviceBytes;  // never a null pointer, also for an empty tensor
 
 // Reference outputs. Index (b, s, h, d) contiguous; lse (b, h, s).
 struct Ref {
@@ -317,9 +251,7 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
   }
   if (c.mask != MaskKind::kNone) {
     mh.dense = dense.data();
-    mh.dense_strides = DenseStrides{md[0] > 1 ? md[1] * md[2] * md[3] : 0,
-                                    md[1] > 1 ? md[2] * md[3] : 0, md[2] > 1 ? md[3] : 0,
-                                    md[3] > 1 ? 1 : 0};
+    mh.dense_strides = check::BroadcastStrides(md);
   }
   // Bias: normal values (sd 2), in its own shape.
   HostBias hb;
@@ -331,8 +263,7 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
     if (c.bias == BiasKind::kRow) { bd[0] = B; bd[2] = Sq; }
     hb.val.resize(bd[0] * bd[1] * bd[2] * bd[3]);
     for (auto& x : hb.val) x = 2.f * nd(rng);
-    hb.strides = DenseStrides{bd[0] > 1 ? bd[1] * bd[2] * bd[3] : 0, bd[1] > 1 ? bd[2] * bd[3] : 0,
-                              bd[2] > 1 ? bd[3] : 0, bd[3] > 1 ? 1 : 0};
+    hb.strides = check::BroadcastStrides(hb.dims);
   }
   // Dropout keys: (1, 2) or (B, 2).
   std::vector<uint32_t> keys(2 * B);
@@ -380,7 +311,7 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
   check::SetContiguousStrides(&p);
   p.dout = ddo.p(); p.dq = ddq.p(); p.dk = ddk.p(); p.dv = ddv.p();
 
-  const DType dtype = DTypeOf(c.bf16);
+  const DType dtype = check::DType16(c.bf16);
   const KernelPath fwd_path = cuda::FwdPath(p, dtype), bwd_path = cuda::BwdPath(p, dtype, c.det);
   if (fwd_path == KernelPath::kExact || bwd_path == KernelPath::kExact) {
     std::printf("UNSUPPORTED (exact kernels) %s\n", c.name().c_str());
@@ -454,264 +385,19 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
   return ok;
 }
 
-static void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once = false,
-                  float softcap = 0.f, bool fwd_only = false) {
-  if (check::RoutesAsTuring()) bf16 = false;  // as RunCase
-  const size_t n = (size_t)B * S * H * D;
-  Dev q(n * 2), k(n * 2), v(n * 2), o(n * 2), lse((size_t)B * H * S * 4), dout(n * 2), dq(n * 2), dk(n * 2),
-      dv(n * 2);
-  std::vector<uint16_t> h(n); std::mt19937 rng(1); std::normal_distribution<float> nd;
-  for (auto& x : h) x = ToBits(nd(rng), bf16);
-  for (Dev* d : {&q, &k, &v, &dout}) CHECK_CUDA(cudaMemcpy(d->p(), h.data(), n * 2, cudaMemcpyHostToDevice));
-  BwdParams p;
-  p.shape = AttentionShape{B, S, S, H, H, D};
-  p.mask.causal = causal;
-  p.score.scale = 1.0 / std::sqrt((double)D);
-  p.score.softcap = softcap;
-  p.q = q.p(); p.k = k.p(); p.v = v.p(); p.out = o.p(); p.lse = lse.p(); p.dout = dout.p(); p.dq = dq.p(); p.dk = dk.p();
-  p.dv = dv.p();
-  check::SetContiguousStrides(&p);
-  const DType dtype = DTypeOf(bf16);
-  Dev ws(cuda::BwdWorkspaceBytes(p.shape, dtype, false));
-  const double flops = 4.0 * B * H * (double)S * S * D * (causal ? 0.5 : 1.0);
-  if (once) {  // one launch of each, for a profiler
-    CHECK_CUDA(cuda::LaunchFwd(p, dtype, nullptr));
-    CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), false, nullptr));
-    CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), true, nullptr));
-    CHECK_CUDA(cudaDeviceSynchronize());
-    return;
-  }
-  float tf = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchFwd(p, dtype, nullptr)); }, 20);
-  if (fwd_only) {
-    std::printf("BENCH %s B%d S%d H%d D%d %s%s: fwd %.3f ms %.0f TF/s\n", bf16 ? "bf16" : "fp16", B,
-                S, H, D, causal ? "causal" : "full", softcap > 0 ? " cap" : "", tf,
-                flops / tf * 1e-9);
-    return;
-  }
-  float tb = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), false, nullptr)); }, 10);
-  float td = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), true, nullptr)); }, 5);
-  std::printf("BENCH %s B%d S%d H%d D%d %s%s: fwd %.3f ms %.0f TF/s | bwd %.3f ms %.0f TF/s | bwd-det %.3f ms %.0f TF/s\n",
-              bf16 ? "bf16" : "fp16", B, S, H, D, causal ? "causal" : "full", softcap > 0 ? " cap" : "", tf, flops / tf * 1e-9, tb,
-              2.5 * flops / tb * 1e-9, td, 2.5 * flops / td * 1e-9);
-}
-
-// Dense masks and dropout, alone and with every other option, odd sizes,
-// every bucket (d_split passes at 192 and 256), both dtypes, both modes.
-// The bias (with dbias) in every shape kind, both modes, every bucket, and
-// with the mask, dropout, causal, window, lengths, segments, softcap and
-// GQA. Even Sk reads the bias as float2, odd Sk by scalars. The deterministic
-// mode runs a bias on tensor cores when each dbias element has one writer
-// (common/score.cuh's DbiasHasOneWriter: B = 1 or a per-batch bias, Hkv = 1
-// or a per-head bias, and a per-key bias): those cases only.
-static void AddBiasCases(std::vector<Case>* cases) {
-  const double kRate = 6554.0 / 65536;
-  for (bool bf16 : {true, false})
-    for (int D : {32, 64, 96, 128, 192, 256}) {
-      Case c{2, 111, 143, 4, 2, D}; c.bf16 = bf16; c.bias = BiasKind::kFull; cases->push_back(c);
-      c = Case{2, 130, 96, 4, 1, D}; c.bf16 = bf16; c.bias = BiasKind::kHead; c.causal = true;
-      c.det = D % 64 == 0; c.B = c.det ? 1 : 2; cases->push_back(c);
-    }
-  const BiasKind kinds[] = {BiasKind::kFull, BiasKind::kHead, BiasKind::kAlibi, BiasKind::kRow};
-  for (BiasKind kind : kinds) {
-    Case c{2, 200, 230, 4, 2, 64}; c.bias = kind; cases->push_back(c);
-    c = Case{2, 129, 257, 4, 1, 128}; c.bias = kind; c.dropout = 0.25; c.causal = true;
-    cases->push_back(c);
-    c = Case{2, 190, 211, 4, 2, 96}; c.bias = kind; c.mask = MaskKind::kFull; c.segments = true;
-    c.lengths = true; c.softcap = 5.f; c.bf16 = false; cases->push_back(c);
-    c = Case{1, 300, 300, 2, 2, 40}; c.bias = kind; c.wl = 50; c.wr = 3; c.dropout = kRate;
-    c.mask = MaskKind::kPadding; cases->push_back(c);
-    // Deterministic: one writer per dbias element (B = 1, Hkv = 1 for a
-    // head-broadcast bias; a key-broadcast bias stays exact).
-    if (kind != BiasKind::kRow) {
-      c = Case{1, 170, 190, 4, 1, 64}; c.bias = kind; c.det = true; c.causal = true;
-      c.dropout = kRate; cases->push_back(c);
-      c = Case{1, 150, 97, 2, 2, 128}; c.bias = kind; c.det = true; c.softcap = 4.f;
-      c.mask = MaskKind::kShared; cases->push_back(c);
-    }
-  }
-  Case c{3, 64, 1000, 2, 1, 64}; c.bias = BiasKind::kAlibi; c.causal = true; c.lengths = true;
-  cases->push_back(c);
-  c = Case{2, 1, 77, 4, 4, 64}; c.bias = BiasKind::kFull; c.det = true; cases->push_back(c);
-  c = Case{1, 333, 1, 2, 1, 32}; c.bias = BiasKind::kRow; c.det = true; cases->push_back(c);
-}
-
-static void AddFeatureCases(std::vector<Case>* cases) {
-  const double kRate = 6554.0 / 65536;  // 0.1, as a multiple of 2^-16
-  for (bool bf16 : {true, false})
-    for (int D : {32, 64, 96, 128, 192, 256}) {
-      Case c{2, 111, 143, 4, 2, D}; c.bf16 = bf16; c.dropout = kRate; cases->push_back(c);
-      c = Case{1, 150, 97, 2, 1, D}; c.bf16 = bf16; c.mask = MaskKind::kFull; c.causal = true;
-      cases->push_back(c);
-    }
-  const MaskKind kinds[] = {MaskKind::kFull, MaskKind::kShared, MaskKind::kPadding,
-                            MaskKind::kCausal};
-  for (MaskKind kind : kinds)
-    for (bool det : {false, true}) {
-      Case c{2, 200, 230, 4, 2, 64}; c.mask = kind; c.det = det; cases->push_back(c);
-      c = Case{2, 129, 257, 4, 1, 128}; c.mask = kind; c.det = det; c.dropout = 0.25;
-      c.causal = true; cases->push_back(c);
-      c = Case{1, 300, 300, 2, 2, 40}; c.mask = kind; c.det = det; c.wl = 50; c.wr = 3;
-      c.bf16 = false; cases->push_back(c);
-      // Key counts of 16-byte mask rows: the forward stages the mask (and
-      // the bias) per warp (common/term_slab.cuh); 208 ends in a partial
-      // key block, 131 and 77 in partial query blocks.
-      c = Case{2, 131, 208, 4, 2, 64}; c.mask = kind; c.det = det; cases->push_back(c);
-      c = Case{2, 77, 96, 4, 1, 128}; c.mask = kind; c.det = det; c.causal = true;
-      if (!det) c.bias = BiasKind::kFull;
-      cases->push_back(c);
-    }
-  Case c{3, 170, 190, 4, 2, 128}; c.dropout = kRate; c.causal = true; c.lengths = true;
-  cases->push_back(c);
-  c = Case{2, 190, 210, 2, 2, 64}; c.dropout = 0.5; c.segments = true; c.softcap = 4.f;
-  cases->push_back(c);
-  c = Case{2, 190, 210, 4, 2, 96}; c.dropout = kRate; c.segments = true; c.mask = MaskKind::kFull;
-  c.lengths = true; c.det = true; cases->push_back(c);
-  c = Case{2, 300, 300, 4, 1, 64}; c.dropout = kRate; c.wl = 37; c.wr = 5; c.key_per_batch = true;
-  cases->push_back(c);
-  c = Case{1, 1000, 1000, 2, 1, 128}; c.dropout = kRate; c.causal = true; c.det = true;
-  cases->push_back(c);
-  c = Case{4, 64, 64, 2, 2, 64}; c.dropout = 0.9; c.key_per_batch = true; cases->push_back(c);
-  c = Case{1, 1, 300, 2, 1, 64}; c.dropout = kRate; c.mask = MaskKind::kShared; cases->push_back(c);
-  c = Case{1, 150, 160, 4, 2, 192}; c.dropout = kRate; c.softcap = 3.f; c.mask = MaskKind::kCausal;
-  c.bf16 = false; cases->push_back(c);
-  AddBiasCases(cases);
-}
-
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "check";
   if (mode == "small") {  // for compute-sanitizer
-    Case a{2, 77, 45, 4, 2, 72}; a.causal = true; a.lengths = true;
-    bool ok = RunCase(a, 1);
-    Case b{1, 33, 130, 2, 1, 64}; b.segments = true; b.softcap = 5; ok &= RunCase(b, 2);
-    Case d{1, 65, 65, 2, 2, 128}; d.det = true; ok &= RunCase(d, 3);
-    Case e{1, 70, 90, 4, 2, 128}; e.causal = true; ok &= RunCase(e, 4);  // Hopper: wgmma bwd
-    Case f{2, 77, 45, 4, 2, 72}; f.causal = true; f.dropout = 0.25; f.mask = MaskKind::kFull;
-    ok &= RunCase(f, 5);
-    Case h{1, 65, 100, 2, 1, 64}; h.det = true; h.dropout = 0.25; h.segments = true;
-    h.mask = MaskKind::kShared; ok &= RunCase(h, 6);
-    Case i{1, 40, 70, 2, 2, 256}; i.dropout = 0.25; i.mask = MaskKind::kPadding; ok &= RunCase(i, 7);
-    // More tiles (2 x 40 heads x 2 query blocks) than an H100 has SMs: the
-    // persistent forward's CTAs take several, empty ones (length 0) among them.
-    Case w{2, 129, 70, 40, 8, 64}; w.causal = true; w.lengths = true; ok &= RunCase(w, 8);
-    Case j{2, 77, 46, 4, 2, 64}; j.bias = BiasKind::kFull; j.causal = true; ok &= RunCase(j, 9);
-    Case l{1, 65, 100, 4, 1, 128}; l.det = true; l.bias = BiasKind::kAlibi; l.dropout = 0.25;
-    ok &= RunCase(l, 10);
-    Case m{2, 50, 70, 2, 2, 64}; m.bias = BiasKind::kRow; m.softcap = 5; ok &= RunCase(m, 11);
-    {  // a scope of their own: the names above are taken
-      // Hopper: every bucket's wgmma kernels (TMA forwards, several K/V blocks
-      // and a partial last one; the backward above D = 128 splitting the head
-      // dim; the deterministic dQ kernel).
-      Case f{1, 130, 140, 2, 1, 80}; f.causal = true; ok &= RunCase(f, 16);
-      Case g{1, 70, 200, 2, 2, 176}; g.lengths = true; g.bf16 = false; ok &= RunCase(g, 17);
-      Case h{2, 65, 150, 2, 1, 256}; h.segments = true; ok &= RunCase(h, 18);
-      Case i{1, 140, 70, 2, 1, 96}; i.det = true; i.softcap = 3.f; ok &= RunCase(i, 19);
-      Case j{1, 131, 130, 2, 2, 192}; j.det = true; j.causal = true; ok &= RunCase(j, 20);
-      Case k{1, 70, 129, 2, 1, 256}; k.det = true; k.wl = 20; k.wr = 20; ok &= RunCase(k, 21);
-      Case l{1, 50, 90, 2, 2, 64}; l.det = true; l.lengths = true; ok &= RunCase(l, 22);
-      // The forward's staged terms (16-byte rows; a batch-broadcast bias:
-      // batch-innermost CTAs; a partial last key block).
-      Case s{2, 40, 96, 4, 2, 64}; s.bias = BiasKind::kHead; s.mask = MaskKind::kShared;
-      s.causal = true; ok &= RunCase(s, 23);
-      Case u{1, 70, 208, 2, 1, 128}; u.bias = BiasKind::kFull; u.mask = MaskKind::kFull;
-      u.dropout = 0.25; ok &= RunCase(u, 24);
-    }
+    bool ok = true;
+    for (const SeededCase& s : SmallCases()) ok &= RunCase(s.c, s.seed);
     std::printf(ok ? "SMALL OK\n" : "SMALL FAILED\n");
     return ok ? 0 : 1;
   }
-  if ((mode == "bench1" || mode == "prof") && argc == 5) {  // one shape: bench1 D S causal
-    const int D = std::atoi(argv[2]), S = std::atoi(argv[3]);
-    Bench(16384 / S, S, 2048 / D, D, std::atoi(argv[4]) != 0, true, mode == "prof");
-    return 0;
-  }
-  if (mode == "bench" || mode == "bench_fp16") {
-    for (int D : {64, 128})
-      for (int S : {4096, 16384})
-        for (bool causal : {false, true}) Bench(16384 / S, S, 2048 / D, D, causal, mode == "bench");
-    return 0;
-  }
-  if (mode == "bench_cap") {  // the bench shapes with a soft cap (its own Hopper bwd kernels)
-    for (int D : {64, 128})
-      for (int S : {4096, 16384})
-        for (bool causal : {false, true}) Bench(16384 / S, S, 2048 / D, D, causal, true, false, 30.f);
-    return 0;
-  }
-  if (mode == "bench_fwd") {  // forward only, FA3 shapes (B * S = 16k, H * D = 2048), S 1k-16k
-    for (int D : {64, 128})
-      for (bool causal : {false, true})
-        for (int S : {1024, 2048, 4096, 8192, 16384})
-          Bench(16384 / S, S, 2048 / D, D, causal, true, false, 0.f, true);
-    return 0;
-  }
-  if (mode == "bench_d") {  // the other buckets, bf16, the FA3 shapes (H = 2048 / D rounded down)
-    Bench(4, 4096, 64, 32, false, true);
-    for (int D : {96, 192, 256})
-      for (int S : {4096, 16384})
-        for (bool causal : {false, true}) Bench(16384 / S, S, 2048 / D, D, causal, true);
-    return 0;
-  }
+  if (RunBenchMode(mode, argc, argv)) return 0;
   std::vector<Case> cases;
+  if (mode == "features") AddFeatureCases(&cases);  // the score terms alone (also part of check)
+  else AddCheckCases(&cases);
   uint64_t seed = 100;
-  if (mode == "features") {  // the score terms alone (also part of check)
-    AddFeatureCases(&cases);
-    int fails = 0;
-    for (const Case& c : cases) fails += !RunCase(c, seed++);
-    std::printf("%s: %d of %zu cases failed\n", fails ? "FAILED" : "ALL PASSED", fails, cases.size());
-    return fails ? 1 : 0;
-  }
-  AddFeatureCases(&cases);
-  for (bool bf16 : {true, false})
-    for (int D : {40, 64, 72, 120, 128, 256}) {
-      Case c{2, 127, 127, 4, 4, D}; c.bf16 = bf16; cases.push_back(c);
-      c = Case{1, 1, 300, 2, 1, D}; c.bf16 = bf16; cases.push_back(c);
-      c = Case{2, 1000, 513, 4, 2, D}; c.bf16 = bf16; c.causal = true; cases.push_back(c);
-    }
-  for (int D : {32, 96, 192, 8, 16, 256}) { Case c{1, 17, 129, 3, 1, D}; c.causal = true; cases.push_back(c); }
-  {
-    Case c{2, 300, 300, 4, 1, 64}; c.wl = 37; c.wr = 5; cases.push_back(c);
-    c = Case{3, 200, 250, 4, 2, 128}; c.lengths = true; c.causal = true; cases.push_back(c);
-    c = Case{2, 190, 210, 2, 2, 64}; c.segments = true; cases.push_back(c);
-    c = Case{2, 190, 210, 2, 2, 128}; c.segments = true; c.lengths = true; c.causal = true; cases.push_back(c);
-    c = Case{1, 150, 160, 4, 2, 96}; c.softcap = 3.f; cases.push_back(c);
-    c = Case{1, 150, 160, 4, 2, 192}; c.softcap = 3.f; c.causal = true; c.bf16 = false; cases.push_back(c);
-    c = Case{1, 150, 160, 4, 2, 128}; c.softcap = 3.f; c.wl = 20; c.wr = 7; cases.push_back(c);
-    c = Case{1, 40, 200, 2, 1, 64}; c.wl = 0; c.wr = 0; cases.push_back(c);  // many masked blocks
-    c = Case{2, 100, 30, 2, 2, 64}; c.causal = true; c.wl = 3; c.wr = 0; cases.push_back(c);
-    c = Case{1, 1000, 1000, 2, 1, 128}; c.causal = true; c.det = true; cases.push_back(c);
-    c = Case{2, 127, 300, 4, 2, 72}; c.det = true; c.segments = true; cases.push_back(c);
-    c = Case{1, 129, 65, 2, 2, 256}; c.det = true; c.softcap = 2.f; cases.push_back(c);
-    c = Case{2, 300, 129, 2, 1, 40}; c.det = true; c.lengths = true; c.bf16 = false; cases.push_back(c);
-    c = Case{1, 64, 0, 2, 2, 64}; cases.push_back(c);  // no keys: out 0, lse -inf
-    // More tiles than SMs (the Hopper forward's persistent grid): several
-    // per CTA, the ring's phases wrapping across tiles.
-    c = Case{2, 600, 650, 24, 8, 64}; cases.push_back(c);
-    c = Case{1, 900, 900, 24, 6, 128}; c.causal = true; cases.push_back(c);
-    c = Case{2, 500, 700, 20, 4, 128}; c.lengths = true; c.wl = 300; c.wr = 40; cases.push_back(c);
-    c = Case{2, 400, 400, 20, 20, 120}; c.segments = true; c.softcap = 4.f; c.bf16 = false;
-    cases.push_back(c);
-    // The buckets 96, 192 and 256 (Hopper: TMA forwards; K/V blocks of 128, 96
-    // and 64 keys): head dims inside each bucket, every mask kind, GQA.
-    for (int D : {72, 96, 136, 192, 200, 256}) {
-      c = Case{2, 257, 300, 4, 2, D}; c.causal = true; c.bf16 = D % 3 != 0; cases.push_back(c);
-      c = Case{1, 190, 333, 6, 2, D}; c.wl = 50; c.wr = 10; cases.push_back(c);
-      c = Case{3, 129, 200, 2, 1, D}; c.lengths = true; c.segments = true; cases.push_back(c);
-    }
-    c = Case{1, 200, 200, 2, 2, 256}; c.softcap = 4.f; c.causal = true; c.bf16 = false; cases.push_back(c);
-    c = Case{2, 1, 700, 4, 1, 192}; cases.push_back(c);  // one query row, many key blocks
-    // One key (P = 1: dS, dQ and dK must come out 0 up to the D-vs-dP
-    // rounding, cpp/cuda/NOTES.md) and one query, both modes, D 192 and 256.
-    for (int D : {192, 256})
-      for (bool det : {false, true}) {
-        c = Case{1, 300, 1, 2, 1, D}; c.det = det; cases.push_back(c);
-        if (D == 256 || det) { c = Case{2, 1, 700, 4, 1, D}; c.det = det; cases.push_back(c); }
-      }
-    c = Case{2, 77, 0, 2, 2, 192}; cases.push_back(c);    // no keys: out 0, lse -inf, dq 0
-    // The deterministic backward (Hopper: the wgmma dK/dV without dQ, then
-    // the wgmma dQ kernel), every bucket, bitwise reproducible.
-    for (int D : {48, 96, 128, 160, 256}) {
-      c = Case{2, 200, 333, 4, 2, D}; c.det = true; c.causal = true; c.bf16 = D != 96; cases.push_back(c);
-      c = Case{1, 129, 64, 2, 1, D}; c.det = true; c.segments = true; c.softcap = 2.5f; cases.push_back(c);
-    }
-  }
   int fails = 0;
   for (const Case& c : cases) fails += !RunCase(c, seed++);
   std::printf("%s: %d of %zu cases failed\n", fails ? "FAILED" : "ALL PASSED", fails, cases.size());
