@@ -39,6 +39,19 @@ enum Offset : int {
 // hidden block are skipped, never read.
 inline constexpr int64_t kBlockMaskBlock = 128;
 
+// The tile map (MaskParams::tile_map): per cell of kBlockMaskBlock x
+// kBlockMaskBlock positions (the block mask's cells), what the segment ids
+// (and any other elementwise term it was derived from) leave visible there.
+// A hint, derived by jax_flash from those terms (jax_flash/tile_map.py):
+// kernels that read it skip empty cells and the elementwise test in full
+// ones; a kernel that ignores it computes the same result. The band (causal,
+// window, lengths) and the block-sparse mask are not in it.
+enum CellClass : uint8_t {
+  kCellEmpty = 0,    // no pair of the cell is visible
+  kCellPartial = 1,  // some may be: test per element
+  kCellFull = 2,     // every pair is, as far as the terms go (values > 2 too)
+};
+
 // Element strides of an array broadcast to (B, Hq, Sq, Sk); a broadcast
 // dimension has stride 0.
 struct DenseStrides {
@@ -66,6 +79,12 @@ struct MaskParams {
   int64_t block_rows = 0;
   int64_t block_cols = 0;
   const int32_t* offsets = nullptr;         // (kNumOffsets,), or null: all 0
+  // CellClass per cell, (B', H', R, C) like the block mask (cells in
+  // positions, a dim of 1 broadcasts); null if absent.
+  const uint8_t* tile_map = nullptr;
+  DenseStrides tile_map_strides;
+  int64_t tile_map_rows = 0;
+  int64_t tile_map_cols = 0;
 };
 
 // The mask for one (batch element, query head), with its lengths resolved.
@@ -88,6 +107,11 @@ struct BatchMask {
   uint64_t block_cols;
   int64_t q_position;   // positions of row 0 and key 0 (blocks are in positions)
   int64_t kv_position;
+  const uint8_t* tile_map;  // this head's tile map, or null
+  int64_t tile_map_row_stride;
+  int64_t tile_map_col_stride;
+  uint64_t tile_map_rows;  // cell indices at or past these are empty
+  uint64_t tile_map_cols;
 
   // Every term, the block-sparse mask included: the kernels that skip its
   // hidden cells (CPU, CUDA exact). cuda/dispatch.cu sends problems with a
@@ -123,6 +147,15 @@ struct BatchMask {
     r.block_cols = m.block_cols == 1 ? ~uint64_t{0} : static_cast<uint64_t>(m.block_cols);
     r.q_position = q_position;
     r.kv_position = kv_position;
+    r.tile_map =
+        m.tile_map ? m.tile_map + b * m.tile_map_strides.batch + h * m.tile_map_strides.head
+                   : nullptr;
+    r.tile_map_row_stride = m.tile_map_strides.row;
+    r.tile_map_col_stride = m.tile_map_strides.col;
+    r.tile_map_rows =
+        m.tile_map_rows == 1 ? ~uint64_t{0} : static_cast<uint64_t>(m.tile_map_rows);
+    r.tile_map_cols =
+        m.tile_map_cols == 1 ? ~uint64_t{0} : static_cast<uint64_t>(m.tile_map_cols);
     return r;
   }
 
@@ -250,7 +283,44 @@ struct BatchMask {
     return q_seg != nullptr || dense != nullptr;
   }
 
+  // The class of rows [i0, i1) x keys [j0, j1) by the tile map: empty when
+  // every cell it touches is, full when every one is, partial otherwise and
+  // without a tile map (the elementwise terms then decide per element, as
+  // without one). A tile of a whole problem lies in one cell when its sides
+  // divide kBlockMaskBlock, a chunk's (offsets) in up to four.
+  JAX_FLASH_HOST_DEVICE CellClass TileClass(int64_t i0, int64_t i1, int64_t j0,
+                                            int64_t j1) const {
+    if (tile_map == nullptr || i0 >= i1 || j0 >= j1) return kCellPartial;
+    bool any = false, all = true;
+    for (int64_t bi = (q_position + i0) / kBlockMaskBlock;
+         bi <= (q_position + i1 - 1) / kBlockMaskBlock; ++bi)
+      for (int64_t bj = (kv_position + j0) / kBlockMaskBlock;
+           bj <= (kv_position + j1 - 1) / kBlockMaskBlock; ++bj) {
+        const int c = Cell(bi, bj);
+        any = any || c != kCellEmpty;
+        all = all && c >= kCellFull;
+      }
+    return !any ? kCellEmpty : (all ? kCellFull : kCellPartial);
+  }
+
+  // AllVisible for a tile whose TileClass is full: the elementwise terms
+  // hide nothing there, so only the band and the block mask are left.
+  JAX_FLASH_HOST_DEVICE bool AllVisibleByBand(int64_t i0, int64_t i1, int64_t j0,
+                                              int64_t j1) const {
+    BatchMask band = *this;
+    band.q_seg = nullptr;
+    band.dense = nullptr;
+    return band.AllVisible(i0, i1, j0, j1);
+  }
+
  private:
+  // Tile-map cell (bi, bj)'s class; past the map (or a negative index):
+  // empty, as for the block mask.
+  JAX_FLASH_HOST_DEVICE int Cell(int64_t bi, int64_t bj) const {
+    return static_cast<uint64_t>(bi) < tile_map_rows && static_cast<uint64_t>(bj) < tile_map_cols
+               ? tile_map[bi * tile_map_row_stride + bj * tile_map_col_stride]
+               : kCellEmpty;
+  }
   // Block-mask cell (bi, bj) is set; a negative index (a negative offset of
   // a direct call) wraps to a huge one and is hidden.
   JAX_FLASH_HOST_DEVICE bool BlockSet(int64_t bi, int64_t bj) const {
