@@ -45,6 +45,8 @@ struct Case {
   bool causal = false;
   int wl = -1, wr = -1;
   bool lengths = false, segments = false;
+  int seg_run = 23;       // segments change with probability 1 / seg_run per row
+  bool tile_map = false;  // pass the tile map of the segments (cells empty, full, partial)
   float softcap = 0.f;
   bool bf16 = true;
   bool det = false;
@@ -54,10 +56,12 @@ struct Case {
   BiasKind bias = BiasKind::kNone;
   std::string name() const {
     char buf[320];
+    const std::string segs =
+        !segments ? "" : " segs" + (seg_run != 23 ? std::to_string(seg_run) : "") + (tile_map ? " map" : "");
     std::snprintf(buf, sizeof buf, "%s B%d Sq%d Sk%d H%d/%d D%d%s%s%s%s%s%s%s%s%s", bf16 ? "bf16" : "fp16", B,
                   Sq, Sk, Hq, Hkv, D, causal ? " causal" : "",
                   (wl >= 0 || wr >= 0) ? (" win" + std::to_string(wl) + "," + std::to_string(wr)).c_str() : "",
-                  lengths ? " lens" : "", segments ? " segs" : "", softcap > 0 ? " cap" : "",
+                  lengths ? " lens" : "", segs.c_str(), softcap > 0 ? " cap" : "",
                   MaskName(mask), BiasName(bias),
                   dropout > 0 ? (" drop" + std::to_string(dropout).substr(0, 5) + (key_per_batch ? "/b" : "")).c_str() : "",
                   det ? " det" : "");
@@ -147,6 +151,31 @@ inline void AddFeatureCases(std::vector<Case>* cases) {
   AddBiasCases(cases);
 }
 
+// The tile map of segment ids (cells of 128 x 128 positions: empty ones
+// skipped, full ones without the per-element test): long segments so that
+// every class appears, every bucket (D = 192's key blocks of 96 straddle
+// cells: no map there), both modes, with the band, lengths, GQA, softcap and
+// the score terms; one segment (all full) and short ones (all partial).
+inline void AddTileMapCases(std::vector<Case>* cases) {
+  for (int D : {64, 128, 192, 256})
+    for (bool det : {false, true}) {
+      Case c{2, 700, 650, 4, 2, D}; c.segments = true; c.seg_run = 300; c.tile_map = true;
+      c.det = det; c.causal = !det; c.bf16 = D != 128 || det; cases->push_back(c);
+      c = Case{1, 900, 900, 2, 1, D}; c.segments = true; c.seg_run = 250; c.tile_map = true;
+      c.det = det; c.lengths = true; c.wl = 400; c.wr = 100; cases->push_back(c);
+    }
+  Case c{1, 1000, 1000, 4, 4, 128}; c.segments = true; c.seg_run = 100000; c.tile_map = true;
+  c.causal = true; cases->push_back(c);  // one segment: every cell full
+  c = Case{2, 300, 400, 2, 1, 64}; c.segments = true; c.seg_run = 5; c.tile_map = true;
+  cases->push_back(c);  // short segments: every cell partial
+  c = Case{2, 600, 500, 4, 2, 64}; c.segments = true; c.seg_run = 200; c.tile_map = true;
+  c.softcap = 3.f; c.causal = true; cases->push_back(c);
+  c = Case{2, 500, 600, 4, 2, 128}; c.segments = true; c.seg_run = 200; c.tile_map = true;
+  c.mask = MaskKind::kFull; c.dropout = 6554.0 / 65536; cases->push_back(c);  // kTerms kernels
+  c = Case{1, 400, 450, 2, 1, 96}; c.segments = true; c.seg_run = 150; c.tile_map = true;
+  c.bias = BiasKind::kHead; cases->push_back(c);
+}
+
 // check: the score terms (AddFeatureCases), then every bucket and option
 // without them.
 inline void AddCheckCases(std::vector<Case>* cases) {
@@ -202,6 +231,7 @@ inline void AddCheckCases(std::vector<Case>* cases) {
     c = Case{2, 200, 333, 4, 2, D}; c.det = true; c.causal = true; c.bf16 = D != 96; cases->push_back(c);
     c = Case{1, 129, 64, 2, 1, D}; c.det = true; c.segments = true; c.softcap = 2.5f; cases->push_back(c);
   }
+  AddTileMapCases(cases);
 }
 
 // small (for compute-sanitizer): a few cases of each kernel family, each
@@ -244,5 +274,11 @@ inline std::vector<SeededCase> SmallCases() {
   c.causal = true; s.push_back({c, 23});
   c = Case{1, 70, 208, 2, 1, 128}; c.bias = BiasKind::kFull; c.mask = MaskKind::kFull;
   c.dropout = 0.25; s.push_back({c, 24});
+  // The tile map: empty, full and partial cells, the forward and both
+  // backward modes.
+  c = Case{1, 300, 280, 2, 1, 64}; c.segments = true; c.seg_run = 150; c.tile_map = true;
+  c.causal = true; s.push_back({c, 25});
+  c = Case{1, 280, 300, 2, 2, 128}; c.segments = true; c.seg_run = 150; c.tile_map = true;
+  c.det = true; s.push_back({c, 26});
   return s;
 }

@@ -217,9 +217,12 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
   for (int b = 0; b < B; ++b) {
     qlen[b] = (b == 1) ? 0 : (int)(rng() % (Sq + 1));
     kvlen[b] = (int)(rng() % (Sk + 1));
-    int s = 0; for (int i = 0; i < Sq; ++i) { if (rng() % 23 == 0) ++s; qseg[(size_t)b * Sq + i] = s; }
-    s = 0; for (int j = 0; j < Sk; ++j) { if (rng() % 23 == 0) ++s; kvseg[(size_t)b * Sk + j] = s; }
+    int s = 0; for (int i = 0; i < Sq; ++i) { if (rng() % c.seg_run == 0) ++s; qseg[(size_t)b * Sq + i] = s; }
+    s = 0; for (int j = 0; j < Sk; ++j) { if (rng() % c.seg_run == 0) ++s; kvseg[(size_t)b * Sk + j] = s; }
   }
+  // The tile map of the segments (B, 1, R, C), as jax_flash/tile_map.py derives it.
+  const std::vector<uint8_t> cells =
+      c.tile_map ? check::TileMapOfSegments(qseg, kvseg, B, Sq, Sk) : std::vector<uint8_t>();
   MaskParams mh;
   mh.causal = c.causal; mh.window_left = c.wl; mh.window_right = c.wr;
   if (c.lengths) { mh.q_seqlens = qlen.data(); mh.kv_seqlens = kvlen.data(); }
@@ -276,7 +279,9 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
   Dev dq_(nq * 2), dk_(nk * 2), dv_(nk * 2), ddo(nq * 2), dout_(nq * 2), dlse((size_t)B * Hq * Sq * 4),
       ddq(nq * 2), ddk(nk * 2), ddv(nk * 2), dql(B * 4), dkl(B * 4),
       dqs((size_t)B * Sq * 4), dks((size_t)B * Sk * 4), ddense(dense.size()), dkeys(keys.size() * 4),
-      dbias_in(hb.val.size() * 4), ddbias(hb.val.size() * 4);
+      dbias_in(hb.val.size() * 4), ddbias(hb.val.size() * 4), dcells(cells.size());
+  if (!cells.empty())
+    CHECK_CUDA(cudaMemcpy(dcells.p(), cells.data(), cells.size(), cudaMemcpyHostToDevice));
   if (!hb.val.empty())
     CHECK_CUDA(cudaMemcpy(dbias_in.p(), hb.val.data(), hb.val.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(ddense.p(), dense.data(), dense.size(), cudaMemcpyHostToDevice));
@@ -297,6 +302,13 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
   p.mask = mh;
   if (c.lengths) { p.mask.q_seqlens = (int32_t*)dql.p(); p.mask.kv_seqlens = (int32_t*)dkl.p(); }
   if (c.segments) { p.mask.q_segment_ids = (int32_t*)dqs.p(); p.mask.kv_segment_ids = (int32_t*)dks.p(); }
+  if (!cells.empty()) {
+    const int64_t rows = check::CeilCells(Sq), cols = check::CeilCells(Sk);
+    p.mask.tile_map = (const uint8_t*)dcells.p();
+    p.mask.tile_map_strides = DenseStrides{rows * cols, 0, cols, 1};
+    p.mask.tile_map_rows = rows;
+    p.mask.tile_map_cols = cols;
+  }
   if (c.mask != MaskKind::kNone) p.mask.dense = (const uint8_t*)ddense.p();
   p.dropout = drop_h;
   p.dropout.keys = (const uint32_t*)dkeys.p();

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "cuda/common/fragment.cuh"
+#include "cuda/common/tile_map.cuh"
 #include "cuda/common/tile_scheduler.cuh"
 #include "cuda/common/views.cuh"
 #include "jax_flash/mask.h"
@@ -81,9 +82,12 @@ template <typename T>
 struct FwdBlock {
   int64_t b, h, m0, n_begin, n_end;
   BatchMask mask;
+  CellLine cells;  // the tile map's cells of this CTA's rows
   GmemRows<T> q, k, v;
 
-  template <int kBlockM, int kBlockN>
+  // kTileMap: the kernel steps with NextBlock (the wgmma kernels); the
+  // others ignore the tile map and keep their registers.
+  template <int kBlockM, int kBlockN, bool kTileMap = false>
   __device__ __forceinline__ static FwdBlock Make(const FwdParams& p,
                                                   const QueryBlockScheduler::Tile& tile) {
     FwdBlock r;
@@ -102,7 +106,30 @@ struct FwdBlock {
     r.mask.KeyRange(r.m0, r.m0 + kBlockM, &key_begin, &key_end);
     r.n_begin = key_begin / kBlockN;
     r.n_end = key_begin < key_end ? CeilDiv(key_end, kBlockN) : r.n_begin;
+    r.cells = CellLine{};
+    if constexpr (kTileMap) {
+      r.cells = CellLine::AlongKeys<kBlockM, kBlockN>(r.mask, r.m0);
+      r.n_begin = r.template NextBlock<kBlockN>(r.n_begin);  // n_end when all are empty
+    }
     return r;
+  }
+
+  // The tile map's class of key block n (common/tile_map.cuh; partial
+  // without one).
+  template <int kBlockN>
+  __device__ __forceinline__ CellClass BlockClass(int64_t n) const {
+    return cells.template At<kBlockN>(n);
+  }
+
+  // The first key block at or after n that the tile map does not leave
+  // empty, or n_end; n itself without a tile map. Kernels that step with it
+  // skip the empty cells of segment ids; those that step by one compute
+  // them, masked per element (the same result).
+  template <int kBlockN>
+  __device__ __forceinline__ int64_t NextBlock(int64_t n) const {
+    if (cells.cells == nullptr) return n;
+    while (n < n_end && BlockClass<kBlockN>(n) == kCellEmpty) ++n;
+    return n < n_end ? n : n_end;
   }
 };
 

@@ -110,7 +110,9 @@ enum class Rows { kQueries, kKeys };
 // the window's in 64 bits: that freed the registers the warp-specialized
 // forward spilled, and took the Hopper D=128 backward from 40 to 4 bytes of
 // spills.)
-template <Rows kRows, int kMT, int kNTiles>
+// kSegments = false: a tile the tile map says is full (its segment ids hide
+// nothing), only the band is left to test.
+template <Rows kRows, bool kSegments = true, int kMT, int kNTiles>
 __device__ __forceinline__ void MaskFragment(float (&s)[kMT][kNTiles][4], const BatchMask& mask,
                                              int64_t row0, int64_t col0, int g, int t,
                                              float hidden) {
@@ -126,26 +128,54 @@ __device__ __forceinline__ void MaskFragment(float (&s)[kMT][kNTiles][4], const 
       // id against each column's (read only inside the window, hence in range).
       const int32_t* col_seg = kRows == Rows::kQueries ? mask.kv_seg : mask.q_seg;
       const int32_t* row_segs = kRows == Rows::kQueries ? mask.q_seg : mask.kv_seg;
-      const int32_t row_seg = mask.q_seg != nullptr && w.lo < w.hi ? row_segs[r] : 0;
+      const int32_t row_seg = kSegments && mask.q_seg != nullptr && w.lo < w.hi ? row_segs[r] : 0;
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int cr = nt * 8 + 2 * t + c;
           const bool visible =
-              w.Contains(cr) && (mask.q_seg == nullptr || col_seg[col0 + cr] == row_seg);
+              w.Contains(cr) &&
+              (!kSegments || mask.q_seg == nullptr || col_seg[col0 + cr] == row_seg);
           if (!visible) s[mt][nt][2 * hr + c] = hidden;
         }
     }
 }
 
 // The same on a fragment of one m-tile.
-template <Rows kRows, int kNTiles>
+template <Rows kRows, bool kSegments = true, int kNTiles>
 __device__ __forceinline__ void MaskFragment(float (&s)[kNTiles][4], const BatchMask& mask,
                                              int64_t row0, int64_t col0, int g, int t,
                                              float hidden) {
-  MaskFragment<kRows>(reinterpret_cast<float(&)[1][kNTiles][4]>(s), mask, row0, col0, g, t,
-                      hidden);
+  MaskFragment<kRows, kSegments>(reinterpret_cast<float(&)[1][kNTiles][4]>(s), mask, row0, col0,
+                                 g, t, hidden);
+}
+
+// The mask on a warp's fragment of the tile queries [i0, i1) x keys [j0,
+// j1), by the tile's class (the tile map's, common/tile_map.cuh; partial
+// without one): nothing where every pair is visible, the band alone where
+// the map says the segment ids hide nothing (full), the band and segments
+// otherwise. row0, col0: the fragment's first row and column (queries and
+// keys, or keys and queries: kRows).
+template <Rows kRows, int kMT, int kNTiles>
+__device__ __forceinline__ void MaskTile(float (&s)[kMT][kNTiles][4], const BatchMask& mask,
+                                         CellClass cls, int64_t i0, int64_t i1, int64_t j0,
+                                         int64_t j1, int64_t row0, int64_t col0, int g, int t,
+                                         float hidden) {
+  if (cls == kCellFull) {
+    if (!mask.AllVisibleByBand(i0, i1, j0, j1))
+      MaskFragment<kRows, /*kSegments=*/false>(s, mask, row0, col0, g, t, hidden);
+  } else if (!mask.AllVisible(i0, i1, j0, j1)) {
+    MaskFragment<kRows>(s, mask, row0, col0, g, t, hidden);
+  }
+}
+template <Rows kRows, int kNTiles>
+__device__ __forceinline__ void MaskTile(float (&s)[kNTiles][4], const BatchMask& mask,
+                                         CellClass cls, int64_t i0, int64_t i1, int64_t j0,
+                                         int64_t j1, int64_t row0, int64_t col0, int g, int t,
+                                         float hidden) {
+  MaskTile<kRows>(reinterpret_cast<float(&)[1][kNTiles][4]>(s), mask, cls, i0, i1, j0, j1, row0,
+                  col0, g, t, hidden);
 }
 
 // The elementwise parts of the mask at one visible-by-the-band element:
@@ -355,13 +385,15 @@ __device__ __forceinline__ void SoftCap(float (&s)[kMT][kNTiles][4], float softc
 
 // Soft cap, then the mask (-inf where hidden) on one key block of S whose
 // first key is n0; `row0` is the warp's first query row. kBlockM is the CTA's,
-// for the whole-block visibility test that skips the per-element work.
+// for the whole-block visibility test that skips the per-element work;
+// `cls` the block's class by the tile map (FwdBlock::BlockClass; partial
+// without one): a full block tests the band alone.
 // softcap = 0: off; scale_over_cap = scale / softcap.
 template <int kBlockM, int kMT, int kNTiles>
 __device__ __forceinline__ void TransformAndMask(float (&s)[kMT][kNTiles][4], float softcap,
                                                  float scale_over_cap, const BatchMask& mask,
                                                  int64_t m0, int64_t row0, int64_t n0, int g,
-                                                 int t) {
+                                                 int t, CellClass cls = kCellPartial) {
   constexpr int kBlockN = kNTiles * 8;
   if (softcap > 0.f) {
 #pragma unroll
@@ -372,8 +404,8 @@ __device__ __forceinline__ void TransformAndMask(float (&s)[kMT][kNTiles][4], fl
         for (int r = 0; r < 4; ++r)
           s[mt][nt][r] = softcap * FastTanh(s[mt][nt][r] * scale_over_cap);
   }
-  if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN))
-    MaskFragment<Rows::kQueries>(s, mask, row0, n0, g, t, -INFINITY);
+  MaskTile<Rows::kQueries>(s, mask, cls, m0, m0 + kBlockM, n0, n0 + kBlockN, row0, n0, g, t,
+                           -INFINITY);
 }
 
 // The backward's soft cap on a warp's S^T / dP^T fragments (16 keys x 8

@@ -140,14 +140,17 @@ __device__ __forceinline__ void DqMainloop(const DqTmaArgs& ta, const FwdBlock<T
   const uint32_t do_rows = sdO + warpgroup * 64 * kSwizzleBytes;
   const float scale_log2 = args.scale_log2;
 
-  for (int64_t n = n_begin; n < n_end; ++n) {
-    const int stage = static_cast<int>((n - n_begin) & 1);
+  // Key blocks in FwdBlock::NextBlock's steps; `step` counts them.
+  int64_t next = blk.template NextBlock<kBlockN>(n_begin + 1);
+  for (int64_t n = n_begin, step = 0; n < n_end; n = next, ++step) {
+    if (step > 0) next = blk.template NextBlock<kBlockN>(n + 1);
+    const int stage = static_cast<int>(step & 1);
     // Both warpgroups are done with the previous block, whose stage the
     // prefetch overwrites; then this block's tiles are waited for.
     __syncthreads();
-    if (n + 1 < n_end) load_kv(n + 1, stage ^ 1);
-    if (n == n_begin) MbarrierWait(q_bar, 0);
-    MbarrierWait(kv_bar + 8 * stage, static_cast<uint32_t>(((n - n_begin) >> 1) & 1));
+    if (next < n_end) load_kv(next, stage ^ 1);
+    if (step == 0) MbarrierWait(q_bar, 0);
+    MbarrierWait(kv_bar + 8 * stage, static_cast<uint32_t>((step >> 1) & 1));
     const uint32_t k_tile = sK + stage * Traits::kKvBytes;
     const uint32_t v_tile = sV + stage * Traits::kKvBytes;
 
@@ -184,8 +187,8 @@ __device__ __forceinline__ void DqMainloop(const DqTmaArgs& ta, const FwdBlock<T
 #pragma unroll
       for (int r = 0; r < 4; ++r) s[nt][r] = FastExp2(fmaf(s[nt][r], scale_log2, -lse2[r / 2]));
     const int64_t n0 = n * kBlockN;
-    if (!blk.mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN))
-      MaskFragment<Rows::kQueries>(s, blk.mask, m0 + warp_row0, n0, g, t, 0.f);
+    MaskTile<Rows::kQueries>(s, blk.mask, blk.template BlockClass<kBlockN>(n), m0, m0 + kBlockM,
+                             n0, n0 + kBlockN, m0 + warp_row0, n0, g, t, 0.f);
 
     // ---- dQ += dS K: A = dS from registers, B = K MN-major ------------------
     uint32_t a[kBlockN / kMmaK][4];
@@ -221,7 +224,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const ThreadPos pos = ThreadPos::Here();
   const BwdParams& p = ta.args.p;
   const FwdBlock<T> blk =
-      FwdBlock<T>::template Make<Traits::kBlockM, Traits::kBlockN>(p, QueryBlockScheduler::Get());
+      FwdBlock<T>::template Make<Traits::kBlockM, Traits::kBlockN, /*kTileMap=*/true>(
+          p, QueryBlockScheduler::Get());
   float dq[Traits::kHeadDim / kMmaN][4];
   DqMainloop<T, Traits, kSoftcap>(ta, blk, pos, dq);
   // dQ = scale * (dS K), this warp's 16 rows.

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const FwdArgs& args = FwdArgsOf(kargs);
   const ThreadPos pos = ThreadPos::Here();
-  const FwdBlock<T> blk = FwdBlock<T>::template Make<Traits::kBlockM, Traits::kBlockN>(
+  const FwdBlock<T> blk = FwdBlock<T>::template Make<Traits::kBlockM, Traits::kBlockN, /*kTileMap=*/true>(
       args.p, QueryBlockScheduler::Get());
   float o[1][Traits::kDTiles][4], row_m[1][2], row_l[1][2];
   InitFwdState(o, row_m, row_l);

@@ -28,6 +28,7 @@
 
 #include "cuda/bwd/args.h"
 #include "cuda/bwd/preprocess.cuh"
+#include "cuda/bwd/query_steps.cuh"
 #include "cuda/common/copy.cuh"
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/score.cuh"
@@ -97,11 +98,8 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   const GmemRows<T> k = GmemRows<T>::Head(p.k, p.k_strides, b, h_kv, seqlen_k, head_dim);
   const GmemRows<T> v = GmemRows<T>::Head(p.v, p.v_strides, b, h_kv, seqlen_k, head_dim);
 
-  int64_t q_begin, q_end;
-  mask.QueryRange(n0, n0 + kBlockN, &q_begin, &q_end);
-  const int64_t m_begin = q_begin / kBlockM;
-  const int64_t m_count = q_begin < q_end ? CeilDiv(q_end, kBlockM) - m_begin : 0;
-  const int64_t steps = group * m_count;
+  const QuerySteps<kBlockN, kBlockM> walk = QuerySteps<kBlockN, kBlockM>::Make(mask, n0, group);
+  const int64_t m_begin = walk.m_begin, steps = walk.count;
 
   // A step's loads, all onto the stage's mbarrier: Q and dO through TMA
   // (thread 0; rows past seqlen_q and columns past head_dim arrive as
@@ -138,7 +136,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     sm90::FenceBarrierInit();
   }
   __syncthreads();  // the barriers are initialized before anyone uses them
-  if (steps > 0) issue(0, 0, 0);
+  if (steps > 0) issue(0, walk.first, 0);
   CpAsyncWait<0>();  // K and V, published to all threads and to wgmma here
   sm90::FenceProxyAsync();
   __syncthreads();
@@ -171,7 +169,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   if constexpr (kDq) ZeroDqStagingPadding<Traits>(sDq, tid);
   const float scale_log2 = args.scale_log2;
 
-  int64_t gi = 0, mi = 0;
+  int64_t gi = 0, mi = walk.first;
   for (int64_t s = 0; s < steps; ++s) {
     // No CTA barrier at the top of a step: a warpgroup that is done with
     // step s - 1 starts step s while the other's dK GEMM may still run. The
@@ -183,7 +181,8 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     const uint32_t ds_offset = static_cast<uint32_t>(s & 1) * Traits::kDsBytes;
     const int64_t h = h_kv * group + gi;
     const int64_t m0 = (m_begin + mi) * kBlockM;
-    if (++mi == m_count) { mi = 0; ++gi; }
+    const CellClass cls = walk.Class(mi);
+    walk.Advance(gi, mi);  // (gi, mi) is now the next step
     // The stage's k-th use completes its barrier's phase k (parity k % 2).
     sm90::MbarrierWait(full_bar + 8 * stage, static_cast<uint32_t>((s / Traits::kStages) & 1));
     const uint32_t q_tile = sQ + stage * Traits::kQBytes;
@@ -222,8 +221,8 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
       sm90::FenceRegisters(st);
     }
     ExpScoresT(st, lse2_s, scale_log2, t);
-    if (!mask.AllVisible(m0, m0 + kBlockM, n0w, n0w + 64))
-      MaskFragment<Rows::kKeys>(st, mask, n0w + key_row0, m0, g, t, 0.f);
+    MaskTile<Rows::kKeys>(st, mask, cls, m0, m0 + kBlockM, n0w, n0w + 64, n0w + key_row0, m0, g,
+                          t, 0.f);
 
     // ---- dV += P^T dO: P^T from registers (RS), B = dO MN-major ------------
     uint32_t ap[kBlockM / kMmaK][4];

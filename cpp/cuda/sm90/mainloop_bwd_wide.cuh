@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "cuda/bwd/args.h"
+#include "cuda/bwd/query_steps.cuh"
 #include "cuda/bwd/preprocess.cuh"
 #include "cuda/bwd/workspace.h"
 #include "cuda/common/copy.cuh"
@@ -127,11 +128,8 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
   const GmemRows<T> k = GmemRows<T>::Head(p.k, p.k_strides, b, h_kv, seqlen_k, head_dim);
   const GmemRows<T> v = GmemRows<T>::Head(p.v, p.v_strides, b, h_kv, seqlen_k, head_dim);
 
-  int64_t q_begin, q_end;
-  mask.QueryRange(n0, n0 + kBlockN, &q_begin, &q_end);
-  const int64_t m_begin = q_begin / kBlockM;
-  const int64_t m_count = q_begin < q_end ? CeilDiv(q_end, kBlockM) - m_begin : 0;
-  const int64_t steps = group * m_count;
+  const QuerySteps<kBlockN, kBlockM> walk = QuerySteps<kBlockN, kBlockM>::Make(mask, n0, group);
+  const int64_t m_begin = walk.m_begin, steps = walk.count;
 
   // A step's loads, all onto the stage's mbarrier (as mainloop_bwd.cuh).
   constexpr int kStatThreads = 2 * kBlockM;  // LoadRowStats
@@ -164,7 +162,7 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
     FenceBarrierInit();
   }
   __syncthreads();  // the barriers are initialized before anyone uses them
-  if (steps > 0) issue(0, 0, 0);
+  if (steps > 0) issue(0, walk.first, 0);
   CpAsyncWait<0>();  // K and V, published to all threads and to wgmma here
   FenceProxyAsync();
   __syncthreads();
@@ -193,7 +191,7 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
   // stmatrix rows: this warp's keys (lanes 8i..8i+7: matrix i).
   const int st_row = key_row0 + lane % 8 + ((lane / 8) % 2) * 8;
 
-  int64_t gi = 0, mi = 0;
+  int64_t gi = 0, mi = walk.first;
   for (int64_t s = 0; s < steps; ++s) {
     // No CTA barrier at the top (as mainloop_bwd.cuh): P^T and dS^T
     // alternate between two buffers, the loads of step s were issued after
@@ -202,7 +200,8 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
     const uint32_t p_offset = static_cast<uint32_t>(s & 1) * Traits::kPBytes;
     const int64_t h = h_kv * group + gi;
     const int64_t m0 = (m_begin + mi) * kBlockM;
-    if (++mi == m_count) { mi = 0; ++gi; }
+    const CellClass cls = walk.Class(mi);
+    walk.Advance(gi, mi);  // (gi, mi) is now the next step
     MbarrierWait(full_bar + 8 * stage, static_cast<uint32_t>((s / Traits::kStages) & 1));
     const uint32_t q_tile = sQ + stage * Traits::kQBytes;
     const uint32_t do_tile = sdO + stage * Traits::kQBytes;
@@ -227,8 +226,8 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
       FenceRegisters(st);
     }
     ExpScoresT(st, lse2_s, scale_log2, t);
-    if (!mask.AllVisible(m0 + q_col0, m0 + q_col0 + kBlockM / 2, n0, n0 + kBlockN))
-      MaskFragment<Rows::kKeys>(st, mask, n0 + key_row0, m0 + q_col0, g, t, 0.f);
+    MaskTile<Rows::kKeys>(st, mask, cls, m0 + q_col0, m0 + q_col0 + kBlockM / 2, n0, n0 + kBlockN,
+                          n0 + key_row0, m0 + q_col0, g, t, 0.f);
     if constexpr (!kSoftcap) {
       WgmmaWait<0>();
       FenceRegisters(dpt);

@@ -106,16 +106,20 @@ __device__ __forceinline__ void FwdMainloop(const Args& kargs, const FwdBlock<T>
   const float scale_log2 = args.scale_log2;
   const float rescale_margin = kRescaleLog2 / scale_log2;
 
-  for (int64_t n = n_begin; n < n_end; ++n) {
-    const int stage = static_cast<int>((n - n_begin) & 1);
+  // Key blocks in FwdBlock::NextBlock's steps (every block without a tile
+  // map); `step` counts them for the stages and the barriers' phases.
+  int64_t next = blk.template NextBlock<kBlockN>(n_begin + 1);
+  for (int64_t n = n_begin, step = 0; n < n_end; n = next, ++step) {
+    if (step > 0) next = blk.template NextBlock<kBlockN>(n + 1);
+    const int stage = static_cast<int>(step & 1);
     if constexpr (Traits::kTma) {
       // Both warpgroups are done with the previous block, whose stage the
       // prefetch below overwrites; then this block's tiles (and, the first
       // time, Q) are waited for on their barriers.
       __syncthreads();
-      if (n + 1 < n_end) tma_load_kv(kargs, n + 1, stage ^ 1);
-      if (n == n_begin) MbarrierWait(q_bar, 0);
-      MbarrierWait(kv_bar + 8 * stage, static_cast<uint32_t>(((n - n_begin) >> 1) & 1));
+      if (next < n_end) tma_load_kv(kargs, next, stage ^ 1);
+      if (step == 0) MbarrierWait(q_bar, 0);
+      MbarrierWait(kv_bar + 8 * stage, static_cast<uint32_t>((step >> 1) & 1));
     } else {
       // One barrier per block: publishes this block's K/V (fenced for the
       // async proxy that wgmma reads through) and tells that both warpgroups
@@ -124,12 +128,12 @@ __device__ __forceinline__ void FwdMainloop(const Args& kargs, const FwdBlock<T>
       CpAsyncWait<0>();
       sm90::FenceProxyAsync();
       __syncthreads();
-      if (n + 1 < n_end) {
-        const int next = stage ^ 1;
-        LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sK + next * Traits::kKvBytes, k,
-                                                                  (n + 1) * kBlockN, tid);
-        LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sV + next * Traits::kKvBytes, v,
-                                                                  (n + 1) * kBlockN, tid);
+      if (next < n_end) {
+        const int other = stage ^ 1;
+        LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sK + other * Traits::kKvBytes, k,
+                                                                  next * kBlockN, tid);
+        LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sV + other * Traits::kKvBytes, v,
+                                                                  next * kBlockN, tid);
         CpAsyncCommit();
       }
     }
@@ -146,7 +150,7 @@ __device__ __forceinline__ void FwdMainloop(const Args& kargs, const FwdBlock<T>
 
     // ---- soft cap, mask (common/score.cuh); online softmax: S -> P ----------
     TransformAndMask<kBlockM>(s, args.softcap, args.scale_over_cap, blk.mask, m0, m0 + warp_row0,
-                              n * kBlockN, g, t);
+                              n * kBlockN, g, t, blk.template BlockClass<kBlockN>(n));
     OnlineSoftmax(s, o, row_m, row_l, scale_log2, rescale_margin);
 
     // ---- O += P V -----------------------------------------------------------

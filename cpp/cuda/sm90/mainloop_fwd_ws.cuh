@@ -107,7 +107,7 @@ __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSme
   RingPos<Traits::kQStages> q;
   for (int index = blockIdx.x; index < a.sched.tiles; index += gridDim.x) {
     const QueryBlockScheduler::Tile tile = PersistentScheduler::Get(a.sched, index);
-    const FwdBlock<T> blk = FwdBlock<T>::template Make<kBlockM, kBlockN>(p, tile);
+    const FwdBlock<T> blk = FwdBlock<T>::template Make<kBlockM, kBlockN, /*kTileMap=*/true>(p, tile);
     if (blk.n_begin >= blk.n_end) continue;  // the consumers skip it too
     const int b = static_cast<int>(tile.b), h = static_cast<int>(tile.h), h_kv = h / group;
     // Q: after both consumer warpgroups' last S GEMM of the tile that used
@@ -119,7 +119,9 @@ __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSme
       TmaLoadBox(sm.q_tile(q.stage()) + cb * kBlockM * kSwizzleBytes, &a.q_map,
                  cb * kSwizzleElems, static_cast<int>(blk.m0), h, b, sm.full_q(q.stage()));
     q.Advance();
-    for (int64_t n = blk.n_begin; n < blk.n_end; ++n) {
+    // The key blocks the consumers step through (FwdBlock::NextBlock).
+    for (int64_t n = blk.n_begin; n < blk.n_end;
+         n = blk.template NextBlock<kBlockN>(n + 1)) {
       const int row = static_cast<int>(n * kBlockN);
       MbarrierWait(sm.empty_k(kv.stage()), kv.phase() ^ 1);
       MbarrierArriveExpectTx(sm.full_k(kv.stage()), Traits::kKvBytes);
@@ -219,16 +221,17 @@ __device__ __forceinline__ void IssuePV(float (&o)[Traits::kHeadDim / kMmaN][4],
   WgmmaCommit();
 }
 
-// Soft cap and mask (score.cuh) and the softmax of one block: S becomes P
+// Soft cap and mask (score.cuh) and the softmax of key block n: S becomes P
 // (float). Returns whether O must be rescaled by alpha.
-template <typename Traits>
+template <typename T, typename Traits>
 __device__ __forceinline__ bool ScoresToP(float (&s)[1][Traits::kBlockN / kMmaN][4],
                                           float (&row_m)[1][2], float (&row_l)[1][2],
                                           float (&alpha)[1][2], const FwdArgs& args,
-                                          const BatchMask& mask, int64_t m0, int64_t warp_row0,
-                                          int64_t n, int g, int t) {
-  TransformAndMask<Traits::kBlockM>(s, args.softcap, args.scale_over_cap, mask, m0, warp_row0,
-                                    n * Traits::kBlockN, g, t);
+                                          const FwdBlock<T>& blk, int64_t warp_row0, int64_t n,
+                                          int g, int t) {
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  TransformAndMask<kBlockM>(s, args.softcap, args.scale_over_cap, blk.mask, blk.m0, warp_row0,
+                            n * kBlockN, g, t, blk.template BlockClass<kBlockN>(n));
   return OnlineSoftmaxDeferRescale(s, row_m, row_l, alpha, args.scale_log2,
                                    kRescaleLog2 / args.scale_log2);
 }
@@ -250,7 +253,7 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     int consumer_warp, int lane, int g, int t, RingPos<Traits::kStages>& kv,
     RingPos<Traits::kQStages>& q,
     float (&o)[1][Traits::kHeadDim / kMmaN][4], float (&row_m)[1][2], float (&row_l)[1][2]) {
-  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   constexpr int kNTiles = kBlockN / kMmaN;
   const FwdArgs& args = a.args;
   const int64_t m0 = blk.m0, n_begin = blk.n_begin, n_end = blk.n_end;
@@ -268,6 +271,8 @@ __device__ __forceinline__ void FwdWsConsumerTile(
   q.Advance();
   uint32_t p[kBlockN / kMmaK][4];
   float alpha[1][2];
+  // The key block after the current one (the producer's order).
+  int64_t next = blk.template NextBlock<kBlockN>(n_begin + 1);
   {
     MbarrierWait(sm.full_k(kv.stage()), kv.phase());
     float s[1][kNTiles][4];
@@ -279,14 +284,15 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     WgmmaWait<0>();
     FenceRegisters(s[0]);
     release(sm.empty_k(kv.stage()));
-    if (n_begin + 1 == n_end) release(sm.empty_q(q_stage));
+    if (next == n_end) release(sm.empty_q(q_stage));
     // O is still 0: no rescale whatever the softmax says.
-    ScoresToP<Traits>(s, row_m, row_l, alpha, args, blk.mask, m0, warp_row0, n_begin, g, t);
+    ScoresToP<T, Traits>(s, row_m, row_l, alpha, args, blk, warp_row0, n_begin, g, t);
     PackP<T>(p, s);
   }
   RingPos<Traits::kStages> prev = kv;  // the stage of V for P
   kv.Advance();
-  for (int64_t n = n_begin + 1; n < n_end; ++n) {
+  for (int64_t n = next; n < n_end; n = next) {
+    next = blk.template NextBlock<kBlockN>(n + 1);
     MbarrierWait(sm.full_k(kv.stage()), kv.phase());
     MbarrierWait(sm.full_v(prev.stage()), prev.phase());
     float s[1][kNTiles][4];
@@ -300,9 +306,8 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     WgmmaWait<1>();  // S_n (O += P V may still run)
     FenceRegisters(s[0]);
     release(sm.empty_k(kv.stage()));
-    if (n + 1 == n_end) release(sm.empty_q(q_stage));
-    const bool rescale =
-        ScoresToP<Traits>(s, row_m, row_l, alpha, args, blk.mask, m0, warp_row0, n, g, t);
+    if (next == n_end) release(sm.empty_q(q_stage));
+    const bool rescale = ScoresToP<T, Traits>(s, row_m, row_l, alpha, args, blk, warp_row0, n, g, t);
     WgmmaWait<0>();  // O += P_{n-1} V_{n-1}
     FenceRegisters(o[0]);
     release(sm.empty_v(prev.stage()));
