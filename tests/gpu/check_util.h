@@ -192,25 +192,26 @@ inline int64_t CeilCells(int64_t n) {
   return (n + jax_flash::kBlockMaskBlock - 1) / jax_flash::kBlockMaskBlock;
 }
 
-// The tile map (B, 1, R, C) of segment ids (B, Sq) and (B, Sk), by the
-// definition of mask.h's CellClass, from every pair of each cell (not from
-// the ranges of ids jax_flash/tile_map.py uses, which may call a cell
-// partial that this calls empty: both are valid maps).
-inline std::vector<uint8_t> TileMapOfSegments(const std::vector<int32_t>& qseg,
-                                              const std::vector<int32_t>& kvseg, int64_t B,
-                                              int64_t Sq, int64_t Sk) {
+// The tile map (B, 1, R, C) of the elementwise terms, visible(b, h, i, j)
+// for heads [0, H), by the definition of mask.h's CellClass from every pair
+// of each cell, over all heads (jax_flash/tile_map.py derives a map that may
+// call some of these cells partial instead: both are valid).
+inline std::vector<uint8_t> TileMapOf(
+    const std::function<bool(int64_t, int64_t, int64_t, int64_t)>& visible, int64_t B, int64_t H,
+    int64_t Sq, int64_t Sk) {
   const int64_t R = CeilCells(Sq), C = CeilCells(Sk), cell = jax_flash::kBlockMaskBlock;
   std::vector<uint8_t> map(B * R * C);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t r = 0; r < R; ++r)
       for (int64_t c = 0; c < C; ++c) {
         bool any = false, all = true;
-        for (int64_t i = r * cell; i < std::min(Sq, (r + 1) * cell); ++i)
-          for (int64_t j = c * cell; j < std::min(Sk, (c + 1) * cell); ++j) {
-            const bool same = qseg[b * Sq + i] == kvseg[b * Sk + j];
-            any = any || same;
-            all = all && same;
-          }
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t i = r * cell; i < std::min(Sq, (r + 1) * cell); ++i)
+            for (int64_t j = c * cell; j < std::min(Sk, (c + 1) * cell); ++j) {
+              const bool v = visible(b, h, i, j);
+              any = any || v;
+              all = all && v;
+            }
         map[(b * R + r) * C + c] = !any ? jax_flash::kCellEmpty
                                         : (all ? jax_flash::kCellFull : jax_flash::kCellPartial);
       }

@@ -46,7 +46,7 @@ struct Case {
   int wl = -1, wr = -1;
   bool lengths = false, segments = false;
   int seg_run = 23;       // segments change with probability 1 / seg_run per row
-  bool tile_map = false;  // pass the tile map of the segments (cells empty, full, partial)
+  bool tile_map = false;  // pass the tile map of segments and mask (cells empty, full, partial)
   float softcap = 0.f;
   bool bf16 = true;
   bool det = false;
@@ -57,7 +57,8 @@ struct Case {
   std::string name() const {
     char buf[320];
     const std::string segs =
-        !segments ? "" : " segs" + (seg_run != 23 ? std::to_string(seg_run) : "") + (tile_map ? " map" : "");
+        (!segments ? "" : " segs" + (seg_run != 23 ? std::to_string(seg_run) : "")) +
+        (tile_map ? " map" : "");
     std::snprintf(buf, sizeof buf, "%s B%d Sq%d Sk%d H%d/%d D%d%s%s%s%s%s%s%s%s%s", bf16 ? "bf16" : "fp16", B,
                   Sq, Sk, Hq, Hkv, D, causal ? " causal" : "",
                   (wl >= 0 || wr >= 0) ? (" win" + std::to_string(wl) + "," + std::to_string(wr)).c_str() : "",
@@ -174,6 +175,17 @@ inline void AddTileMapCases(std::vector<Case>* cases) {
   c.mask = MaskKind::kFull; c.dropout = 6554.0 / 65536; cases->push_back(c);  // kTerms kernels
   c = Case{1, 400, 450, 2, 1, 96}; c.segments = true; c.seg_run = 150; c.tile_map = true;
   c.bias = BiasKind::kHead; cases->push_back(c);
+  // A dense mask with its tile map: the Hopper forward on wgmma (sm90/fwd.cuh),
+  // the backward on mma.sync.
+  for (MaskKind kind : {MaskKind::kCausal, MaskKind::kPadding, MaskKind::kFull, MaskKind::kShared})
+    for (int D : {64, 128, 256}) {
+      c = Case{2, 600, 550, 4, 2, D}; c.mask = kind; c.tile_map = true; c.bf16 = D != 64;
+      c.segments = kind == MaskKind::kPadding; c.seg_run = 250; cases->push_back(c);
+    }
+  c = Case{1, 700, 700, 2, 1, 192}; c.mask = MaskKind::kCausal; c.tile_map = true; c.wl = 300;
+  cases->push_back(c);  // D = 192: no map line (96-key blocks), every block partial
+  c = Case{2, 300, 300, 4, 4, 128}; c.mask = MaskKind::kCausal; c.tile_map = true; c.lengths = true;
+  c.softcap = 3.f; c.det = true; cases->push_back(c);
 }
 
 // check: the score terms (AddFeatureCases), then every bucket and option
@@ -280,5 +292,7 @@ inline std::vector<SeededCase> SmallCases() {
   c.causal = true; s.push_back({c, 25});
   c = Case{1, 280, 300, 2, 2, 128}; c.segments = true; c.seg_run = 150; c.tile_map = true;
   c.det = true; s.push_back({c, 26});
+  c = Case{1, 300, 280, 2, 1, 128}; c.mask = MaskKind::kCausal; c.tile_map = true;
+  s.push_back({c, 27});
   return s;
 }

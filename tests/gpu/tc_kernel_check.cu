@@ -220,9 +220,6 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
     int s = 0; for (int i = 0; i < Sq; ++i) { if (rng() % c.seg_run == 0) ++s; qseg[(size_t)b * Sq + i] = s; }
     s = 0; for (int j = 0; j < Sk; ++j) { if (rng() % c.seg_run == 0) ++s; kvseg[(size_t)b * Sk + j] = s; }
   }
-  // The tile map of the segments (B, 1, R, C), as jax_flash/tile_map.py derives it.
-  const std::vector<uint8_t> cells =
-      c.tile_map ? check::TileMapOfSegments(qseg, kvseg, B, Sq, Sk) : std::vector<uint8_t>();
   MaskParams mh;
   mh.causal = c.causal; mh.window_left = c.wl; mh.window_right = c.wr;
   if (c.lengths) { mh.q_seqlens = qlen.data(); mh.kv_seqlens = kvlen.data(); }
@@ -256,6 +253,13 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
     mh.dense = dense.data();
     mh.dense_strides = check::BroadcastStrides(md);
   }
+  // The tile map (B, 1, R, C) of the segments and the dense mask, over all heads.
+  auto term_visible = [&](int64_t b, int64_t h, int64_t i, int64_t j) {
+    if (c.segments && qseg[(size_t)b * Sq + i] != kvseg[(size_t)b * Sk + j]) return false;
+    return c.mask == MaskKind::kNone || dense[check::DenseAt(mh.dense_strides, b, h, i, j)] != 0;
+  };
+  const std::vector<uint8_t> cells =
+      c.tile_map ? check::TileMapOf(term_visible, B, Hq, Sq, Sk) : std::vector<uint8_t>();
   // Bias: normal values (sd 2), in its own shape.
   HostBias hb;
   if (c.bias != BiasKind::kNone) {

@@ -85,8 +85,9 @@ struct FwdBlock {
   CellLine cells;  // the tile map's cells of this CTA's rows
   GmemRows<T> q, k, v;
 
-  // kTileMap: the kernel steps with NextBlock (the wgmma kernels); the
-  // others ignore the tile map and keep their registers.
+  // kTileMap: the kernel steps with NextBlock and masks with MaskTile (the
+  // wgmma kernels), which also tests a dense mask (this head's view) in the
+  // partial cells; the others ignore the tile map and keep their registers.
   template <int kBlockM, int kBlockN, bool kTileMap = false>
   __device__ __forceinline__ static FwdBlock Make(const FwdParams& p,
                                                   const QueryBlockScheduler::Tile& tile) {
@@ -98,7 +99,8 @@ struct FwdBlock {
     r.m0 = m_block * kBlockM;
     const int64_t seqlen_q = p.shape.seqlen_q, seqlen_k = p.shape.seqlen_k;
     const int head_dim = static_cast<int>(p.shape.head_dim);
-    r.mask = BatchMask::For(p.mask, r.b, seqlen_q, seqlen_k);
+    r.mask = kTileMap ? BatchMask::For(p.mask, r.b, r.h, seqlen_q, seqlen_k)
+                      : BatchMask::For(p.mask, r.b, seqlen_q, seqlen_k);
     r.q = GmemRows<T>::Head(p.q, p.q_strides, r.b, r.h, seqlen_q, head_dim);
     r.k = GmemRows<T>::Head(p.k, p.k_strides, r.b, h_kv, seqlen_k, head_dim);
     r.v = GmemRows<T>::Head(p.v, p.v_strides, r.b, h_kv, seqlen_k, head_dim);

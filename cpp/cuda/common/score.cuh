@@ -151,33 +151,6 @@ __device__ __forceinline__ void MaskFragment(float (&s)[kNTiles][4], const Batch
                                  g, t, hidden);
 }
 
-// The mask on a warp's fragment of the tile queries [i0, i1) x keys [j0,
-// j1), by the tile's class (the tile map's, common/tile_map.cuh; partial
-// without one): nothing where every pair is visible, the band alone where
-// the map says the segment ids hide nothing (full), the band and segments
-// otherwise. row0, col0: the fragment's first row and column (queries and
-// keys, or keys and queries: kRows).
-template <Rows kRows, int kMT, int kNTiles>
-__device__ __forceinline__ void MaskTile(float (&s)[kMT][kNTiles][4], const BatchMask& mask,
-                                         CellClass cls, int64_t i0, int64_t i1, int64_t j0,
-                                         int64_t j1, int64_t row0, int64_t col0, int g, int t,
-                                         float hidden) {
-  if (cls == kCellFull) {
-    if (!mask.AllVisibleByBand(i0, i1, j0, j1))
-      MaskFragment<kRows, /*kSegments=*/false>(s, mask, row0, col0, g, t, hidden);
-  } else if (!mask.AllVisible(i0, i1, j0, j1)) {
-    MaskFragment<kRows>(s, mask, row0, col0, g, t, hidden);
-  }
-}
-template <Rows kRows, int kNTiles>
-__device__ __forceinline__ void MaskTile(float (&s)[kNTiles][4], const BatchMask& mask,
-                                         CellClass cls, int64_t i0, int64_t i1, int64_t j0,
-                                         int64_t j1, int64_t row0, int64_t col0, int g, int t,
-                                         float hidden) {
-  MaskTile<kRows>(reinterpret_cast<float(&)[1][kNTiles][4]>(s), mask, cls, i0, i1, j0, j1, row0,
-                  col0, g, t, hidden);
-}
-
 // The elementwise parts of the mask at one visible-by-the-band element:
 // segments and the dense mask (BatchMask::Visible without the band).
 __device__ __forceinline__ bool ElementwiseVisible(const BatchMask& mask, int64_t i, int64_t j) {
@@ -222,6 +195,36 @@ __device__ __forceinline__ void MaskFragmentElementwise(float (&s)[kNTiles][4],
                                                         float hidden) {
   MaskFragmentElementwise<kRows>(reinterpret_cast<float(&)[1][kNTiles][4]>(s), mask, row0, col0,
                                  g, t, hidden);
+}
+
+// The mask on a warp's fragment of the tile queries [i0, i1) x keys [j0,
+// j1), by the tile's class (the tile map's, common/tile_map.cuh; partial
+// without one): nothing where every pair is visible, the band alone where
+// the map says the elementwise terms hide nothing (full), the band, segments
+// and a dense mask otherwise (the dense mask: the wgmma forward, with a tile
+// map). row0, col0: the fragment's first row and column (queries and keys,
+// or keys and queries: kRows).
+template <Rows kRows, int kMT, int kNTiles>
+__device__ __forceinline__ void MaskTile(float (&s)[kMT][kNTiles][4], const BatchMask& mask,
+                                         CellClass cls, int64_t i0, int64_t i1, int64_t j0,
+                                         int64_t j1, int64_t row0, int64_t col0, int g, int t,
+                                         float hidden) {
+  if (cls == kCellFull) {
+    if (!mask.AllVisibleByBand(i0, i1, j0, j1))
+      MaskFragment<kRows, /*kSegments=*/false>(s, mask, row0, col0, g, t, hidden);
+  } else if (mask.dense != nullptr) {
+    MaskFragmentElementwise<kRows>(s, mask, row0, col0, g, t, hidden);
+  } else if (!mask.AllVisible(i0, i1, j0, j1)) {
+    MaskFragment<kRows>(s, mask, row0, col0, g, t, hidden);
+  }
+}
+template <Rows kRows, int kNTiles>
+__device__ __forceinline__ void MaskTile(float (&s)[kNTiles][4], const BatchMask& mask,
+                                         CellClass cls, int64_t i0, int64_t i1, int64_t j0,
+                                         int64_t j1, int64_t row0, int64_t col0, int g, int t,
+                                         float hidden) {
+  MaskTile<kRows>(reinterpret_cast<float(&)[1][kNTiles][4]>(s), mask, cls, i0, i1, j0, j1, row0,
+                  col0, g, t, hidden);
 }
 
 // ---- bias (tensor-core kernels) ---------------------------------------------------

@@ -80,8 +80,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   ping.Start();
   for (int index = blockIdx.x; index < a.sched.tiles; index += gridDim.x) {
     const QueryBlockScheduler::Tile tile = PersistentScheduler::Get(a.sched, index);
-    const FwdBlock<T> blk =
-        FwdBlock<T>::template Make<Traits::kBlockM, Traits::kBlockN, /*kTileMap=*/true>(a.args.p, tile);
+    FwdBlock<T> blk =
+        FwdBlock<T>::template Make<Traits::kBlockM, Traits::kBlockN, /*kTileMap=*/true>(a.args.p,
+                                                                                         tile);
+    blk.mask.dense = nullptr;  // a dense mask runs on sm90/fwd.cuh (RunFwd)
     float o[1][Traits::kHeadDim / kMmaN][4], row_m[1][2], row_l[1][2];
     InitFwdState(o, row_m, row_l);
     if (blk.n_begin < blk.n_end)

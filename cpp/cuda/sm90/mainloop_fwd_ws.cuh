@@ -107,7 +107,9 @@ __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSme
   RingPos<Traits::kQStages> q;
   for (int index = blockIdx.x; index < a.sched.tiles; index += gridDim.x) {
     const QueryBlockScheduler::Tile tile = PersistentScheduler::Get(a.sched, index);
-    const FwdBlock<T> blk = FwdBlock<T>::template Make<kBlockM, kBlockN, /*kTileMap=*/true>(p, tile);
+    FwdBlock<T> blk =
+        FwdBlock<T>::template Make<kBlockM, kBlockN, /*kTileMap=*/true>(p, tile);
+    blk.mask.dense = nullptr;  // a dense mask runs on sm90/fwd.cuh (RunFwd)
     if (blk.n_begin >= blk.n_end) continue;  // the consumers skip it too
     const int b = static_cast<int>(tile.b), h = static_cast<int>(tile.h), h_kv = h / group;
     // Q: after both consumer warpgroups' last S GEMM of the tile that used
@@ -307,7 +309,8 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     FenceRegisters(s[0]);
     release(sm.empty_k(kv.stage()));
     if (next == n_end) release(sm.empty_q(q_stage));
-    const bool rescale = ScoresToP<T, Traits>(s, row_m, row_l, alpha, args, blk, warp_row0, n, g, t);
+    const bool rescale =
+        ScoresToP<T, Traits>(s, row_m, row_l, alpha, args, blk, warp_row0, n, g, t);
     WgmmaWait<0>();  // O += P_{n-1} V_{n-1}
     FenceRegisters(o[0]);
     release(sm.empty_v(prev.stage()));
