@@ -51,9 +51,27 @@ cudaError_t RunFwd(const FwdParams& params, cudaStream_t stream) {
     // Sm90FwdSupports).
     const cudaError_t err = sm90::LaunchFwd<T, kHeadDim>(params, stream);
     if (err != cudaErrorNotSupported) return err;
-    if (HasScoreTerms(params)) return RunFwd<80, T, kHeadDim, true>(params, stream);
+    if (HasScoreTerms(params)) {
+#ifdef JAX_FLASH_HAS_SM80
+      return RunFwd<80, T, kHeadDim, true>(params, stream);
+#else
+      return cudaErrorNotSupported;
+#endif
+    }
   }
   return sm80::LaunchFwd<T, kHeadDim, kTerms, /*kArch=*/kArch == 90 ? 80 : kArch>(params, stream);
 }
+
+// The kTerms kernels that the sm90 forward falls back to are their own
+// units' (_supported.py: a second kernel in a file changes how nvcc compiles
+// the first): declared here, not instantiated.
+#ifdef JAX_FLASH_HAS_SM80
+#define JAX_FLASH_EXTERN_TERMS_FWD(D)                                                        \
+  extern template cudaError_t RunFwd<80, __nv_bfloat16, D, true>(const FwdParams&,          \
+                                                                 cudaStream_t);            \
+  extern template cudaError_t RunFwd<80, __half, D, true>(const FwdParams&, cudaStream_t);
+JAX_FLASH_FOR_EACH_BUCKET(JAX_FLASH_EXTERN_TERMS_FWD)
+#undef JAX_FLASH_EXTERN_TERMS_FWD
+#endif
 
 }  // namespace jax_flash::cuda
