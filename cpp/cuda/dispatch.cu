@@ -198,15 +198,14 @@ bool InSm90BwdBuckets(int bucket) {
   return false;
 }
 
-// The sm90 kernels take no bias or dropout yet; the forward takes a dense
-// mask with a tile map, testing it per element in the cells the map leaves
-// partial (MaskTile). Without a map every tile would read the mask from
-// global memory per element, which the mma.sync kernels' staging does better.
-bool Sm90FwdSupports(const FwdParams& p) {
+// The sm90 kernels take no bias or dropout yet; they take a dense mask with
+// a tile map, testing it per element in the cells the map leaves partial
+// (MaskTile). Without a map every tile would read the mask from global
+// memory per element, which the mma.sync kernels' staging does better.
+bool Sm90Supports(const FwdParams& p) {
   return p.score.bias == nullptr && !p.dropout.enabled() &&
          (p.mask.dense == nullptr || p.mask.tile_map != nullptr);
 }
-bool Sm90BwdSupports(const FwdParams& p) { return !HasScoreTerms(p); }
 
 // ===========================================================================
 // Launching a chosen path: dtype and bucket as template arguments.
@@ -328,7 +327,7 @@ size_t TensorCoreBwdWorkspaceBytes(const AttentionShape& shape, bool determinist
 KernelPath FwdPath(const FwdParams& params, DType dtype) {
   if (!TensorCoresSupport(params, dtype)) return KernelPath::kExact;
   return TensorCorePath(RoutingArch(), dtype,
-                        Sm90FwdSupports(params) &&
+                        Sm90Supports(params) &&
                             InSm90FwdBuckets(HeadDimBucket(params.shape.head_dim)));
 }
 
@@ -341,7 +340,7 @@ KernelPath BwdPath(const BwdParams& params, DType dtype, bool deterministic) {
   if (deterministic && params.score.bias != nullptr && !DbiasHasOneWriter(params))
     return KernelPath::kExact;
   return TensorCorePath(RoutingArch(), dtype,
-                        Sm90BwdSupports(params) &&
+                        Sm90Supports(params) &&
                             InSm90BwdBuckets(HeadDimBucket(params.shape.head_dim)));
 }
 

@@ -25,6 +25,7 @@
 #include "cuda/sm90/bwd_dq.cuh"
 #include "jax_flash/math.h"
 #include "jax_flash/params.h"
+#include "jax_flash/supported.h"
 
 namespace jax_flash::cuda {
 
@@ -62,6 +63,9 @@ cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool determini
     else if (err != cudaErrorNotSupported) return err;
   }
   if (!dkdv_launched) {
+    // A dense mask reaches here only if TMA failed for a reason RunBwd's
+    // check missed: an error rather than the plain kernels' wrong answer.
+    if (kArch == 90 && !kTerms && HasScoreTerms(params)) return cudaErrorNotSupported;
     // Arch path 75: the same kernels with the Turing tiles.
     err = sm80::LaunchDkDv<T, kHeadDim, kTerms, kArch == 75 ? 75 : 80>(
         args, /*accumulate_dq=*/!deterministic, stream);
@@ -73,6 +77,7 @@ cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool determini
     if constexpr (kArch == 90) {
       err = sm90::LaunchDq<T, kHeadDim>(args, stream);
       if (err != cudaErrorNotSupported) return err;
+      if (!kTerms && HasScoreTerms(params)) return cudaErrorNotSupported;  // as above
     }
     return sm80::LaunchDq<T, kHeadDim, kTerms, kArch == 75 ? 75 : 80>(args, stream);
   }
@@ -92,7 +97,24 @@ cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
   static_assert(kArch == 75 || kArch == 80 || kArch == 90,
                 "arch paths: 75 (mma.sync, Turing), 80 (mma.sync), 90 (wgmma)");
   static_assert(kArch != 90 || !kTerms, "score terms: the mma.sync kernels only");
-  if (HasScoreTerms(params) != kTerms) return cudaErrorInvalidValue;
+  if constexpr (kArch == 90) {
+    // Of the terms, a dense mask (with a tile map) comes here (BwdPath); the
+    // mma.sync kTerms kernels (their own units) take it where TMA cannot
+    // address Q, dO, K or V.
+    if (HasScoreTerms(params) &&
+        !(sm90::TmaCanAddress(params.q, params.q_strides) &&
+          sm90::TmaCanAddress(params.dout, params.dout_strides) &&
+          sm90::TmaCanAddress(params.k, params.k_strides) &&
+          sm90::TmaCanAddress(params.v, params.v_strides))) {
+#ifdef JAX_FLASH_HAS_SM80
+      return RunBwd<80, T, kHeadDim, true>(params, workspace, deterministic, stream);
+#else
+      return cudaErrorNotSupported;
+#endif
+    }
+  } else if (HasScoreTerms(params) != kTerms) {
+    return cudaErrorInvalidValue;
+  }
   const AttentionShape& shape = params.shape;
   if (shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
   if constexpr (kTerms) {
@@ -127,5 +149,17 @@ cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
   }
   return cudaSuccess;
 }
+
+// The kTerms backward that the sm90 one falls back to is its own units'
+// (as fwd.cuh's): declared here, not instantiated.
+#ifdef JAX_FLASH_HAS_SM80
+#define JAX_FLASH_EXTERN_TERMS_BWD(D)                                                         \
+  extern template cudaError_t RunBwd<80, __nv_bfloat16, D, true>(const BwdParams&, void*,    \
+                                                                 bool, cudaStream_t);       \
+  extern template cudaError_t RunBwd<80, __half, D, true>(const BwdParams&, void*, bool,     \
+                                                          cudaStream_t);
+JAX_FLASH_FOR_EACH_BUCKET(JAX_FLASH_EXTERN_TERMS_BWD)
+#undef JAX_FLASH_EXTERN_TERMS_BWD
+#endif
 
 }  // namespace jax_flash::cuda

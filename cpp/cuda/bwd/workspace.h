@@ -143,6 +143,8 @@ BwdParams ChunkParams(const BwdParams& p, const AttentionShape& sub, int64_t b0,
   // Broadcast dims have stride 0. Dropout keeps the whole problem's indices
   // through BwdArgs (its batch0, head0).
   if (m.dense != nullptr) m.dense += b0 * m.dense_strides.batch + hq0 * m.dense_strides.head;
+  if (m.tile_map != nullptr)
+    m.tile_map += b0 * m.tile_map_strides.batch + hq0 * m.tile_map_strides.head;
   // The bias likewise; dbias stays whole (the kernels index it with the
   // whole problem's batch and head, BwdArgs::batch0 and head0).
   if (c.score.bias != nullptr)

@@ -223,10 +223,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const ThreadPos pos = ThreadPos::Here();
   const BwdParams& p = ta.args.p;
-  FwdBlock<T> blk =
+  const FwdBlock<T> blk =
       FwdBlock<T>::template Make<Traits::kBlockM, Traits::kBlockN, /*kTileMap=*/true>(
           p, QueryBlockScheduler::Get());
-  blk.mask.dense = nullptr;  // the backward takes no dense mask on wgmma (BwdPath)
   float dq[Traits::kHeadDim / kMmaN][4];
   DqMainloop<T, Traits, kSoftcap>(ta, blk, pos, dq);
   // dQ = scale * (dS K), this warp's 16 rows.

@@ -93,7 +93,10 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   const int64_t num_heads_q = p.shape.num_heads_q;
   const int64_t group = p.shape.group_size();
   const int head_dim = static_cast<int>(p.shape.head_dim);
-  const BatchMask mask = BatchMask::For(p.mask, b, seqlen_q, seqlen_k);
+  // The group's first head's mask; a dense mask's view moves to the step's
+  // head below (a dense mask comes here with a tile map: BwdPath).
+  BatchMask mask = BatchMask::For(p.mask, b, h_kv * group, seqlen_q, seqlen_k);
+  const uint8_t* const dense0 = mask.dense;
 
   const GmemRows<T> k = GmemRows<T>::Head(p.k, p.k_strides, b, h_kv, seqlen_k, head_dim);
   const GmemRows<T> v = GmemRows<T>::Head(p.v, p.v_strides, b, h_kv, seqlen_k, head_dim);
@@ -182,6 +185,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     const int64_t h = h_kv * group + gi;
     const int64_t m0 = (m_begin + mi) * kBlockM;
     const CellClass cls = walk.Class(mi);
+    if (dense0 != nullptr) mask.dense = dense0 + gi * p.mask.dense_strides.head;
     walk.Advance(gi, mi);  // (gi, mi) is now the next step
     // The stage's k-th use completes its barrier's phase k (parity k % 2).
     sm90::MbarrierWait(full_bar + 8 * stage, static_cast<uint32_t>((s / Traits::kStages) & 1));

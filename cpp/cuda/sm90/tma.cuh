@@ -47,19 +47,27 @@ inline TensorMapEncodeTiledFn TensorMapEncoder() {
 // swizzled. False where TMA cannot address the tensor: the base or a stride
 // not a multiple of 16 bytes (e.g. an odd head_dim), or no driver support;
 // the caller then uses a kernel without TMA.
+// Whether EncodeRowsTensorMap can address 16-bit rows at `base` with these
+// strides (its checks before encoding): the callers that must know before
+// launching (a backward with a dense mask, bwd/run.cuh).
+inline bool TmaCanAddress(const void* base, const SeqStrides& strides) {
+  if (TensorMapEncoder() == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  for (const int64_t s : {strides.row, strides.head, strides.batch}) {
+    if (s * 2 % 16 != 0) return false;
+  }
+  return true;
+}
+
 inline bool EncodeRowsTensorMap(CUtensorMap* map, const void* base, const SeqStrides& strides,
                                 int64_t batch, int64_t rows, int64_t heads, int64_t cols,
                                 int box_rows, bool bf16) {
+  if (!TmaCanAddress(base, strides)) return false;
   const TensorMapEncodeTiledFn encode = TensorMapEncoder();
-  if (encode == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
                               static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
   const cuuint64_t byte_strides[3] = {static_cast<cuuint64_t>(strides.row) * 2,
                                       static_cast<cuuint64_t>(strides.head) * 2,
                                       static_cast<cuuint64_t>(strides.batch) * 2};
-  for (const cuuint64_t s : byte_strides) {
-    if (s % 16 != 0) return false;
-  }
   const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
