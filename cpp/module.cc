@@ -62,6 +62,10 @@ nb::dict Contract() {
   // Query rows and keys per block_mask cell (mask.h).
   nb::dict constants;
   constants["block_mask_block"] = jax_flash::kBlockMaskBlock;
+  // The tile map's cell classes (mask.h CellClass).
+  constants["cell_empty"] = static_cast<int>(jax_flash::kCellEmpty);
+  constants["cell_partial"] = static_cast<int>(jax_flash::kCellPartial);
+  constants["cell_full"] = static_cast<int>(jax_flash::kCellFull);
   contract["constants"] = constants;
   return contract;
 }
@@ -95,7 +99,8 @@ NB_MODULE(_jax_flash, m) {
         "The custom calls' operands, results and attributes (cpp/ffi/contract.h): {'ops': "
         "{target: {'operands', 'results': [(name, dtype, shape)], 'attributes': [(name, "
         "C++ type, meaning)]}}, 'mask_operands': [...], 'extra_results': {platform: "
-        "{target: [...]}}, 'constants': {'block_mask_block': ...}}.");
+        "{target: [...]}}, 'constants': {'block_mask_block', 'cell_empty', 'cell_partial', "
+        "'cell_full': ...}}.");
 
 #ifdef JAX_FLASH_WITH_CUDA
   m.def("cuda_bwd_workspace_bytes",

@@ -32,6 +32,10 @@ MASK_OPERANDS = tuple(name for name, _, _ in CONTRACT["mask_operands"])
 OPERAND_DTYPES = {name: dtype for name, dtype, _ in CONTRACT["mask_operands"]}
 # Query rows and keys per cell of the block-sparse mask (mask.h).
 BLOCK_MASK_BLOCK = int(CONTRACT["constants"]["block_mask_block"])
+# The tile map's cell classes (mask.h CellClass): no pair of the cell is
+# visible, some may be, every one is (as far as the elementwise terms go).
+CELL_EMPTY, CELL_PARTIAL, CELL_FULL = (int(CONTRACT["constants"][name]) for name in (
+    "cell_empty", "cell_partial", "cell_full"))
 # How each C++ attribute type is written into the call (ffi_lowering types
 # numpy scalars exactly: f64, i64; Python bools as i1).
 _ATTRIBUTE_TYPES = {"double": np.float64, "int64_t": np.int64, "bool": bool}

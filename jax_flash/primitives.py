@@ -12,11 +12,11 @@ are in autodiff.py.
 Operands, results and attributes are the custom calls' (cpp/ffi/contract.h,
 read through _ffi.CONTRACT): optional operands have shape ``(0,)`` when
 absent; every op ends with the MASK_OPERANDS (lengths, segment ids, bias,
-mask, block mask, dropout key, offsets). The primitives' parameters are the
-calls' attributes (scale, softcap, is_causal, window_left, window_right,
-dropout_rate, broadcast_dropout, deterministic); only the backward's call
-takes deterministic, the forward and the JVP carry it for the backward that
-their derivatives bind.
+mask, block mask, tile map, dropout key, offsets). The primitives'
+parameters are the calls' attributes (scale, softcap, is_causal,
+window_left, window_right, dropout_rate, broadcast_dropout, deterministic);
+only the backward's call takes deterministic, the forward and the JVP carry
+it for the backward that their derivatives bind.
 """
 
 from __future__ import annotations
@@ -195,11 +195,12 @@ _DENSE_ROLES = ("b", "h", "s", "t")  # a bias or mask, broadcastable to (B, Hq, 
 _READABLE = {"q": "query", "k": "key", "v": "value"}
 
 # Roles (see sharding/partitioning.py) of each mask operand's dimensions.
-# The block mask's cells are indexed by position (mask.h): a sequence shard
-# reads the whole mask, told its place by the offsets.
+# The block mask's and the tile map's cells are indexed by position (mask.h):
+# a sequence shard reads the whole of them, told its place by the offsets.
+_CELL_ROLES = ("b", "h", None, None)
 _MASK_ROLES = {"q_seqlens": ("b",), "kv_seqlens": ("b",), "q_segment_ids": ("b", "s"),
                "kv_segment_ids": ("b", "t"), "bias": _DENSE_ROLES, "mask": _DENSE_ROLES,
-               "block_mask": ("b", "h", None, None), "dropout_key": (None, None),
+               "block_mask": _CELL_ROLES, "tile_map": _CELL_ROLES, "dropout_key": (None, None),
                "offsets": (None,)}
 if set(_MASK_ROLES) != set(MASK_OPERANDS):
   raise ImportError(f"jax_flash: primitives.py gives sharding roles to {sorted(_MASK_ROLES)}, "
@@ -223,8 +224,10 @@ def _layout(name, target, per_row_roles, result_roles, mask_operands, params):
   mask_roles = _mask_roles(mask_operands)
   window = params["window_left"] >= 0 or params["window_right"] >= 0
   dropout = params["dropout_rate"] > 0
+  # Lengths count from the start of the sequence, cells are in positions: a
+  # query shard reading them must be told where it starts.
   by_position = [not _is_absent(mask_operands[MASK_OPERANDS.index(operand)])
-                 for operand in ("q_seqlens", "block_mask")]
+                 for operand in ("q_seqlens", "block_mask", "tile_map")]
   return partitioning.Layout(
       name=name,
       operand_names=tuple(_READABLE.get(name, name) for name in _ffi.operands(target)),
@@ -307,7 +310,7 @@ def _is_absent(x) -> bool:
 
 
 # Operands broadcastable over the batch like a dense bias (4-d, batch dim 1 or B).
-_DENSE_OPERANDS = ("bias", "mask", "bias_dot", "block_mask")
+_DENSE_OPERANDS = ("bias", "mask", "bias_dot", "block_mask", "tile_map")
 
 
 def _fold_into_batch(args, dims, axis_size, batch, target):
@@ -367,8 +370,9 @@ def _fwd_batch_rule(args, dims, **params):
     # extra query heads of each KV group (placing the mapped axis right after
     # the head axis keeps the GQA grouping head // group_size intact). Not
     # with dropout, whose mask depends on the head index, nor with a dense
-    # bias or mask or a block mask that varies per head.
-    dense = [args[3 + MASK_OPERANDS.index(name)] for name in ("bias", "mask", "block_mask")]
+    # bias or mask, a block mask or a tile map that varies per head.
+    dense = [args[3 + MASK_OPERANDS.index(name)]
+             for name in ("bias", "mask", "block_mask", "tile_map")]
     if all(_is_absent(x) or x.shape[1] == 1 for x in dense):
       q = jnp.moveaxis(args[0], q_dim, 3)  # (B, Sq, Hq, V, D)
       batch, seqlen_q, num_heads, _, head_dim = q.shape

@@ -143,34 +143,39 @@ inline ffi::Error DecodeOffsets(const ffi::AnyBuffer& offsets, const int32_t** o
   return ffi::Error::Success();
 }
 
-// The block-sparse mask (B', H', R, C): B' and H' 1 or B and Hq; R and C 1
-// (broadcast) or enough blocks of kBlockMaskBlock positions for this call's
-// rows and keys. A chunk (offsets) reads the whole problem's mask by
-// position; cells past its end are hidden, never read (mask.h).
-inline ffi::Error DecodeBlockMask(const AttentionShape& s, const ffi::AnyBuffer& buf,
-                                  MaskParams* m) {
+// An operand of one value per cell of kBlockMaskBlock x kBlockMaskBlock
+// positions, (B', H', R, C): the block mask and the tile map. B' and H' 1 or
+// B and Hq; R and C 1 (broadcast) or enough cells for this call's rows and
+// keys. A chunk (offsets) reads the whole problem's cells by position; cells
+// past the end count as hidden (block mask) or empty (tile map), never read
+// (mask.h). Sets *data, *strides, *rows and *cols when present.
+inline ffi::Error DecodeCells(const char* name, ffi::DataType type, const char* type_name,
+                              const AttentionShape& s, const ffi::AnyBuffer& buf,
+                              const uint8_t** data, DenseStrides* strides, int64_t* rows,
+                              int64_t* cols) {
   if (IsAbsent(buf)) return ffi::Error::Success();
-  if (buf.element_type() != ffi::DataType::PRED) return Invalid("block_mask must be bool");
+  if (buf.element_type() != type)
+    return Invalid(std::string(name) + " must be " + type_name);
   auto d = buf.dimensions();
-  const int64_t rows = (s.seqlen_q + kBlockMaskBlock - 1) / kBlockMaskBlock;
-  const int64_t cols = (s.seqlen_k + kBlockMaskBlock - 1) / kBlockMaskBlock;
+  const int64_t need_rows = (s.seqlen_q + kBlockMaskBlock - 1) / kBlockMaskBlock;
+  const int64_t need_cols = (s.seqlen_k + kBlockMaskBlock - 1) / kBlockMaskBlock;
   if (d.size() != 4 || (d[0] != 1 && d[0] != s.batch) || (d[1] != 1 && d[1] != s.num_heads_q) ||
-      (d[2] != 1 && d[2] < rows) || (d[3] != 1 && d[3] < cols))
-    return Invalid("block_mask must be rank 4, (1 or B, 1 or Hq, 1 or >= ceil(Sq / " +
+      (d[2] != 1 && d[2] < need_rows) || (d[3] != 1 && d[3] < need_cols))
+    return Invalid(std::string(name) + " must be rank 4, (1 or B, 1 or Hq, 1 or >= ceil(Sq / " +
                    std::to_string(kBlockMaskBlock) + "), 1 or >= ceil(Sk / " +
                    std::to_string(kBlockMaskBlock) + ")) = (" + std::to_string(s.batch) + ", " +
-                   std::to_string(s.num_heads_q) + ", " + std::to_string(rows) + ", " +
-                   std::to_string(cols) + "), got " + DimsToString(d));
-  m->block = static_cast<const uint8_t*>(buf.untyped_data());
-  m->block_strides = DenseStrides{d[0] == 1 ? 0 : d[1] * d[2] * d[3], d[1] == 1 ? 0 : d[2] * d[3],
-                                  d[2] == 1 ? 0 : d[3], d[3] == 1 ? 0 : 1};
-  m->block_rows = d[2];
-  m->block_cols = d[3];
+                   std::to_string(s.num_heads_q) + ", " + std::to_string(need_rows) + ", " +
+                   std::to_string(need_cols) + "), got " + DimsToString(d));
+  *data = static_cast<const uint8_t*>(buf.untyped_data());
+  *strides = DenseStrides{d[0] == 1 ? 0 : d[1] * d[2] * d[3], d[1] == 1 ? 0 : d[2] * d[3],
+                          d[2] == 1 ? 0 : d[3], d[3] == 1 ? 0 : 1};
+  *rows = d[2];
+  *cols = d[3];
   return ffi::Error::Success();
 }
 
-// Lengths, segment ids, the dense and the block mask -> mask pointers;
-// checks shapes and dtypes.
+// Lengths, segment ids, the dense and the block mask, the tile map -> mask
+// pointers; checks shapes and dtypes.
 inline ffi::Error DecodeMask(const AttentionShape& s, const ScoreAttrs& a,
                              const MaskOperands& ops, MaskParams* m) {
   m->causal = a.is_causal;
@@ -215,7 +220,13 @@ inline ffi::Error DecodeMask(const AttentionShape& s, const ScoreAttrs& a,
     if (auto e = DecodeDense("mask", ops.mask, s, &m->dense_strides, dims); e.failure()) return e;
     m->dense = static_cast<const uint8_t*>(ops.mask.untyped_data());
   }
-  return DecodeBlockMask(s, ops.block_mask, m);
+  if (auto e = DecodeCells("block_mask", ffi::DataType::PRED, "bool", s, ops.block_mask,
+                           &m->block, &m->block_strides, &m->block_rows, &m->block_cols);
+      e.failure())
+    return e;
+  // Any uint8 is a class: values above kCellFull read as full (mask.h).
+  return DecodeCells("tile_map", ffi::DataType::U8, "uint8", s, ops.tile_map, &m->tile_map,
+                     &m->tile_map_strides, &m->tile_map_rows, &m->tile_map_cols);
 }
 
 inline ffi::Error DecodeScore(const AttentionShape& s, const ScoreAttrs& a,
