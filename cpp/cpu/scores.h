@@ -39,9 +39,11 @@ struct HeadView {
   }
 
   // False only if no (i, j) of the tile is visible; such tiles are skipped
-  // (a hidden block of the block-sparse mask by its cells alone, never read).
+  // (a hidden block of the block-sparse mask, or cells the tile map calls
+  // empty, by their cells alone: the elements are never read).
   bool TileMayBeVisible(int64_t i0, int64_t rows, int64_t j0, int64_t cols) const {
     if (!mask.AnyBlockSet(i0, i0 + rows, j0, j0 + cols)) return false;
+    if (mask.TileClass(i0, i0 + rows, j0, j0 + cols) == kCellEmpty) return false;
     return !mask.HasElementwiseTerms() || mask.AnyVisible(i0, i0 + rows, j0, j0 + cols);
   }
 };
