@@ -20,10 +20,12 @@ import numpy as np
 
 from jax_flash import _ffi, _supported, autodiff  # noqa: F401 (autodiff registers the rules)
 from jax_flash.primitives import accumulation_dtype, flash_fwd_p, mask_operands, match_varying
+from jax_flash.tile_map import CELL_PARTIAL, from_segment_ids
 
 _NO_INT_OPERAND = np.zeros((0,), np.int32)
 _NO_MASK = np.zeros((0,), np.bool_)
 _NO_KEY = np.zeros((0,), np.uint32)
+_NO_TILE_MAP = np.zeros((0,), np.uint8)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,6 +265,17 @@ def _segment_ids(q_segment_ids, kv_segment_ids, batch_shape, seqlen_q, seqlen_k)
   return (jnp.asarray(q_ids).astype(np.int32), jnp.asarray(kv_ids).astype(np.int32))
 
 
+def _tile_map(q_ids, kv_ids, with_mask: bool):
+  """The kernels' tile map (tile_map.py) of their segment ids.
+
+  In a full cell a kernel skips every elementwise test, the dense mask's
+  too (mask.h, AllVisibleByBand); the map knows only the ids, so with a mask
+  the cells where they are all equal are only partial.
+  """
+  cells = from_segment_ids(q_ids, kv_ids)
+  return jnp.minimum(cells, CELL_PARTIAL) if with_mask else cells
+
+
 def _dense_operand(name: str, x, batch_shape: tuple[int, ...], full: tuple[int, int, int],
                    dims: str = "q_len, kv_len"):
   """A bias or mask, broadcastable to (*batch_shape, N, T, S), as the kernels take it.
@@ -481,8 +494,7 @@ def flash_attention(query, key, value, *, bias=None, mask=None, block_mask=None,
   def to_kernel(x):
     return x.reshape((batch,) + x.shape[len(batch_shape):])
   q_ids, kv_ids = _segment_ids(q_segment_ids, kv_segment_ids, batch_shape, seqlen_q, seqlen_k)
-  kernel_mask = mask_operands(
-      query.dtype,
+  kernel_mask = dict(
       q_seqlens=_lengths("query_seq_lengths", query_seq_lengths, batch_shape, seqlen_q),
       kv_seqlens=_lengths("key_value_seq_lengths", key_value_seq_lengths, batch_shape, seqlen_k),
       q_segment_ids=q_ids, kv_segment_ids=kv_ids,
@@ -490,7 +502,11 @@ def flash_attention(query, key, value, *, bias=None, mask=None, block_mask=None,
       mask=_mask(mask, batch_shape, dense_full),
       block_mask=_block_mask(block_mask, batch_shape, query.shape[-2], seqlen_q, seqlen_k),
       dropout_key=dropout_key)
-  operands = match_varying(to_kernel(query), to_kernel(key), to_kernel(value), *kernel_mask)
+  # Derived from checked operands only (the ids are given together or not at all).
+  kernel_mask["tile_map"] = (_NO_TILE_MAP if q_segment_ids is None else
+                             _tile_map(q_ids, kv_ids, with_mask=mask is not None))
+  operands = match_varying(to_kernel(query), to_kernel(key), to_kernel(value),
+                           *mask_operands(query.dtype, **kernel_mask))
   out, lse = _attention(config, *operands)
   out = out.reshape(query.shape)
   if not return_residual:

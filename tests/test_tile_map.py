@@ -1,20 +1,33 @@
 """The tile map: per 128 x 128 cell, what the segment ids leave visible there.
 
 from_segment_ids against the classes of the explicit (Sq, Sk) equality
-matrix.
+matrix; flash_attention passes it to every call (forward, backward, forward
+mode) when segment ids are given and an absent operand otherwise; the
+handlers check it; the CPU kernels skip the cells it calls empty, so a map
+read at the wrong place (a sequence shard, a vmapped batch) would give wrong
+results, which the float64 reference would catch.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_flash
+from jax_flash import _ffi, attention
+from jax_flash.primitives import MASK_OPERANDS, flash_fwd_p, mask_operands
+from jax_flash.sharding import partitioning
 from jax_flash.tile_map import CELL_EMPTY, CELL_FULL, CELL_PARTIAL, from_segment_ids
+from reference import Options, attention as dense_attention, make_inputs, visible_mask
+from test_contract import _calls
 
 BLOCK = jax_flash.BLOCK_MASK_BLOCK
+_TILE_MAP = MASK_OPERANDS.index("tile_map")
 
 
 def exact_classes(q_ids, kv_ids):
@@ -90,3 +103,197 @@ def test_bad_ids_are_refused():
     from_segment_ids(np.zeros((2, 3), np.int32), np.zeros((3,), np.int32))
   with pytest.raises(ValueError, match="the same batch"):
     from_segment_ids(np.zeros((2, 3), np.int32), np.zeros((1, 3), np.int32))
+
+
+# -- flash_attention passes it --------------------------------------------------
+
+
+def _tile_map_types(text):
+  """The tile_map operand's tensor type in every jax_flash call, by target."""
+  types = {}
+  for target, operands, _, _ in _calls(text):
+    types.setdefault(target, set()).add(operands[_ffi.operands(target).index("tile_map")])
+  return types
+
+
+@pytest.mark.parametrize("with_segments", [True, False], ids=["segments", "none"])
+def test_every_lowered_call_carries_the_tile_map(with_segments):
+  q = jax.ShapeDtypeStruct((2, 300, 4, 8), jnp.float32)
+  k = jax.ShapeDtypeStruct((2, 140, 2, 8), jnp.float32)
+  q_ids = jax.ShapeDtypeStruct((2, 300), jnp.int32)
+  kv_ids = jax.ShapeDtypeStruct((2, 140), jnp.int32)
+
+  def every_call(q, k, v, q_ids, kv_ids):
+    ids = dict(q_segment_ids=q_ids, kv_segment_ids=kv_ids) if with_segments else {}
+    f = lambda q, k, v: jax_flash.flash_attention(q, k, v, is_causal=True, **ids)
+    tangent = jax.jvp(f, (q, k, v), (q, k, v))[1]
+    grads = jax.grad(lambda *a: jnp.sum(f(*a)), argnums=(0, 1, 2))(q, k, v)
+    return tangent, grads
+
+  text = jax.jit(every_call).trace(q, k, k, q_ids, kv_ids).lower(
+      lowering_platforms=("cpu",)).as_text()
+  want = "tensor<2x1x3x2xui8>" if with_segments else "tensor<0xui8>"
+  assert _tile_map_types(text) == {target: {want} for target in
+                                   (_ffi.FWD_TARGET, _ffi.BWD_TARGET, _ffi.JVP_TARGET)}
+
+
+@pytest.mark.parametrize("with_mask", [False, True], ids=["segments", "segments_and_mask"])
+def test_flash_attention_passes_the_map_of_its_ids(monkeypatch, with_mask):
+  """The ids' map, with a (batch..., T) batch shape flattened; with a dense
+  mask no cell is full, since a full cell skips the mask's test too."""
+  seen = []
+  original = attention._attention
+  monkeypatch.setattr(attention, "_attention",
+                      lambda config, *ops: seen.append(ops) or original(config, *ops))
+  rng = np.random.default_rng(3)
+  q = jnp.asarray(rng.standard_normal((2, 3, 260, 2, 8)))
+  q_ids = packed_ids(rng, 6, 260, 100).reshape(2, 3, 260)
+  mask = rng.random((260, 260)) > 0.1 if with_mask else None
+  jax_flash.flash_attention(q, q, q, q_segment_ids=q_ids, kv_segment_ids=q_ids, mask=mask)
+  flat = q_ids.reshape(6, 260)
+  want = exact_classes(flat, flat)
+  assert (want == CELL_FULL).any()
+  if with_mask:
+    want = np.minimum(want, CELL_PARTIAL)
+  np.testing.assert_array_equal(np.asarray(seen[0][3 + _TILE_MAP]), want)
+
+
+# -- the kernels read it --------------------------------------------------------
+
+PARAMS = dict(scale=0.5, softcap=0.0, is_causal=False, window_left=-1, window_right=-1,
+              dropout_rate=0.0, broadcast_dropout=False)
+
+
+def test_the_cpu_kernels_skip_the_cells_it_calls_empty():
+  """A map (a hint: here not derived from any ids) that calls cell (1, 0)
+  empty hides exactly that block, as the kernels that read it do; under vmap
+  its batch of 1 broadcasts over the batch of every example."""
+  rng = np.random.default_rng(5)
+  q, k, v = (jnp.asarray(rng.standard_normal((3, 2, n, h, 8)))
+             for n, h in ((200, 2), (150, 1), (150, 1)))
+  tile_map = np.full((1, 1, 2, 2), CELL_PARTIAL, np.uint8)
+  tile_map[0, 0, 1, 0] = CELL_EMPTY
+  ops = mask_operands(q.dtype, tile_map=jnp.asarray(tile_map))
+  fwd = lambda q, k, v: flash_fwd_p.bind(q, k, v, *ops, **PARAMS, deterministic=False)[0]
+  out = jax.jit(jax.vmap(fwd))(q, k, v)
+  visible = np.ones((1, 1, 200, 150), bool)
+  visible[..., 128:, :128] = False
+  for n in range(3):
+    want, _ = dense_attention(q[n], k[n], v[n], visible, Options(scale=0.5))
+    np.testing.assert_allclose(np.asarray(out[n]), np.asarray(want), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["dtype", "cells", "batch"])
+def test_the_handler_refuses_a_bad_tile_map(backend, case):
+  q = jnp.zeros((2, 300, 2, 8))
+  k = jnp.zeros((2, 130, 2, 8))
+  bad, message = {
+      "dtype": (np.zeros((1, 1, 3, 2), np.int32), "tile_map must be uint8"),
+      "cells": (np.zeros((2, 1, 2, 2), np.uint8), "tile_map must be rank 4"),
+      "batch": (np.zeros((3, 1, 3, 2), np.uint8), "tile_map must be rank 4"),
+  }[case]
+  ops = mask_operands(q.dtype, tile_map=jnp.asarray(bad))
+  with pytest.raises(Exception, match=message):
+    jax.block_until_ready(flash_fwd_p.bind(q, k, k, *ops, **PARAMS, deterministic=False))
+
+
+def segment_problem(seed, batch=2, seqlen_q=300, seqlen_k=260):
+  """Inputs with packed ids whose segments span several cells, and the options."""
+  rng = np.random.default_rng(seed)
+  inputs = make_inputs(rng, batch, seqlen_q, seqlen_k, 2, 1, 8)
+  inputs.q_segments = packed_ids(rng, batch, seqlen_q, 70)
+  inputs.kv_segments = packed_ids(rng, batch, seqlen_k, 60)
+  assert (exact_classes(inputs.q_segments, inputs.kv_segments) == CELL_EMPTY).any()
+  return inputs, Options(is_causal=True, with_segments=True)
+
+
+def test_transforms_with_segments_spanning_cells(backend):
+  """grad, jvp and vmap over the ids (a mapped tile map), against float64."""
+  inputs, opts = segment_problem(7)
+  q, k, v, dout = (jnp.asarray(x) for x in (inputs.q, inputs.k, inputs.v, inputs.dout))
+  kwargs = opts.kwargs(inputs)
+  flash = lambda q, k, v: jax_flash.flash_attention(q, k, v, **kwargs)
+  dense = lambda q, k, v: dense_attention(q, k, v, visible_mask(opts, inputs), opts)[0]
+  check = lambda got, want: np.testing.assert_allclose(np.asarray(got), np.asarray(want),
+                                                       rtol=1e-9, atol=1e-11)
+  vjp = lambda f, q, k, v: jax.vjp(f, q, k, v)[1](dout)
+  for g, w in zip(jax.jit(vjp, static_argnums=0)(flash, q, k, v), vjp(dense, q, k, v)):
+    check(g, w)
+  tangents = (dout, k[:, ::-1], v)
+  for g, w in zip(jax.jit(lambda *p: jax.jvp(flash, p, tangents))(q, k, v),
+                  jax.jvp(dense, (q, k, v), tangents)):
+    check(g, w)
+  # One problem per batch element, vmapped over its ids.
+  per_example = lambda q, k, v, a, b: jax_flash.flash_attention(
+      q[None], k[None], v[None], is_causal=True, q_segment_ids=a[None], kv_segment_ids=b[None])[0]
+  got = jax.jit(jax.vmap(per_example))(q, k, v, inputs.q_segments, inputs.kv_segments)
+  check(got, dense(q, k, v))
+
+
+def test_sequence_shards_read_the_whole_map_by_position():
+  """Queries sharded over the sequence in chunks that are not whole cells:
+  each device reads the whole map at its own positions (the CPU kernels skip
+  what it calls empty, so reading it from row 0 would be wrong)."""
+  cpus = jax.devices("cpu")
+  if len(cpus) < 2:
+    pytest.skip("needs 2 CPU devices")
+  mesh = jax.make_mesh((2,), ("x",), devices=cpus[:2])
+  inputs, opts = segment_problem(9, batch=1)  # 150 query rows per device
+  opts = Options(with_segments=True)  # no band: the ids alone need positions
+  kwargs = opts.kwargs(inputs)
+  f = jax.jit(jax.grad(lambda q, k, v: jnp.sum(jnp.sin(jax_flash.flash_attention(
+      q, k, v, **kwargs))), argnums=(0, 1, 2)))
+  q = jax.device_put(jnp.asarray(inputs.q), NamedSharding(mesh, P(None, "x")))
+  got = f(q, jnp.asarray(inputs.k), jnp.asarray(inputs.v))
+  assert got[0].sharding.spec[1] == "x"
+  visible = visible_mask(opts, inputs)
+  want = jax.grad(lambda *a: jnp.sum(jnp.sin(dense_attention(*a, visible, opts)[0])),
+                  argnums=(0, 1, 2))(*map(jnp.asarray, (inputs.q, inputs.k, inputs.v)))
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-9, atol=1e-11)
+
+
+def test_ids_sharded_explicitly_over_the_sequence():
+  """Explicit sharding refuses to cut a sharded dim into cells: the ids are
+  gathered for the map (the call itself gathers the keys' side, as without)."""
+  cpus = jax.devices("cpu")
+  if len(cpus) < 2:
+    pytest.skip("needs 2 CPU devices")
+  mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,), devices=cpus[:2])
+  inputs, opts = segment_problem(11, seqlen_k=300)
+  q, k, v, q_ids, kv_ids = (
+      jax.device_put(jnp.asarray(x), NamedSharding(mesh, P(None, "x")))
+      for x in (inputs.q, inputs.k, inputs.v, inputs.q_segments, inputs.kv_segments))
+  loss = lambda q, k, v: jnp.sum(jnp.sin(jax_flash.flash_attention(
+      q, k, v, is_causal=True, q_segment_ids=q_ids, kv_segment_ids=kv_ids)))
+  with jax.set_mesh(mesh), warnings.catch_warnings():
+    warnings.simplefilter("ignore", partitioning.ShardingFallbackWarning)
+    got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v)
+  visible = visible_mask(opts, inputs)
+  want = jax.value_and_grad(lambda *a: jnp.sum(jnp.sin(dense_attention(*a, visible, opts)[0])),
+                            argnums=(0, 1, 2))(*map(jnp.asarray, (inputs.q, inputs.k, inputs.v)))
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-9, atol=1e-11)
+
+
+def test_shard_map_over_the_batch():
+  """Inside shard_map each device maps its own ids; the gradient type-checks."""
+  cpus = jax.devices("cpu")
+  if len(cpus) < 2:
+    pytest.skip("needs 2 CPU devices")
+  mesh = jax.make_mesh((2,), ("x",), devices=cpus[:2])
+  inputs, opts = segment_problem(13)
+  attend = jax.shard_map(
+      lambda q, k, v, a, b: jax_flash.flash_attention(q, k, v, is_causal=True, q_segment_ids=a,
+                                                      kv_segment_ids=b),
+      mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+  put = lambda x: jax.device_put(jnp.asarray(x), NamedSharding(mesh, P("x")))
+  operands = [put(x) for x in (inputs.q, inputs.k, inputs.v)]
+  ids = (put(inputs.q_segments), put(inputs.kv_segments))
+  got = jax.jit(lambda *a: jax.vjp(lambda q, k, v: attend(q, k, v, *ids), *a)[1](
+      put(inputs.dout)))(*operands)
+  visible = visible_mask(opts, inputs)
+  want = jax.vjp(lambda *a: dense_attention(*a, visible, opts)[0], *operands)[1](
+      jnp.asarray(inputs.dout))
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-9, atol=1e-11)
