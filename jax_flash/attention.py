@@ -18,9 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash import _ffi, _supported, autodiff  # noqa: F401 (autodiff registers the rules)
+from jax_flash import _ffi, _supported, autodiff, tile_map  # noqa: F401 (autodiff: its rules)
 from jax_flash.primitives import accumulation_dtype, flash_fwd_p, mask_operands, match_varying
-from jax_flash.tile_map import CELL_PARTIAL, from_segment_ids
 
 _NO_INT_OPERAND = np.zeros((0,), np.int32)
 _NO_MASK = np.zeros((0,), np.bool_)
@@ -265,15 +264,17 @@ def _segment_ids(q_segment_ids, kv_segment_ids, batch_shape, seqlen_q, seqlen_k)
   return (jnp.asarray(q_ids).astype(np.int32), jnp.asarray(kv_ids).astype(np.int32))
 
 
-def _tile_map(q_ids, kv_ids, with_mask: bool):
-  """The kernels' tile map (tile_map.py) of their segment ids.
-
-  In a full cell a kernel skips every elementwise test, the dense mask's
-  too (mask.h, AllVisibleByBand); the map knows only the ids, so with a mask
-  the cells where they are all equal are only partial.
+def _tile_map(q_ids, kv_ids, mask):
+  """The kernels' tile map (tile_map.py) of the segment ids and the mask,
+  absent without either. The kernels take a dense mask on Hopper's wgmma
+  kernels only with it (testing the mask per element in partial cells).
   """
-  cells = from_segment_ids(q_ids, kv_ids)
-  return jnp.minimum(cells, CELL_PARTIAL) if with_mask else cells
+  maps = []
+  if q_ids is not _NO_INT_OPERAND:
+    maps.append(tile_map.from_segment_ids(q_ids, kv_ids))
+  if mask is not _NO_MASK:
+    maps.append(tile_map.from_mask(mask))
+  return tile_map.combine(*maps) if maps else _NO_TILE_MAP
 
 
 def _dense_operand(name: str, x, batch_shape: tuple[int, ...], full: tuple[int, int, int],
@@ -503,8 +504,7 @@ def flash_attention(query, key, value, *, bias=None, mask=None, block_mask=None,
       block_mask=_block_mask(block_mask, batch_shape, query.shape[-2], seqlen_q, seqlen_k),
       dropout_key=dropout_key)
   # Derived from checked operands only (the ids are given together or not at all).
-  kernel_mask["tile_map"] = (_NO_TILE_MAP if q_segment_ids is None else
-                             _tile_map(q_ids, kv_ids, with_mask=mask is not None))
+  kernel_mask["tile_map"] = _tile_map(q_ids, kv_ids, kernel_mask["mask"])
   operands = match_varying(to_kernel(query), to_kernel(key), to_kernel(value),
                            *mask_operands(query.dtype, **kernel_mask))
   out, lse = _attention(config, *operands)

@@ -1,9 +1,10 @@
-"""The tile map: per cell of positions, what the segment ids leave visible there.
+"""The tile map: per cell of positions, what the segment ids and a mask leave visible there.
 
 The cells are the block mask's, ``BLOCK_MASK_BLOCK`` query rows by as many
-keys. A cell is empty (``CELL_EMPTY``) where no query's id equals any key's,
-full (``CELL_FULL``) where all are equal, partial (``CELL_PARTIAL``)
-otherwise. The kernels take it as a hint (the ``tile_map`` operand,
+keys. A cell is empty (``CELL_EMPTY``) where no query's id equals any key's
+(no pair of the mask is True), full (``CELL_FULL``) where all are equal (all
+are True, in every head), partial (``CELL_PARTIAL``) otherwise; with both, the
+lower class of the two (``combine``). The kernels take it as a hint (the ``tile_map`` operand,
 cpp/ffi/contract.h; mask.h's CellClass): those that read it skip empty cells
 and the per-element segment test in full ones, those that ignore it compute
 the same result.
@@ -86,3 +87,48 @@ def from_segment_ids(q_segment_ids, kv_segment_ids):
   full = (q_min == q_max) & (kv_min == kv_max) & (q_min == kv_min)
   tile_map = jnp.where(full, CELL_FULL, jnp.where(overlap, CELL_PARTIAL, CELL_EMPTY))
   return tile_map.astype(jnp.uint8)[:, None]
+
+
+def _reduce_cells(x, fill, reduce):
+  """reduce over each cell of x (B', H', T', S'), over its heads too: (B', 1, R, C).
+
+  A dim of 1 (broadcast) stays one cell; the last cell of the others is
+  filled up with `fill`, which leaves `reduce` as it is (False for any, True
+  for all).
+  """
+  batch, heads, rows, cols = x.shape
+  row_block = BLOCK_MASK_BLOCK if rows > 1 else 1
+  col_block = BLOCK_MASK_BLOCK if cols > 1 else 1
+  row_cells, col_cells = -(-rows // row_block), -(-cols // col_block)
+  x = jnp.pad(x, ((0, 0), (0, 0), (0, row_cells * row_block - rows),
+                  (0, col_cells * col_block - cols)), constant_values=fill)
+  x = x.reshape(batch, heads, row_cells, row_block, col_cells, col_block)
+  return reduce(x, axis=(1, 3, 5))[:, None]
+
+
+def from_mask(mask):
+  """The tile map of a boolean mask ``(B', H', T', S')`` (a dim of 1 broadcasts).
+
+  Returns:
+    uint8 ``(B', 1, R, C)``, ``R = ceil(T' / 128)`` (1 where ``T' = 1``) and
+    ``C`` likewise: ``CELL_EMPTY`` where no head sees any pair of the cell,
+    ``CELL_FULL`` where every head sees every pair, ``CELL_PARTIAL``
+    otherwise. One pass over the mask, in XLA.
+  """
+  if getattr(mask, "ndim", None) != 4 or mask.dtype != jnp.bool_:
+    raise TypeError("mask must be a boolean array of rank 4, got "
+                    f"{getattr(mask, 'dtype', type(mask).__name__)} "
+                    f"{tuple(getattr(mask, 'shape', ()))}")
+  any_visible = _reduce_cells(mask, False, jnp.any)
+  all_visible = _reduce_cells(mask, True, jnp.all)
+  tile_map = jnp.where(all_visible, CELL_FULL, jnp.where(any_visible, CELL_PARTIAL, CELL_EMPTY))
+  return tile_map.astype(jnp.uint8)
+
+
+def combine(*tile_maps):
+  """The tile map of several terms together: per cell the lowest class (empty if
+  any term leaves it empty, full only where every term does), broadcast."""
+  result = tile_maps[0]
+  for tile_map in tile_maps[1:]:
+    result = jnp.minimum(result, tile_map)
+  return result

@@ -297,3 +297,59 @@ def test_shard_map_over_the_batch():
       jnp.asarray(inputs.dout))
   for g, w in zip(got, want):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-9, atol=1e-11)
+
+
+def exact_mask_classes(mask):
+  """The class of every cell of a (B', H', T', S') mask, over its heads, (B', 1, R, C);
+  a dim of 1 stays one cell."""
+  batch, _, rows, cols = mask.shape
+  row_block = BLOCK if rows > 1 else 1
+  col_block = BLOCK if cols > 1 else 1
+  row_cells, col_cells = -(-rows // row_block), -(-cols // col_block)
+  classes = np.empty((batch, 1, row_cells, col_cells), np.uint8)
+  for r in range(row_cells):
+    for c in range(col_cells):
+      cell = mask[:, :, r * row_block:(r + 1) * row_block, c * col_block:(c + 1) * col_block]
+      classes[:, 0, r, c] = np.where(cell.all(axis=(1, 2, 3)), CELL_FULL,
+                                     np.where(cell.any(axis=(1, 2, 3)), CELL_PARTIAL, CELL_EMPTY))
+  return classes
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 300, 257), (1, 1, 129, 129), (3, 1, 1, 300),
+                                   (1, 2, 17, 1), (2, 1, 256, 128)], ids=str)
+@pytest.mark.parametrize("kind", ["causal", "padding", "random_blocks"])
+def test_mask_gives_the_exact_classes(shape, kind):
+  """Masks whose cells fall in every class: causal (empty above, full below
+  the diagonal), padding (full, then partial, then empty), blocks of 64
+  hidden, visible or random."""
+  rng = np.random.default_rng(sum(shape))
+  batch, heads, rows, cols = shape
+  i, j = np.arange(rows)[:, None], np.arange(cols)[None, :]
+  if kind == "causal":
+    mask = np.broadcast_to(j <= i, shape)
+  elif kind == "padding":
+    mask = np.broadcast_to(j < rng.integers(0, cols + 1, size=(batch, 1, 1, 1)), shape)
+  else:
+    kinds = rng.integers(0, 3, size=(batch, heads, -(-rows // 64), -(-cols // 64)))
+    kinds = kinds.repeat(64, axis=2)[:, :, :rows].repeat(64, axis=3)[:, :, :, :cols]
+    mask = (kinds == 1) | ((kinds == 2) & (rng.random(shape) < 0.5))
+  mask = np.ascontiguousarray(mask)
+  got = jax.jit(jax_flash.tile_map.from_mask)(mask)
+  assert got.dtype == jnp.uint8
+  np.testing.assert_array_equal(np.asarray(got), exact_mask_classes(mask))
+
+
+def test_segments_and_mask_combine_to_the_lower_class():
+  """Per cell the lower of the two classes, which is a map the kernels may
+  trust for both terms together: empty cells see no pair, full ones all."""
+  rng = np.random.default_rng(7)
+  q_ids, kv_ids = packed_ids(rng, 3, 400, 400), packed_ids(rng, 3, 300, 400)
+  mask = np.broadcast_to(np.arange(300)[None, :] <= np.arange(400)[:, None], (3, 1, 400, 300))
+  got = np.asarray(jax_flash.tile_map.combine(from_segment_ids(q_ids, kv_ids),
+                                              jax_flash.tile_map.from_mask(mask)))
+  np.testing.assert_array_equal(
+      got, np.minimum(exact_classes(q_ids, kv_ids), exact_mask_classes(mask)))
+  both = exact_mask_classes((q_ids[:, :, None] == kv_ids[:, None, :])[:, None] & mask)
+  assert not np.any((got == CELL_EMPTY) & (both != CELL_EMPTY))
+  assert not np.any((got == CELL_FULL) & (both != CELL_FULL))
+  assert np.any(got == CELL_EMPTY) and np.any(got == CELL_FULL) and np.any(got == CELL_PARTIAL)
