@@ -169,11 +169,13 @@ def test_the_cpu_kernels_skip_the_cells_it_calls_empty():
   empty hides exactly that block, as the kernels that read it do; under vmap
   its batch of 1 broadcasts over the batch of every example."""
   rng = np.random.default_rng(5)
-  q, k, v = (jnp.asarray(rng.standard_normal((3, 2, n, h, 8)))
+  # On the CPU, whose kernels read the map; a GPU kernel may ignore it.
+  cpu = jax.devices("cpu")[0]
+  q, k, v = (jax.device_put(rng.standard_normal((3, 2, n, h, 8)), cpu)
              for n, h in ((200, 2), (150, 1), (150, 1)))
   tile_map = np.full((1, 1, 2, 2), CELL_PARTIAL, np.uint8)
   tile_map[0, 0, 1, 0] = CELL_EMPTY
-  ops = mask_operands(q.dtype, tile_map=jnp.asarray(tile_map))
+  ops = mask_operands(q.dtype, tile_map=jax.device_put(tile_map, cpu))
   fwd = lambda q, k, v: flash_fwd_p.bind(q, k, v, *ops, **PARAMS, deterministic=False)[0]
   out = jax.jit(jax.vmap(fwd))(q, k, v)
   visible = np.ones((1, 1, 200, 150), bool)
