@@ -264,16 +264,19 @@ def _segment_ids(q_segment_ids, kv_segment_ids, batch_shape, seqlen_q, seqlen_k)
   return (jnp.asarray(q_ids).astype(np.int32), jnp.asarray(kv_ids).astype(np.int32))
 
 
-def _tile_map(q_ids, kv_ids, mask):
-  """The kernels' tile map (tile_map.py) of the segment ids and the mask,
-  absent without either. The kernels take a dense mask on Hopper's wgmma
-  kernels only with it (testing the mask per element in partial cells).
+def _tile_map(q_ids, kv_ids, mask, block_mask, seqlen_q, seqlen_k):
+  """The kernels' tile map (tile_map.py) of the segment ids, the mask and the
+  block mask, absent without any. Hopper's kernels take a dense mask only
+  with it (testing the mask per element in partial cells), and a block mask
+  only through it (skipping its hidden cells, cuda/dispatch.cu).
   """
   maps = []
   if q_ids is not _NO_INT_OPERAND:
     maps.append(tile_map.from_segment_ids(q_ids, kv_ids))
   if mask is not _NO_MASK:
     maps.append(tile_map.from_mask(mask))
+  if block_mask is not _NO_MASK:
+    maps.append(tile_map.from_block_mask(block_mask, seqlen_q, seqlen_k))
   return tile_map.combine(*maps) if maps else _NO_TILE_MAP
 
 
@@ -504,7 +507,8 @@ def flash_attention(query, key, value, *, bias=None, mask=None, block_mask=None,
       block_mask=_block_mask(block_mask, batch_shape, query.shape[-2], seqlen_q, seqlen_k),
       dropout_key=dropout_key)
   # Derived from checked operands only (the ids are given together or not at all).
-  kernel_mask["tile_map"] = _tile_map(q_ids, kv_ids, kernel_mask["mask"])
+  kernel_mask["tile_map"] = _tile_map(q_ids, kv_ids, kernel_mask["mask"],
+                                      kernel_mask["block_mask"], seqlen_q, seqlen_k)
   operands = match_varying(to_kernel(query), to_kernel(key), to_kernel(value),
                            *mask_operands(query.dtype, **kernel_mask))
   out, lse = _attention(config, *operands)

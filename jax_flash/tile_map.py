@@ -1,4 +1,4 @@
-"""The tile map: per cell of positions, what the segment ids and a mask leave visible there.
+"""The tile map: per cell of positions, what the segment ids, a mask and a block mask leave visible.
 
 The cells are the block mask's, ``BLOCK_MASK_BLOCK`` query rows by as many
 keys. A cell is empty (``CELL_EMPTY``) where no query's id equals any key's
@@ -121,6 +121,24 @@ def from_mask(mask):
                     f"{tuple(getattr(mask, 'shape', ()))}")
   any_visible = _reduce_cells(mask, False, jnp.any)
   all_visible = _reduce_cells(mask, True, jnp.all)
+  tile_map = jnp.where(all_visible, CELL_FULL, jnp.where(any_visible, CELL_PARTIAL, CELL_EMPTY))
+  return tile_map.astype(jnp.uint8)
+
+
+def from_block_mask(block_mask, seqlen_q, seqlen_k):
+  """The tile map of a block mask ``(B', H', R', C')`` (a dim of 1 broadcasts;
+  R' and C' may exceed the problem's cells): uint8 ``(B', 1, R, C)`` over the
+  problem's cells (1 where the mask's dim is), ``CELL_FULL`` where every head
+  sees the cell, ``CELL_EMPTY`` where none does, ``CELL_PARTIAL`` otherwise.
+
+  Folded into the tile map, a block mask of one head is exact for the
+  kernels that skip empty cells (Hopper's, cuda/dispatch.cu); with several
+  heads those kernels do not take it and the map stays a hint.
+  """
+  rows, cols = -(-seqlen_q // BLOCK_MASK_BLOCK), -(-seqlen_k // BLOCK_MASK_BLOCK)
+  block_mask = block_mask[:, :, :rows, :cols]  # a dim of 1 stays 1
+  any_visible = jnp.any(block_mask, axis=1, keepdims=True)
+  all_visible = jnp.all(block_mask, axis=1, keepdims=True)
   tile_map = jnp.where(all_visible, CELL_FULL, jnp.where(any_visible, CELL_PARTIAL, CELL_EMPTY))
   return tile_map.astype(jnp.uint8)
 

@@ -49,6 +49,7 @@
 #include "cuda/dispatch.h"
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
+#include "cuda/sm90/tile_size.h"
 #include "jax_flash/supported.h"
 
 namespace jax_flash::cuda {
@@ -93,10 +94,8 @@ bool TensorCoresSupport(const AttentionShape& shape, DType dtype) {
 // The shape test plus what the 16-byte loads need of the buffers: every row
 // and head stride a multiple of 8 elements and every pointer 16-byte aligned.
 // (The bias takes any strides: common/score.cuh's BiasView falls back to
-// scalar loads.) No block-sparse mask (not in these kernels yet: it goes to
-// the exact kernels, which skip its hidden tiles unread).
+// scalar loads.) A block-sparse mask: FwdPath and BwdPath.
 bool TensorCoresSupport(const FwdParams& p, DType dtype) {
-  if (p.mask.block != nullptr) return false;
   return TensorCoresSupport(p.shape, dtype) && Aligned(p.q) && Aligned(p.k) && Aligned(p.v) &&
          Aligned(p.out) && VectorStrides(p.q_strides) && VectorStrides(p.k_strides) &&
          VectorStrides(p.v_strides) && VectorStrides(p.out_strides);
@@ -198,13 +197,27 @@ bool InSm90BwdBuckets(int bucket) {
   return false;
 }
 
+// A block-sparse mask on the wgmma kernels: through the tile map that
+// flash_attention folds it into (its hidden cells empty; contract.h), whose
+// empty cells those kernels skip. That is the whole mask only where every
+// block of theirs lies in one cell: the whole problem's positions (no
+// offsets), block sizes that divide the cell (sm90/tile_size.h), and one
+// block mask for every head (the map has one head). Anywhere else the exact
+// kernels, and the mma.sync kernels never (they do not read the map).
+bool Sm90TakesBlockMask(const FwdParams& p) {
+  const MaskParams& m = p.mask;
+  return m.tile_map != nullptr && m.offsets == nullptr && m.block_strides.head == 0 &&
+         sm90::TilesInCells(HeadDimBucket(p.shape.head_dim), static_cast<int>(kBlockMaskBlock));
+}
+
 // The sm90 kernels take no bias or dropout yet; they take a dense mask with
 // a tile map, testing it per element in the cells the map leaves partial
 // (MaskTile). Without a map every tile would read the mask from global
 // memory per element, which the mma.sync kernels' staging does better.
 bool Sm90Supports(const FwdParams& p) {
   return p.score.bias == nullptr && !p.dropout.enabled() &&
-         (p.mask.dense == nullptr || p.mask.tile_map != nullptr);
+         (p.mask.dense == nullptr || p.mask.tile_map != nullptr) &&
+         (p.mask.block == nullptr || Sm90TakesBlockMask(p));
 }
 
 // ===========================================================================
@@ -326,9 +339,13 @@ size_t TensorCoreBwdWorkspaceBytes(const AttentionShape& shape, bool determinist
 
 KernelPath FwdPath(const FwdParams& params, DType dtype) {
   if (!TensorCoresSupport(params, dtype)) return KernelPath::kExact;
-  return TensorCorePath(RoutingArch(), dtype,
-                        Sm90Supports(params) &&
-                            InSm90FwdBuckets(HeadDimBucket(params.shape.head_dim)));
+  const bool sm90 =
+      Sm90Supports(params) && InSm90FwdBuckets(HeadDimBucket(params.shape.head_dim));
+  if (params.mask.block != nullptr)  // the wgmma kernels or the exact ones (Sm90TakesBlockMask)
+    return sm90 && TensorCorePath(RoutingArch(), dtype, true) == KernelPath::kSm90
+               ? KernelPath::kSm90
+               : KernelPath::kExact;
+  return TensorCorePath(RoutingArch(), dtype, sm90);
 }
 
 // kSm90 runs on the sm_80 kernels where TMA cannot address Q, dO, K or V
@@ -339,16 +356,22 @@ KernelPath BwdPath(const BwdParams& params, DType dtype, bool deterministic) {
   // tensor-core kernels do not have yet; the exact dbias kernel has one.
   if (deterministic && params.score.bias != nullptr && !DbiasHasOneWriter(params))
     return KernelPath::kExact;
-  return TensorCorePath(RoutingArch(), dtype,
-                        Sm90Supports(params) &&
-                            InSm90BwdBuckets(HeadDimBucket(params.shape.head_dim)));
+  const bool sm90 =
+      Sm90Supports(params) && InSm90BwdBuckets(HeadDimBucket(params.shape.head_dim));
+  if (params.mask.block != nullptr)  // as FwdPath
+    return sm90 && TensorCorePath(RoutingArch(), dtype, true) == KernelPath::kSm90
+               ? KernelPath::kSm90
+               : KernelPath::kExact;
+  return TensorCorePath(RoutingArch(), dtype, sm90);
 }
 
 // The forward-mode derivative: mma.sync on every sm_80+ GPU, Hopper included
 // (no wgmma JVP yet), and on the Turing family (float16); dense mask and
 // dropout included (kTerms), a bias not (the exact JVP kernel takes it).
 KernelPath JvpPath(const JvpParams& params, DType dtype) {
-  if (!TensorCoresSupport(params, dtype) || params.score.bias != nullptr) return KernelPath::kExact;
+  if (!TensorCoresSupport(params, dtype) || params.score.bias != nullptr ||
+      params.mask.block != nullptr)
+    return KernelPath::kExact;
   return TensorCorePath(RoutingArch(), dtype, /*sm90_runs_it=*/false);
 }
 // ===========================================================================
@@ -356,7 +379,13 @@ KernelPath JvpPath(const JvpParams& params, DType dtype) {
 cudaError_t LaunchFwd(const FwdParams& params, DType dtype, cudaStream_t stream) {
   switch (FwdPath(params, dtype)) {
 #ifdef JAX_FLASH_HAS_SM80
-    case KernelPath::kSm90: return RunFwdPath<90>(params, dtype, stream);
+    case KernelPath::kSm90: {
+      // Where the wgmma kernels decline (TMA) a block mask, which no mma.sync
+      // kernel takes: the exact kernels.
+      const cudaError_t err = RunFwdPath<90>(params, dtype, stream);
+      if (err != cudaErrorNotSupported || params.mask.block == nullptr) return err;
+      break;
+    }
     case KernelPath::kSm80: return RunFwdPath<80>(params, dtype, stream);
 #endif
 #ifdef JAX_FLASH_HAS_SM75
@@ -401,7 +430,14 @@ cudaError_t LaunchBwd(const BwdParams& params, DType dtype, void* workspace, boo
                DeltaBytes(p.shape, dtype == DType::kFloat64 ? sizeof(double) : sizeof(float));
   switch (BwdPath(p, dtype, deterministic)) {
 #ifdef JAX_FLASH_HAS_SM80
-    case KernelPath::kSm90: return RunBwdPath<90>(p, dtype, rest, deterministic, stream);
+    case KernelPath::kSm90: {
+      // As LaunchFwd; a dense mask too (bwd/run.cuh declines it mid-way, and
+      // the exact backward computes everything afresh).
+      const cudaError_t err = RunBwdPath<90>(p, dtype, rest, deterministic, stream);
+      if (err != cudaErrorNotSupported || (p.mask.block == nullptr && p.mask.dense == nullptr))
+        return err;
+      break;
+    }
     case KernelPath::kSm80: return RunBwdPath<80>(p, dtype, rest, deterministic, stream);
 #endif
 #ifdef JAX_FLASH_HAS_SM75

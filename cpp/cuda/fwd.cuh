@@ -51,6 +51,9 @@ cudaError_t RunFwd(const FwdParams& params, cudaStream_t stream) {
     // Sm90Supports).
     const cudaError_t err = sm90::LaunchFwd<T, kHeadDim>(params, stream);
     if (err != cudaErrorNotSupported) return err;
+    // A block mask: the exact kernels (LaunchFwd), the mma.sync ones do not
+    // read the tile map it is in.
+    if (params.mask.block != nullptr) return cudaErrorNotSupported;
     if (HasScoreTerms(params)) {
 #ifdef JAX_FLASH_HAS_SM80
       return RunFwd<80, T, kHeadDim, true>(params, stream);

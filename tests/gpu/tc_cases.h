@@ -47,6 +47,7 @@ struct Case {
   bool lengths = false, segments = false;
   int seg_run = 23;       // segments change with probability 1 / seg_run per row
   bool tile_map = false;  // pass the tile map of segments and mask (cells empty, full, partial)
+  bool block_mask = false;  // a random (1, 1, R, C) block mask, folded into the tile map
   float softcap = 0.f;
   bool bf16 = true;
   bool det = false;
@@ -58,7 +59,7 @@ struct Case {
     char buf[320];
     const std::string segs =
         (!segments ? "" : " segs" + (seg_run != 23 ? std::to_string(seg_run) : "")) +
-        (tile_map ? " map" : "");
+        (tile_map ? " map" : "") + (block_mask ? " blocks" : "");
     std::snprintf(buf, sizeof buf, "%s B%d Sq%d Sk%d H%d/%d D%d%s%s%s%s%s%s%s%s%s", bf16 ? "bf16" : "fp16", B,
                   Sq, Sk, Hq, Hkv, D, causal ? " causal" : "",
                   (wl >= 0 || wr >= 0) ? (" win" + std::to_string(wl) + "," + std::to_string(wr)).c_str() : "",
@@ -186,6 +187,18 @@ inline void AddTileMapCases(std::vector<Case>* cases) {
   cases->push_back(c);  // D = 192: no map line (96-key blocks), every block partial
   c = Case{2, 300, 300, 4, 4, 128}; c.mask = MaskKind::kCausal; c.tile_map = true; c.lengths = true;
   c.softcap = 3.f; c.det = true; cases->push_back(c);
+  // Block-sparse masks through the tile map (Hopper: wgmma; D = 192's forward
+  // and a tile map without the mask... every other kernel: the exact ones),
+  // alone and with causal, segments, a dense mask, GQA, both modes.
+  for (int D : {64, 96, 128, 192, 256})
+    for (bool det : {false, true}) {
+      c = Case{2, 700, 650, 4, 2, D}; c.block_mask = true; c.tile_map = true; c.det = det;
+      c.causal = det; c.bf16 = D != 96; cases->push_back(c);
+    }
+  c = Case{2, 600, 700, 4, 1, 128}; c.block_mask = true; c.tile_map = true; c.segments = true;
+  c.seg_run = 300; c.mask = MaskKind::kPadding; cases->push_back(c);
+  c = Case{1, 1000, 1000, 2, 2, 64}; c.block_mask = true; c.tile_map = true; c.wl = 200; c.wr = 0;
+  cases->push_back(c);
 }
 
 // check: the score terms (AddFeatureCases), then every bucket and option
@@ -294,5 +307,6 @@ inline std::vector<SeededCase> SmallCases() {
   c.det = true; s.push_back({c, 26});
   c = Case{1, 300, 280, 2, 1, 128}; c.mask = MaskKind::kCausal; c.tile_map = true;
   s.push_back({c, 27});
+  c = Case{1, 400, 300, 2, 1, 64}; c.block_mask = true; c.tile_map = true; s.push_back({c, 28});
   return s;
 }

@@ -89,7 +89,7 @@ static void Reference(const Case& c, const MaskParams& mask_h, const DropoutPara
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < Hq; ++h) {
       const int hk = h / G;
-      const BatchMask m = BatchMask::For(mask_h, b, h, Sq, Sk);
+      const BatchMask m = BatchMask::WithBlocks(mask_h, b, h, Sq, Sk);
       const HeadDropout drop = HeadDropout::For(drop_h, B, b, h);
       const double keep_scale = drop_h.keep_scale();
       std::vector<double> x(Sk), p(Sk), dp(Sk), th(Sk), z(Sk);
@@ -253,9 +253,24 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
     mh.dense = dense.data();
     mh.dense_strides = check::BroadcastStrides(md);
   }
-  // The tile map (B, 1, R, C) of the segments and the dense mask, over all heads.
+  // A block mask (1, 1, R, C): cells hidden, visible at random, the
+  // diagonal's visible (rows that see nothing are cases of their own).
+  const int64_t cell_rows = check::CeilCells(Sq), cell_cols = check::CeilCells(Sk);
+  std::vector<uint8_t> blocks(c.block_mask ? cell_rows * cell_cols : 0);
+  for (int64_t r = 0; r < cell_rows && c.block_mask; ++r)
+    for (int64_t cc = 0; cc < cell_cols; ++cc)
+      blocks[r * cell_cols + cc] = r == cc || rng() % 2 == 0;
+  if (c.block_mask) {
+    mh.block = blocks.data();
+    mh.block_strides = DenseStrides{0, 0, cell_cols, 1};
+    mh.block_rows = cell_rows;
+    mh.block_cols = cell_cols;
+  }
+  // The tile map (B, 1, R, C) of the segments, the dense mask and the block
+  // mask, over all heads.
   auto term_visible = [&](int64_t b, int64_t h, int64_t i, int64_t j) {
     if (c.segments && qseg[(size_t)b * Sq + i] != kvseg[(size_t)b * Sk + j]) return false;
+    if (c.block_mask && !blocks[(i / kBlockMaskBlock) * cell_cols + j / kBlockMaskBlock]) return false;
     return c.mask == MaskKind::kNone || dense[check::DenseAt(mh.dense_strides, b, h, i, j)] != 0;
   };
   const std::vector<uint8_t> cells =
@@ -283,7 +298,10 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
   Dev dq_(nq * 2), dk_(nk * 2), dv_(nk * 2), ddo(nq * 2), dout_(nq * 2), dlse((size_t)B * Hq * Sq * 4),
       ddq(nq * 2), ddk(nk * 2), ddv(nk * 2), dql(B * 4), dkl(B * 4),
       dqs((size_t)B * Sq * 4), dks((size_t)B * Sk * 4), ddense(dense.size()), dkeys(keys.size() * 4),
-      dbias_in(hb.val.size() * 4), ddbias(hb.val.size() * 4), dcells(cells.size());
+      dbias_in(hb.val.size() * 4), ddbias(hb.val.size() * 4), dcells(cells.size()),
+      dblocks(blocks.size());
+  if (!blocks.empty())
+    CHECK_CUDA(cudaMemcpy(dblocks.p(), blocks.data(), blocks.size(), cudaMemcpyHostToDevice));
   if (!cells.empty())
     CHECK_CUDA(cudaMemcpy(dcells.p(), cells.data(), cells.size(), cudaMemcpyHostToDevice));
   if (!hb.val.empty())
@@ -306,6 +324,7 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
   p.mask = mh;
   if (c.lengths) { p.mask.q_seqlens = (int32_t*)dql.p(); p.mask.kv_seqlens = (int32_t*)dkl.p(); }
   if (c.segments) { p.mask.q_segment_ids = (int32_t*)dqs.p(); p.mask.kv_segment_ids = (int32_t*)dks.p(); }
+  if (c.block_mask) p.mask.block = (const uint8_t*)dblocks.p();
   if (!cells.empty()) {
     const int64_t rows = check::CeilCells(Sq), cols = check::CeilCells(Sk);
     p.mask.tile_map = (const uint8_t*)dcells.p();

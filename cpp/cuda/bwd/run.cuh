@@ -65,7 +65,8 @@ cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool determini
   if (!dkdv_launched) {
     // A dense mask reaches here only if TMA failed for a reason RunBwd's
     // check missed: an error rather than the plain kernels' wrong answer.
-    if (kArch == 90 && !kTerms && HasScoreTerms(params)) return cudaErrorNotSupported;
+    if (kArch == 90 && !kTerms && (HasScoreTerms(params) || params.mask.block != nullptr))
+      return cudaErrorNotSupported;
     // Arch path 75: the same kernels with the Turing tiles.
     err = sm80::LaunchDkDv<T, kHeadDim, kTerms, kArch == 75 ? 75 : 80>(
         args, /*accumulate_dq=*/!deterministic, stream);
@@ -77,7 +78,8 @@ cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool determini
     if constexpr (kArch == 90) {
       err = sm90::LaunchDq<T, kHeadDim>(args, stream);
       if (err != cudaErrorNotSupported) return err;
-      if (!kTerms && HasScoreTerms(params)) return cudaErrorNotSupported;  // as above
+      if (!kTerms && (HasScoreTerms(params) || params.mask.block != nullptr))
+        return cudaErrorNotSupported;  // as above
     }
     return sm80::LaunchDq<T, kHeadDim, kTerms, kArch == 75 ? 75 : 80>(args, stream);
   }
@@ -101,11 +103,14 @@ cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
     // Of the terms, a dense mask (with a tile map) comes here (BwdPath); the
     // mma.sync kTerms kernels (their own units) take it where TMA cannot
     // address Q, dO, K or V.
-    if (HasScoreTerms(params) &&
-        !(sm90::TmaCanAddress(params.q, params.q_strides) &&
-          sm90::TmaCanAddress(params.dout, params.dout_strides) &&
-          sm90::TmaCanAddress(params.k, params.k_strides) &&
-          sm90::TmaCanAddress(params.v, params.v_strides))) {
+    // A block mask: the exact kernels (LaunchBwd), no mma.sync kernel reads
+    // the tile map it is in.
+    const bool tma = sm90::TmaCanAddress(params.q, params.q_strides) &&
+                     sm90::TmaCanAddress(params.dout, params.dout_strides) &&
+                     sm90::TmaCanAddress(params.k, params.k_strides) &&
+                     sm90::TmaCanAddress(params.v, params.v_strides);
+    if (params.mask.block != nullptr && !tma) return cudaErrorNotSupported;
+    if (HasScoreTerms(params) && !tma) {
 #ifdef JAX_FLASH_HAS_SM80
       return RunBwd<80, T, kHeadDim, true>(params, workspace, deterministic, stream);
 #else

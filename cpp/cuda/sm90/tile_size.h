@@ -125,4 +125,17 @@ constexpr FwdWsTile FwdWsTileSize(int head_dim) {
   return t;
 }
 
+// Whether every block of every sm90 kernel of this bucket lies inside one
+// cell of kCell x kCell positions (the tile map's and the block mask's,
+// mask.h): a block-sparse mask reaches these kernels through the tile map
+// only then (cuda/dispatch.cu), since they skip its empty cells but test no
+// cell inside a block.
+constexpr bool TilesInCells(int head_dim, int cell) {
+  auto in = [cell](int n) { return n > 0 && cell % n == 0; };
+  const Sm90Tiles t = TilesFor(head_dim);
+  const FwdWsTile w = FwdWsTileSize(head_dim);
+  return in(t.fwd.block_m) && in(t.fwd.block_n) && in(w.block_m) && in(w.block_n) &&
+         in(t.bwd.block_n) && in(t.bwd.block_m) && in(t.dq.block_m) && in(t.dq.block_n);
+}
+
 }  // namespace jax_flash::cuda::sm90
