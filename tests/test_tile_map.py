@@ -355,3 +355,19 @@ def test_segments_and_mask_combine_to_the_lower_class():
   assert not np.any((got == CELL_EMPTY) & (both != CELL_EMPTY))
   assert not np.any((got == CELL_FULL) & (both != CELL_FULL))
   assert np.any(got == CELL_EMPTY) and np.any(got == CELL_FULL) and np.any(got == CELL_PARTIAL)
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 3, 4), (1, 3, 5, 6), (2, 2, 1, 4), (1, 1, 3, 1)],
+                         ids=str)
+def test_block_mask_cells(shape):
+  """Visible in every head: full; in none: empty; in some: partial. Cells past
+  the problem's (a larger mask) are cut; a dim of 1 stays one cell."""
+  seqlen_q, seqlen_k = 300, 400  # 3 x 4 cells
+  rng = np.random.default_rng(sum(shape))
+  block_mask = rng.random(shape) < 0.5
+  got = np.asarray(jax_flash.tile_map.from_block_mask(block_mask, seqlen_q, seqlen_k))
+  cut = block_mask[:, :, :3, :4]
+  want = np.where(cut.all(axis=1, keepdims=True), CELL_FULL,
+                  np.where(cut.any(axis=1, keepdims=True), CELL_PARTIAL, CELL_EMPTY))
+  assert got.dtype == np.uint8
+  np.testing.assert_array_equal(got, want)
