@@ -42,10 +42,12 @@ inline constexpr int64_t kBlockMaskBlock = 128;
 // The tile map (MaskParams::tile_map): per cell of kBlockMaskBlock x
 // kBlockMaskBlock positions (the block mask's cells), what the segment ids
 // (and any other elementwise term it was derived from) leave visible there.
-// A hint, derived by jax_flash from those terms (jax_flash/tile_map.py):
-// kernels that read it skip empty cells and the elementwise test in full
-// ones; a kernel that ignores it computes the same result. The band (causal,
-// window, lengths) and the block-sparse mask are not in it.
+// Derived by jax_flash from those terms (jax_flash/tile_map.py): kernels
+// that read it skip empty cells and the elementwise test in full ones; for
+// the segment ids and a dense mask it is a hint (a kernel that ignores it
+// computes the same result). A block mask is folded in too (its hidden
+// cells empty), which is how Hopper's wgmma kernels take one
+// (cuda/dispatch.cu). The band (causal, window, lengths) is not in it.
 enum CellClass : uint8_t {
   kCellEmpty = 0,    // no pair of the cell is visible
   kCellPartial = 1,  // some may be: test per element
