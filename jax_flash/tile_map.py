@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec
 
 from jax_flash import _ffi
@@ -89,21 +90,15 @@ def from_segment_ids(q_segment_ids, kv_segment_ids):
   return tile_map.astype(jnp.uint8)[:, None]
 
 
-def _reduce_cells(x, fill, reduce):
-  """reduce over each cell of x (B', H', T', S'), over its heads too: (B', 1, R, C).
-
-  A dim of 1 (broadcast) stays one cell; the last cell of the others is
-  filled up with `fill`, which leaves `reduce` as it is (False for any, True
-  for all).
-  """
-  batch, heads, rows, cols = x.shape
-  row_block = BLOCK_MASK_BLOCK if rows > 1 else 1
-  col_block = BLOCK_MASK_BLOCK if cols > 1 else 1
-  row_cells, col_cells = -(-rows // row_block), -(-cols // col_block)
-  x = jnp.pad(x, ((0, 0), (0, 0), (0, row_cells * row_block - rows),
-                  (0, col_cells * col_block - cols)), constant_values=fill)
-  x = x.reshape(batch, heads, row_cells, row_block, col_cells, col_block)
-  return reduce(x, axis=(1, 3, 5))[:, None]
+def _cells(length):
+  """(cell size, cells, pairs in each cell) along a dim of `length`: one cell
+  for a dim of 1 (broadcast), else cells of BLOCK_MASK_BLOCK, the last one
+  short."""
+  size = BLOCK_MASK_BLOCK if length > 1 else 1
+  cells = -(-length // size)
+  counts = np.full(cells, size, np.int32)
+  counts[-1] = length - (cells - 1) * size
+  return size, cells, counts
 
 
 def from_mask(mask):
@@ -113,15 +108,23 @@ def from_mask(mask):
     uint8 ``(B', 1, R, C)``, ``R = ceil(T' / 128)`` (1 where ``T' = 1``) and
     ``C`` likewise: ``CELL_EMPTY`` where no head sees any pair of the cell,
     ``CELL_FULL`` where every head sees every pair, ``CELL_PARTIAL``
-    otherwise. One pass over the mask, in XLA.
+    otherwise. One pass over the mask, in XLA: the visible pairs of each cell
+    counted, against the number of its pairs.
   """
   if getattr(mask, "ndim", None) != 4 or mask.dtype != jnp.bool_:
     raise TypeError("mask must be a boolean array of rank 4, got "
                     f"{getattr(mask, 'dtype', type(mask).__name__)} "
                     f"{tuple(getattr(mask, 'shape', ()))}")
-  any_visible = _reduce_cells(mask, False, jnp.any)
-  all_visible = _reduce_cells(mask, True, jnp.all)
-  tile_map = jnp.where(all_visible, CELL_FULL, jnp.where(any_visible, CELL_PARTIAL, CELL_EMPTY))
+  batch, heads, rows, cols = mask.shape
+  row_size, row_cells, row_counts = _cells(rows)
+  col_size, col_cells, col_counts = _cells(cols)
+  padded = jnp.pad(mask, ((0, 0), (0, 0), (0, row_cells * row_size - rows),
+                          (0, col_cells * col_size - cols)))  # False: counts nothing
+  visible = padded.reshape(batch, heads, row_cells, row_size, col_cells, col_size).sum(
+      axis=(1, 3, 5), dtype=jnp.int32)[:, None]
+  pairs = heads * row_counts[:, None] * col_counts[None, :]  # (R, C), static
+  tile_map = jnp.where(visible == pairs, CELL_FULL,
+                       jnp.where(visible > 0, CELL_PARTIAL, CELL_EMPTY))
   return tile_map.astype(jnp.uint8)
 
 
