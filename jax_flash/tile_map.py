@@ -28,6 +28,12 @@ BLOCK_MASK_BLOCK = _ffi.BLOCK_MASK_BLOCK
 CELL_EMPTY, CELL_PARTIAL, CELL_FULL = _ffi.CELL_EMPTY, _ffi.CELL_PARTIAL, _ffi.CELL_FULL
 
 
+def _classes(any_visible, all_visible):
+  """uint8 cell classes from whether some and whether every pair of each cell is visible."""
+  tile_map = jnp.where(all_visible, CELL_FULL, jnp.where(any_visible, CELL_PARTIAL, CELL_EMPTY))
+  return tile_map.astype(jnp.uint8)
+
+
 def _whole_sequence(ids):
   """The ids with their sequence dim unsharded.
 
@@ -86,8 +92,7 @@ def from_segment_ids(q_segment_ids, kv_segment_ids):
                     for x in _cell_ranges(_whole_sequence(jnp.asarray(kv_segment_ids))))
   overlap = (q_min <= kv_max) & (kv_min <= q_max)
   full = (q_min == q_max) & (kv_min == kv_max) & (q_min == kv_min)
-  tile_map = jnp.where(full, CELL_FULL, jnp.where(overlap, CELL_PARTIAL, CELL_EMPTY))
-  return tile_map.astype(jnp.uint8)[:, None]
+  return _classes(overlap, full)[:, None]
 
 
 def _cells(length):
@@ -123,9 +128,7 @@ def from_mask(mask):
   visible = padded.reshape(batch, heads, row_cells, row_size, col_cells, col_size).sum(
       axis=(1, 3, 5), dtype=jnp.int32)[:, None]
   pairs = heads * row_counts[:, None] * col_counts[None, :]  # (R, C), static
-  tile_map = jnp.where(visible == pairs, CELL_FULL,
-                       jnp.where(visible > 0, CELL_PARTIAL, CELL_EMPTY))
-  return tile_map.astype(jnp.uint8)
+  return _classes(visible > 0, visible == pairs)
 
 
 def from_block_mask(block_mask, seqlen_q, seqlen_k):
@@ -140,10 +143,8 @@ def from_block_mask(block_mask, seqlen_q, seqlen_k):
   """
   rows, cols = -(-seqlen_q // BLOCK_MASK_BLOCK), -(-seqlen_k // BLOCK_MASK_BLOCK)
   block_mask = block_mask[:, :, :rows, :cols]  # a dim of 1 stays 1
-  any_visible = jnp.any(block_mask, axis=1, keepdims=True)
-  all_visible = jnp.all(block_mask, axis=1, keepdims=True)
-  tile_map = jnp.where(all_visible, CELL_FULL, jnp.where(any_visible, CELL_PARTIAL, CELL_EMPTY))
-  return tile_map.astype(jnp.uint8)
+  return _classes(jnp.any(block_mask, axis=1, keepdims=True),
+                  jnp.all(block_mask, axis=1, keepdims=True))
 
 
 def combine(*tile_maps):

@@ -234,7 +234,7 @@ __device__ __forceinline__ void MaskTile(float (&s)[kNTiles][4], const BatchMask
 // Read straight from global memory into the fragment layout: a warp's load
 // of one fragment row covers 8 consecutive keys (32 bytes, one sector) in
 // either orientation, so staging through shared memory would buy no
-// coalescing, only latency hiding (cpp/cuda/NOTES.md).
+// coalescing, only latency hiding (cpp/cuda/NOTES_score_terms.md).
 struct BiasView {
   const float* ptr;  // null: no bias
   int64_t row, col;  // query and key strides

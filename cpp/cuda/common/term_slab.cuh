@@ -6,7 +6,7 @@
 // Why: read straight from global memory in the fragment layout, each element
 // a load right before its use, the bias kept the warps waiting on L1TEX for
 // 65% of their cycles (ncu, H100, bf16, D=128, S=4k: 8.2 ms against 0.92 ms
-// for the plain forward); cuda/NOTES.md.
+// for the plain forward); cuda/NOTES_score_terms.md.
 //
 // A warp reads only its own rows, so no CTA barrier guards the slabs: the
 // warp waits for its own copies (cp.async.wait_group) and __syncwarp orders
