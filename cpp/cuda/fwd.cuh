@@ -36,11 +36,11 @@ cudaError_t RunFwd(const FwdParams& params, cudaStream_t stream) {
                 "arch paths: 75 (mma.sync, Turing), 80 (mma.sync), 90 (wgmma)");
   static_assert(kArch != 90 || !kTerms, "score terms: the mma.sync kernels only");
   if constexpr (kArch == 90) {
-    // A dense mask (with a tile map: FwdPath) or a bias on sm90/fwd.cuh
-    // alone: testing the mask per element in the warp-specialized consumers
-    // spilled their registers in every block.
+    // A dense mask (with a tile map: FwdPath) on sm90/fwd.cuh alone: testing
+    // it per element in the warp-specialized consumers spilled their
+    // registers in every block.
     if constexpr (JAX_FLASH_SM90_FWD_WS && InSm90FwdWsBuckets(kHeadDim)) {
-      if (params.mask.dense == nullptr && params.score.bias == nullptr) {
+      if (params.mask.dense == nullptr) {
         const cudaError_t err = sm90::LaunchFwdWs<T, kHeadDim>(params, stream);
         if (err != cudaErrorNotSupported) return err;
       }
