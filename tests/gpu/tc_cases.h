@@ -111,6 +111,32 @@ inline void AddBiasCases(std::vector<Case>* cases) {
   c = Case{1, 333, 1, 2, 1, 32}; c.bias = BiasKind::kRow; c.det = true; cases->push_back(c);
 }
 
+// The Hopper forward's bias (sm90/bias_tile.cuh): tiles through TMA where
+// the bias keeps its query and key dims and Sk is a multiple of 4 (several
+// key blocks, partial last blocks in both dims, every bucket: D=192's stage
+// does not fit and runs on sm_80), with the tile map's masks and segments,
+// soft cap, lengths, windows and GQA; a bias broadcast over rows or keys
+// (no TMA tiles) runs on sm_80 from the same dispatch.
+inline void AddSm90BiasCases(std::vector<Case>* cases) {
+  for (bool bf16 : {true, false})
+    for (int D : {64, 96, 128, 192, 256}) {
+      Case c{2, 300, 516, 4, 2, D}; c.bf16 = bf16; c.bias = BiasKind::kFull; cases->push_back(c);
+      c = Case{1, 257, 384, 8, 2, D}; c.bf16 = bf16; c.bias = BiasKind::kHead; c.causal = true;
+      cases->push_back(c);
+    }
+  Case c{2, 200, 260, 4, 2, 128}; c.bias = BiasKind::kHead; c.mask = MaskKind::kFull;
+  c.tile_map = true; cases->push_back(c);
+  c = Case{2, 384, 384, 4, 2, 64}; c.bias = BiasKind::kFull; c.segments = true; c.seg_run = 150;
+  c.tile_map = true; c.causal = true; cases->push_back(c);
+  c = Case{2, 140, 132, 4, 1, 256}; c.bias = BiasKind::kHead; c.softcap = 5.f; c.lengths = true;
+  cases->push_back(c);
+  c = Case{1, 260, 300, 2, 2, 96}; c.bias = BiasKind::kFull; c.wl = 70; c.wr = 9; c.bf16 = false;
+  cases->push_back(c);
+  c = Case{3, 1, 1000, 4, 2, 64}; c.bias = BiasKind::kFull; cases->push_back(c);
+  c = Case{2, 150, 200, 4, 2, 128}; c.bias = BiasKind::kAlibi; cases->push_back(c);
+  c = Case{2, 150, 200, 4, 2, 64}; c.bias = BiasKind::kRow; c.causal = true; cases->push_back(c);
+}
+
 inline void AddFeatureCases(std::vector<Case>* cases) {
   const double kRate = 6554.0 / 65536;  // 0.1, as a multiple of 2^-16
   for (bool bf16 : {true, false})
@@ -151,6 +177,7 @@ inline void AddFeatureCases(std::vector<Case>* cases) {
   c = Case{1, 150, 160, 4, 2, 192}; c.dropout = kRate; c.softcap = 3.f; c.mask = MaskKind::kCausal;
   c.bf16 = false; cases->push_back(c);
   AddBiasCases(cases);
+  AddSm90BiasCases(cases);
 }
 
 // The tile map of segment ids (cells of 128 x 128 positions: empty ones
@@ -309,5 +336,10 @@ inline std::vector<SeededCase> SmallCases() {
   c = Case{1, 300, 280, 2, 1, 128}; c.mask = MaskKind::kCausal; c.tile_map = true;
   s.push_back({c, 27});
   c = Case{1, 400, 300, 2, 1, 64}; c.block_mask = true; c.tile_map = true; s.push_back({c, 28});
+  // The Hopper forward's TMA-staged bias: several key blocks, partial last
+  // ones, with a dense mask and its tile map.
+  c = Case{1, 140, 264, 2, 1, 128}; c.bias = BiasKind::kFull; s.push_back({c, 29});
+  c = Case{2, 70, 200, 4, 2, 64}; c.bias = BiasKind::kHead; c.mask = MaskKind::kFull;
+  c.tile_map = true; c.causal = true; s.push_back({c, 30});
   return s;
 }

@@ -25,6 +25,7 @@
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/fwd.cuh"
 #include "cuda/common/tile_scheduler.cuh"
+#include "cuda/sm90/bias_tile.cuh"
 #include "cuda/sm90/mainloop_fwd.cuh"
 #include "cuda/sm90/tile_size.h"
 #include "cuda/sm90/tma.cuh"
@@ -42,7 +43,6 @@ struct FwdSm90Traits {
   static constexpr int kThreads = kTile.threads;
   static constexpr int kStages = kTile.stages;
   static constexpr bool kTma = kTile.tma;
-  using Args = std::conditional_t<kTma, FwdTmaArgs, FwdArgs>;  // the kernel's parameters
   static constexpr int kWarpRows = 16;
   static constexpr int kDTiles = kHeadDim / kMmaN;  // n-tiles of O per warp
   // Tiles hold whole 64-column blocks (a head dim of 96 leaves half of its
@@ -50,10 +50,14 @@ struct FwdSm90Traits {
   static constexpr int kSmemCols = (kHeadDim + kSwizzleElems - 1) / kSwizzleElems * kSwizzleElems;
   static constexpr int kQBytes = kBlockM * kSmemCols * 2;
   static constexpr int kKvBytes = kBlockN * kSmemCols * 2;  // one K or V stage
-  // + one swizzle period so that the tiles can start 1024-byte aligned.
-  // (+ the TMA barriers: Q's and one per stage.)
-  static constexpr int kSmemBytes =
-      kQBytes + 2 * kStages * kKvBytes + kAtomBytes + (kTma ? 8 * (1 + kStages) : 0);
+  // + one swizzle period so that the tiles can start 1024-byte aligned,
+  // + the barriers (Q's, one per stage, the bias's).
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKvBytes + kAtomBytes + 8 * (2 + kStages);
+  // With a bias, its stage too (sm90/bias_tile.cuh); buckets where it does
+  // not fit take the bias on the mma.sync kernel (LaunchFwd declines).
+  using Bias = BiasTile<kBlockM, kBlockN>;
+  static constexpr int kSmemBytesWithBias = kSmemBytes + Bias::kBytes;
+  static constexpr bool kTakesBias = kSmemBytesWithBias <= 227 * 1024;
   static_assert(kBlockM == 2 * 64 && kThreads == 2 * 128, "two warpgroups of 64 rows");
   static_assert(kHeadDim % 32 == 0, "head dim must be a multiple of 32");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "key block: whole k-steps, one wgmma");
@@ -64,12 +68,14 @@ struct FwdSm90Traits {
 // the epilogue.
 template <typename T, typename Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    FwdKernel(const __grid_constant__ typename Traits::Args kargs) {
+    FwdKernel(const __grid_constant__ FwdTmaArgs kargs) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  const FwdArgs& args = FwdArgsOf(kargs);
+  const FwdArgs& args = kargs.args;
   const ThreadPos pos = ThreadPos::Here();
+  // A bias or dense mask broadcast over the batch (heads): that index
+  // innermost, so that its tiles come from L2 for all but the first reader.
   const FwdBlock<T> blk = FwdBlock<T>::template Make<Traits::kBlockM, Traits::kBlockN, /*kTileMap=*/true>(
-      args.p, QueryBlockScheduler::Get());
+      args.p, QueryBlockScheduler::Get(args.order));
   float o[1][Traits::kDTiles][4], row_m[1][2], row_l[1][2];
   InitFwdState(o, row_m, row_l);
   FwdMainloop<T, Traits>(kargs, blk, pos, o, row_m, row_l);  // K/V blocks -> O, m, l
@@ -81,15 +87,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 }
 
 // cudaErrorNotSupported when TMA cannot address Q, K or V (see
-// EncodeRowsTensorMap): the caller runs the sm_80 kernel then.
+// EncodeRowsTensorMap) or the bias (EncodeBiasTensorMap), or the bias stage
+// does not fit the bucket's shared memory: the caller runs the sm_80 kernel
+// then.
 template <typename T, int kHeadDim>
 cudaError_t LaunchFwd(const FwdParams& params, cudaStream_t stream) {
   using Traits = FwdSm90Traits<kHeadDim>;
   if (params.shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
+  if (params.dropout.enabled()) return cudaErrorNotSupported;
+  FwdTmaArgs kargs;
+  kargs.args = MakeFwdArgs(params);
+  const AttentionShape& s = params.shape;
+  const bool has_bias = params.score.bias != nullptr;
+  if (has_bias && (!Traits::kTakesBias ||
+                   !EncodeBiasTensorMap(&kargs.bias_map, params.score, s, Traits::kBlockM)))
+    return cudaErrorNotSupported;
   if constexpr (Traits::kTma) {
-    FwdTmaArgs kargs;
-    kargs.args = MakeFwdArgs(params);
-    const AttentionShape& s = params.shape;
     constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
     if (!EncodeRowsTensorMap(&kargs.q_map, params.q, params.q_strides, s.batch, s.seqlen_q,
                              s.num_heads_q, s.head_dim, Traits::kBlockM, kBf16) ||
@@ -98,12 +111,10 @@ cudaError_t LaunchFwd(const FwdParams& params, cudaStream_t stream) {
         !EncodeRowsTensorMap(&kargs.v_map, params.v, params.v_strides, s.batch, s.seqlen_k,
                              s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16))
       return cudaErrorNotSupported;
-    return LaunchFwdGrid<Traits::kBlockM>(FwdKernel<T, Traits>, Traits::kThreads,
-                                          Traits::kSmemBytes, params, kargs, stream);
-  } else {
-    return LaunchFwdGrid<Traits::kBlockM>(FwdKernel<T, Traits>, Traits::kThreads,
-                                          Traits::kSmemBytes, params, stream);
   }
+  return LaunchFwdGrid<Traits::kBlockM>(
+      FwdKernel<T, Traits>, Traits::kThreads,
+      has_bias ? Traits::kSmemBytesWithBias : Traits::kSmemBytes, params, kargs, stream);
 }
 
 }  // namespace jax_flash::cuda::sm90

@@ -45,9 +45,14 @@ struct FwdWsTraits {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;  // one Q stage
   static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // one K or V stage
   // + one swizzle period so that the tiles can start 1024-byte aligned.
-  static constexpr int kBarrierBytes = 16 * kQStages + 32 * kStages;  // FwdWsSmem
+  static constexpr int kBarrierBytes = 16 * kQStages + 32 * kStages + 32;  // FwdWsSmem
   static constexpr int kSmemBytes =
       kQStages * kQBytes + 2 * kStages * kKvBytes + kBarrierBytes + kAtomBytes;
+  // With a bias, one stage of its tile per consumer warpgroup; a bucket where
+  // they do not fit runs a bias on sm90/fwd.cuh (LaunchFwdWs declines).
+  using BiasHalf = BiasTile<64, kBlockN>;
+  static constexpr int kSmemBytesWithBias = kSmemBytes + 2 * BiasHalf::kBytes;
+  static constexpr bool kTakesBias = kSmemBytesWithBias <= 227 * 1024;
   static_assert(kConsumerWarpgroups == 2, "ping-pong of two consumer warpgroups");
   static_assert(kHeadDim % kSwizzleElems == 0, "head dim must be a multiple of 64");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "TMA boxes and wgmma N");
@@ -57,19 +62,20 @@ struct FwdWsTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 };
 
-template <typename T, typename Traits>
+template <typename T, typename Traits, bool kBias>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     FwdWsKernel(const __grid_constant__ FwdWsArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
-  const FwdWsSmem<Traits> sm = FwdWsSmem<Traits>::Carve(SmemAddr(smem_raw));
+  const FwdWsSmem<Traits> sm =
+      FwdWsSmem<Traits>::Carve(SmemAddr(smem_raw), kBias);
   const ThreadPos pos = ThreadPos::Here();
   if (pos.tid == 0) sm.Init();
   __syncthreads();  // the barriers are initialized before anyone uses them
 
   if (pos.warp < 4) {  // producer warpgroup
     SetMaxRegsDec<Traits::kTile.producer_regs>();
-    if (pos.tid == 0) FwdWsProducer<T, Traits>(a, sm);
+    if (pos.tid == 0) FwdWsProducer<T, Traits, kBias>(a, sm);
     return;
   }
   SetMaxRegsInc<Traits::kTile.consumer_regs>();
@@ -87,7 +93,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     float o[1][Traits::kHeadDim / kMmaN][4], row_m[1][2], row_l[1][2];
     InitFwdState(o, row_m, row_l);
     if (blk.n_begin < blk.n_end)
-      FwdWsConsumerTile<T, Traits>(a, sm, blk, ping, consumer_warp, pos.lane, pos.g, pos.t, kv,
+      FwdWsConsumerTile<T, Traits, kBias>(a, sm, blk, ping, consumer_warp, pos.lane, pos.g, pos.t, kv,
                                    q, o, row_m, row_l);
     StoreOutput<T>(a.args.p, blk.b, blk.h, blk.m0 + consumer_warp * 16, o, row_m, row_l,
                    a.args.scale_log2, pos.g, pos.t);  // out = O / l, lse
@@ -98,9 +104,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #endif
 }
 
-// cudaErrorNotSupported when TMA cannot address Q, K or V (see
-// EncodeRowsTensorMap) or the tiles do not fit an int: the caller runs the
-// forward without warp specialization then.
+// cudaErrorNotSupported when TMA cannot address Q, K, V or the bias (see
+// EncodeRowsTensorMap, EncodeBiasTensorMap), the bias stages do not fit, or
+// the tiles do not fit an int: the caller runs the forward without warp
+// specialization then.
 template <typename T, int kHeadDim>
 cudaError_t LaunchFwdWs(const FwdParams& params, cudaStream_t stream) {
   using Traits = FwdWsTraits<kHeadDim>;
@@ -110,7 +117,11 @@ cudaError_t LaunchFwdWs(const FwdParams& params, cudaStream_t stream) {
   if (m_blocks == 0 || s.num_heads_q == 0 || s.batch == 0) return cudaSuccess;
   FwdWsArgs a;
   a.args = MakeFwdArgs(params);
-  if (!PersistentScheduler::MakeArgs(m_blocks, s, &a.sched) || s.seqlen_k > INT32_MAX)
+  if (!PersistentScheduler::MakeArgs(m_blocks, s, a.args.order, &a.sched) ||
+      s.seqlen_k > INT32_MAX)
+    return cudaErrorNotSupported;
+  const bool has_bias = params.score.bias != nullptr;
+  if (has_bias && (!Traits::kTakesBias || !EncodeBiasTensorMap(&a.bias_map, params.score, s, 64)))
     return cudaErrorNotSupported;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   if (!EncodeRowsTensorMap(&a.q_map, params.q, params.q_strides, s.batch, s.seqlen_q,
@@ -120,12 +131,13 @@ cudaError_t LaunchFwdWs(const FwdParams& params, cudaStream_t stream) {
       !EncodeRowsTensorMap(&a.v_map, params.v, params.v_strides, s.batch, s.seqlen_k,
                            s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16))
     return cudaErrorNotSupported;
-  auto kernel = FwdWsKernel<T, Traits>;
-  const cudaError_t err = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+  auto kernel = has_bias ? FwdWsKernel<T, Traits, true> : FwdWsKernel<T, Traits, false>;
+  const int smem_bytes = has_bias ? Traits::kSmemBytesWithBias : Traits::kSmemBytes;
+  const cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err != cudaSuccess) return err;
-  kernel<<<PersistentScheduler::Grid(a.sched, SmCount()), Traits::kThreads, Traits::kSmemBytes,
-           stream>>>(a);
+  kernel<<<PersistentScheduler::Grid(a.sched, SmCount()), Traits::kThreads, smem_bytes, stream>>>(
+      a);
   return cudaGetLastError();
 }
 

@@ -16,42 +16,54 @@
 #include "cuda/common/fwd.cuh"
 #include "cuda/common/score.cuh"
 #include "cuda/common/softmax.cuh"
+#include "cuda/sm90/bias_tile.cuh"
 #include "cuda/sm90/copy.cuh"
+#include "cuda/sm90/pipeline.cuh"
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
 namespace jax_flash::cuda::sm90 {
 
-// The kernel's parameters when Q, K and V come through TMA (FwdTile::tma):
-// tensor maps read in boxes of 64 columns x kBlockM (Q) or kBlockN (K, V)
-// rows, which land as the column blocks of the swizzled tiles.
+// The kernel's parameters: with Q, K and V through TMA (FwdTile::tma),
+// their tensor maps, read in boxes of 64 columns x kBlockM (Q) or kBlockN
+// (K, V) rows, which land as the column blocks of the swizzled tiles; with a
+// bias, its map (EncodeBiasTensorMap), whatever FwdTile::tma says.
 struct FwdTmaArgs {
   FwdArgs args;
   CUtensorMap q_map, k_map, v_map;
+  CUtensorMap bias_map;
 };
-__device__ __forceinline__ const FwdArgs& FwdArgsOf(const FwdArgs& a) { return a; }
-__device__ __forceinline__ const FwdArgs& FwdArgsOf(const FwdTmaArgs& a) { return a.args; }
 
-// Args: FwdTmaArgs when Traits::kTma, else FwdArgs.
-template <typename T, typename Traits, typename Args>
-__device__ __forceinline__ void FwdMainloop(const Args& kargs, const FwdBlock<T>& blk,
+// Named barrier (sm90/pipeline.cuh) of both warpgroups after reading a bias
+// stage.
+inline constexpr int kBiasReadBarrier = 1;
+
+// With a bias (args.p.score.bias), its tile of each key block comes through
+// TMA into one stage after V's (sm90/bias_tile.cuh) and is added to S before
+// the soft cap; the next block's tile is issued once both warpgroups have
+// read it.
+template <typename T, typename Traits>
+__device__ __forceinline__ void FwdMainloop(const FwdTmaArgs& kargs, const FwdBlock<T>& blk,
                                             const ThreadPos& pos,
                                             float (&o)[1][Traits::kHeadDim / kMmaN][4],
                                             float (&row_m)[1][2], float (&row_l)[1][2]) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kNTiles = kBlockN / kMmaN;   // n-tiles of S per warp
-  const FwdArgs& args = FwdArgsOf(kargs);
+  const FwdArgs& args = kargs.args;
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem_base = (SmemAddr(smem_raw) + sm90::kAtomBytes - 1) & ~(sm90::kAtomBytes - 1);
   const uint32_t sQ = smem_base;
   const uint32_t sK = sQ + Traits::kQBytes;                       // [kStages] tiles
   const uint32_t sV = sK + Traits::kStages * Traits::kKvBytes;    // [kStages] tiles
-  // TMA: the mbarriers of Q and of each K/V stage (the k-th use of a stage
-  // completes its barrier's phase k).
-  const uint32_t q_bar = sV + Traits::kStages * Traits::kKvBytes;
+  const bool has_bias = args.p.score.bias != nullptr;
+  const uint32_t sBias = sV + Traits::kStages * Traits::kKvBytes;  // with a bias
+  // The mbarriers of Q and of each K/V stage (TMA; the k-th use of a stage
+  // completes its barrier's phase k), then the bias stage's.
+  const uint32_t q_bar = sBias + (has_bias ? Traits::Bias::kBytes : 0);
   const uint32_t kv_bar = q_bar + 8;
+  const uint32_t bias_bar = kv_bar + 8 * Traits::kStages;
 
   const int tid = pos.tid, warp = pos.warp, g = pos.g, t = pos.t;
   const int warpgroup = warp / 4;
@@ -78,13 +90,31 @@ __device__ __forceinline__ void FwdMainloop(const Args& kargs, const FwdBlock<T>
     }
   };
 
-  if constexpr (Traits::kTma) {
+  // The bias tile of key block n into its stage, by thread 0.
+  auto tma_load_bias = [&](int64_t n) {
+    if (tid == 0) {
+      MbarrierArriveExpectTx(bias_bar, Traits::Bias::kBytes);
+      const int h = args.p.score.bias_dims[1] > 1 ? static_cast<int>(blk.h) : 0;
+      const int b = args.p.score.bias_dims[0] > 1 ? static_cast<int>(blk.b) : 0;
+#pragma unroll
+      for (int box = 0; box < kBlockN / Traits::Bias::kBoxKeys; ++box)
+        TmaLoadBox(sBias + box * Traits::Bias::kBoxBytes, &kargs.bias_map,
+                   static_cast<int>(n * kBlockN) + box * Traits::Bias::kBoxKeys,
+                   static_cast<int>(m0), h, b, bias_bar);
+    }
+  };
+
+  if (Traits::kTma || has_bias) {
     if (tid == 0) {
       MbarrierInit(q_bar, 1);
       for (int stage = 0; stage < Traits::kStages; ++stage) MbarrierInit(kv_bar + 8 * stage, 1);
+      if (has_bias) MbarrierInit(bias_bar, 1);
       FenceBarrierInit();
     }
     __syncthreads();  // the barriers are initialized before anyone uses them
+    if (has_bias && n_begin < n_end) tma_load_bias(n_begin);
+  }
+  if constexpr (Traits::kTma) {
     if (n_begin < n_end && tid == 0) {
       MbarrierArriveExpectTx(q_bar, Traits::kQBytes);
 #pragma unroll
@@ -104,6 +134,7 @@ __device__ __forceinline__ void FwdMainloop(const Args& kargs, const FwdBlock<T>
   // This warpgroup's 64 rows of Q: row 64 * warpgroup of every column block.
   const uint32_t q_rows = sQ + warpgroup * 64 * sm90::kSwizzleBytes;
   const float scale_log2 = args.scale_log2;
+  const float scale = static_cast<float>(args.p.score.scale);  // with a bias (MakeFwdArgs)
   const float rescale_margin = kRescaleLog2 / scale_log2;
 
   // Key blocks in FwdBlock::NextBlock's steps (every block without a tile
@@ -148,7 +179,14 @@ __device__ __forceinline__ void FwdMainloop(const Args& kargs, const FwdBlock<T>
     sm90::WgmmaWait<0>();
     sm90::FenceRegisters(s[0]);
 
-    // ---- soft cap, mask (common/score.cuh); online softmax: S -> P ----------
+    // ---- bias; soft cap, mask (common/score.cuh); online softmax: S -> P ----
+    if (has_bias) {
+      MbarrierWait(bias_bar, static_cast<uint32_t>(step & 1));
+      Traits::Bias::Add(s[0], sBias, warp_row0, scale, g, t);
+      // Both warpgroups have read the stage: the next block's tile may land.
+      NamedBarrierSync(kBiasReadBarrier, Traits::kThreads);
+      if (next < n_end) tma_load_bias(next);
+    }
     TransformAndMask<kBlockM>(s, args.softcap, args.scale_over_cap, blk.mask, m0, m0 + warp_row0,
                               n * kBlockN, g, t, blk.template BlockClass<kBlockN>(n));
     OnlineSoftmax(s, o, row_m, row_l, scale_log2, rescale_margin);

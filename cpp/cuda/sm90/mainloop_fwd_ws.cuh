@@ -22,6 +22,12 @@
 // of GEMMs, then lets the other issue while it does its softmax, so one's
 // softmax overlaps the other's GEMMs.
 //
+// A bias comes as float32 tiles through TMA (sm90/bias_tile.cuh), one stage
+// per consumer warpgroup (its 64 rows; 2 x 32 KiB at kBlockN = 128), loaded
+// by the producer after K and released by that warpgroup alone, so neither
+// waits for the other's reads. Its ring advances with the K/V ring (one use
+// per key block), so the K/V ring's count gives its phase.
+//
 // Every score policy is common/score.cuh's (TransformAndMask), the softmax
 // common/softmax.cuh's, the epilogue common/epilogue_fwd.cuh's: the semantics
 // (masks, soft cap, NaN, rows that see nothing) are the other kernels'.
@@ -36,6 +42,7 @@
 #include "cuda/common/fwd.cuh"
 #include "cuda/common/score.cuh"
 #include "cuda/common/softmax.cuh"
+#include "cuda/sm90/bias_tile.cuh"
 #include "cuda/sm90/pipeline.cuh"
 #include "cuda/sm90/scheduler_persistent.cuh"
 #include "cuda/sm90/tma.cuh"
@@ -44,21 +51,27 @@
 namespace jax_flash::cuda::sm90 {
 
 // The kernel's parameters: Q, K and V through TMA in boxes of 64 columns x
-// kBlockM (Q) or kBlockN (K, V) rows.
+// kBlockM (Q) or kBlockN (K, V) rows; with a bias, its map in boxes of 64
+// rows (one consumer warpgroup's).
 struct FwdWsArgs {
   FwdArgs args;
   CUtensorMap q_map, k_map, v_map;
+  CUtensorMap bias_map;
   PersistentScheduler::Args sched;
 };
 
-// Shared-memory addresses: Q (kBlockM rows), the K and V rings, the barriers.
+// Shared-memory addresses: Q (kBlockM rows), the K and V rings, with a bias
+// its two warpgroup stages, the barriers.
 template <typename Traits>
 struct FwdWsSmem {
   uint32_t q, k, v;  // tiles, 1024-byte aligned
+  uint32_t bias;     // Traits::BiasHalf per consumer warpgroup (with a bias)
   // per Q stage full_q, empty_q, then per K/V stage full_k, empty_k, full_v,
-  // empty_v: Traits::kBarrierBytes = 16 * kQStages + 32 * kStages.
+  // empty_v, then per consumer warpgroup full_bias, empty_bias:
+  // Traits::kBarrierBytes = 16 * kQStages + 32 * kStages + 32.
   uint32_t bars;
   static constexpr int kKvBars = 16 * Traits::kQStages;
+  static constexpr int kBiasBars = kKvBars + 32 * Traits::kStages;
   __device__ __forceinline__ uint32_t full_q(int s) const { return bars + 16 * s; }
   __device__ __forceinline__ uint32_t empty_q(int s) const { return bars + 8 + 16 * s; }
   __device__ __forceinline__ uint32_t q_tile(int s) const { return q + s * Traits::kQBytes; }
@@ -68,13 +81,21 @@ struct FwdWsSmem {
   __device__ __forceinline__ uint32_t empty_v(int s) const { return bars + kKvBars + 24 + 32 * s; }
   __device__ __forceinline__ uint32_t k_tile(int s) const { return k + s * Traits::kKvBytes; }
   __device__ __forceinline__ uint32_t v_tile(int s) const { return v + s * Traits::kKvBytes; }
+  __device__ __forceinline__ uint32_t full_bias(int wg) const { return bars + kBiasBars + 16 * wg; }
+  __device__ __forceinline__ uint32_t empty_bias(int wg) const {
+    return bars + kBiasBars + 8 + 16 * wg;
+  }
+  __device__ __forceinline__ uint32_t bias_tile(int wg) const {
+    return bias + wg * Traits::BiasHalf::kBytes;
+  }
 
-  __device__ __forceinline__ static FwdWsSmem Carve(uint32_t smem_raw) {
+  __device__ __forceinline__ static FwdWsSmem Carve(uint32_t smem_raw, bool has_bias) {
     FwdWsSmem r;
     r.q = (smem_raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
     r.k = r.q + Traits::kQStages * Traits::kQBytes;
     r.v = r.k + Traits::kStages * Traits::kKvBytes;
-    r.bars = r.v + Traits::kStages * Traits::kKvBytes;
+    r.bias = r.v + Traits::kStages * Traits::kKvBytes;
+    r.bars = r.bias + (has_bias ? Traits::kConsumerWarpgroups * Traits::BiasHalf::kBytes : 0);
     return r;
   }
 
@@ -90,6 +111,10 @@ struct FwdWsSmem {
       MbarrierInit(full_v(s), 1);
       MbarrierInit(empty_v(s), Traits::kConsumerWarps);
     }
+    for (int wg = 0; wg < Traits::kConsumerWarpgroups; ++wg) {
+      MbarrierInit(full_bias(wg), 1);
+      MbarrierInit(empty_bias(wg), 4);  // the warpgroup's warps
+    }
     FenceBarrierInit();
   }
 };
@@ -97,7 +122,9 @@ struct FwdWsSmem {
 // ---- producer ------------------------------------------------------------------
 
 // One thread: every load of every tile of this CTA, in the consumers' order.
-template <typename T, typename Traits>
+// kBias: with a bias (p.score.bias), its own instantiation of the kernel, so
+// that the plain one keeps its registers.
+template <typename T, typename Traits, bool kBias>
 __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSmem<Traits>& sm) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   constexpr int kColBlocks = Traits::kHeadDim / kSwizzleElems;
@@ -131,6 +158,19 @@ __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSme
       for (int cb = 0; cb < kColBlocks; ++cb)
         TmaLoadBox(sm.k_tile(kv.stage()) + cb * kBlockN * kSwizzleBytes, &a.k_map,
                    cb * kSwizzleElems, row, h_kv, b, sm.full_k(kv.stage()));
+      if constexpr (kBias) {  // each warpgroup's rows, once it has read the previous block's
+        const int bias_h = p.score.bias_dims[1] > 1 ? h : 0;
+        const int bias_b = p.score.bias_dims[0] > 1 ? b : 0;
+        for (int wg = 0; wg < Traits::kConsumerWarpgroups; ++wg) {
+          MbarrierWait(sm.empty_bias(wg), (kv.count & 1) ^ 1);
+          MbarrierArriveExpectTx(sm.full_bias(wg), Traits::BiasHalf::kBytes);
+#pragma unroll
+          for (int box = 0; box < kBlockN / Traits::BiasHalf::kBoxKeys; ++box)
+            TmaLoadBox(sm.bias_tile(wg) + box * Traits::BiasHalf::kBoxBytes, &a.bias_map,
+                       row + box * Traits::BiasHalf::kBoxKeys,
+                       static_cast<int>(blk.m0) + 64 * wg, bias_h, bias_b, sm.full_bias(wg));
+        }
+      }
       MbarrierWait(sm.empty_v(kv.stage()), kv.phase() ^ 1);
       MbarrierArriveExpectTx(sm.full_v(kv.stage()), Traits::kKvBytes);
 #pragma unroll
@@ -249,7 +289,7 @@ __device__ __forceinline__ void PackP(uint32_t (&p)[kNTiles / 2][4],
 
 // One consumer warpgroup's work on one tile: O, m, l of this warp's 16 rows.
 // `kv` and `q` carry the ring positions from tile to tile.
-template <typename T, typename Traits>
+template <typename T, typename Traits, bool kBias>
 __device__ __forceinline__ void FwdWsConsumerTile(
     const FwdWsArgs& a, const FwdWsSmem<Traits>& sm, const FwdBlock<T>& blk, const PingPong& ping,
     int consumer_warp, int lane, int g, int t, RingPos<Traits::kStages>& kv,
@@ -267,6 +307,14 @@ __device__ __forceinline__ void FwdWsConsumerTile(
   // the GEMMs that read the stage has returned.
   auto release = [&](uint32_t bar) {
     if (lane == 0) ArriveBarrier(bar);
+  };
+  // With a bias: x = scale * S + bias for the block whose K stage is kv's.
+  auto add_bias = [&](float (&s)[1][kNTiles][4]) {
+    if constexpr (!kBias) return;
+    MbarrierWait(sm.full_bias(ping.wg), kv.count & 1);
+    Traits::BiasHalf::Add(s[0], sm.bias_tile(ping.wg), (consumer_warp % 4) * 16,
+                          static_cast<float>(args.p.score.scale), g, t);
+    release(sm.empty_bias(ping.wg));
   };
 
   MbarrierWait(sm.full_q(q_stage), q.phase());
@@ -287,6 +335,7 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     FenceRegisters(s[0]);
     release(sm.empty_k(kv.stage()));
     if (next == n_end) release(sm.empty_q(q_stage));
+    add_bias(s);
     // O is still 0: no rescale whatever the softmax says.
     ScoresToP<T, Traits>(s, row_m, row_l, alpha, args, blk, warp_row0, n_begin, g, t);
     PackP<T>(p, s);
@@ -309,6 +358,7 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     FenceRegisters(s[0]);
     release(sm.empty_k(kv.stage()));
     if (next == n_end) release(sm.empty_q(q_stage));
+    add_bias(s);
     const bool rescale =
         ScoresToP<T, Traits>(s, row_m, row_l, alpha, args, blk, warp_row0, n, g, t);
     WgmmaWait<0>();  // O += P_{n-1} V_{n-1}

@@ -9,6 +9,9 @@
 // see the most keys: longest first, the short ones fill the tail), and for
 // each query block every (batch, head) of the section. The CTAs running at a
 // time then share the K/V of a few heads instead of streaming every head's.
+// Pairs go heads fastest, or batch fastest where a bias broadcasts over the
+// batch (TileOrder::kBatchInner): the batch's CTAs then read each bias tile
+// together, once from DRAM.
 // Static (no atomic work counter: that needs a buffer reset per launch).
 #pragma once
 
@@ -35,10 +38,11 @@ struct PersistentScheduler {
     int pairs;          // batch * heads
     int section_pairs;  // (batch, head) pairs per section
     int tiles;          // m_blocks * pairs
+    int batch;          // > 0: pairs batch fastest (b = pair % batch), else heads fastest
   };
 
   // False when the tile count does not fit an int.
-  static bool MakeArgs(int64_t m_blocks, const AttentionShape& s, Args* a) {
+  static bool MakeArgs(int64_t m_blocks, const AttentionShape& s, TileOrder order, Args* a) {
     const int64_t pairs = s.batch * s.num_heads_q;
     if (m_blocks * pairs > INT32_MAX) return false;
     // K and V bytes per q head: a GQA group shares them.
@@ -50,6 +54,7 @@ struct PersistentScheduler {
     a->pairs = static_cast<int>(pairs);
     a->section_pairs = static_cast<int>(section);
     a->tiles = static_cast<int>(m_blocks * pairs);
+    a->batch = order == TileOrder::kBatchInner ? static_cast<int>(s.batch) : 0;
     return true;
   }
 
@@ -70,8 +75,13 @@ struct PersistentScheduler {
     const int pair = first_pair + (r - m_index * n_pairs);
     QueryBlockScheduler::Tile tile;
     tile.m_block = a.m_blocks - 1 - m_index;
-    tile.b = pair / a.heads;
-    tile.h = pair - static_cast<int>(tile.b) * a.heads;
+    if (a.batch > 0) {
+      tile.h = pair / a.batch;
+      tile.b = pair - static_cast<int>(tile.h) * a.batch;
+    } else {
+      tile.b = pair / a.heads;
+      tile.h = pair - static_cast<int>(tile.b) * a.heads;
+    }
     return tile;
   }
 };

@@ -1,0 +1,54 @@
+// The bias on the Hopper forward (sm90/mainloop_fwd.cuh): one key block's
+// float32 bias tile, loaded by TMA (EncodeBiasTensorMap) a block ahead of its
+// use, and added to the S fragments from shared memory.
+//
+// Why staged: read per element from global memory right before its use, the
+// bias kept the mma.sync kernel's warps waiting on L1TEX for most of their
+// cycles (cuda/NOTES_score_terms.md); here one thread issues the tile, no
+// thread keeps its addresses, and the load runs under the softmax and both
+// GEMMs of the block before.
+//
+// Layout: kBlockN / 32 boxes of kBlockM rows x 32 keys; a row of a box is
+// 128 bytes whose eight 16-byte chunks are swizzled by row % 8 (TMA's
+// 128-byte swizzle). A lane's float2 (row g or g + 8, keys 8nt + 2t, + 1)
+// lies in chunk 2(nt % 4) + t / 2: a warp's 8 rows x 32 bytes then fill the
+// 32 banks twice, the least two wavefronts that 256 bytes take.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace jax_flash::cuda::sm90 {
+
+template <int kBlockM, int kBlockN>
+struct BiasTile {
+  static constexpr int kBoxKeys = 32;               // float32 keys per 128-byte row
+  static constexpr int kBoxBytes = kBlockM * 128;   // one box: kBlockM rows
+  static constexpr int kBytes = kBlockM * kBlockN * 4;
+  static_assert(kBlockN % kBoxKeys == 0, "key blocks are whole boxes");
+
+  // x = scale * s + bias on one warp's S fragment (16 rows from tile row
+  // row0, a multiple of 8, by kBlockN keys; common/fragment.cuh's layout).
+  template <int kNTiles>
+  __device__ __forceinline__ static void Add(float (&s)[kNTiles][4], uint32_t tile, int row0,
+                                             float scale, int g, int t) {
+    static_assert(kNTiles * 8 == kBlockN, "the fragment spans the key block");
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const uint32_t row = tile + (row0 + g + 8 * hr) * 128 + (t % 2) * 8;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        const int chunk = ((nt % 4) * 2 + t / 2) ^ g;  // (row0 + g + 8hr) % 8 == g
+        float b0, b1;
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                     : "=f"(b0), "=f"(b1)
+                     : "r"(row + (nt / 4) * kBoxBytes + chunk * 16));
+        s[nt][2 * hr] = fmaf(s[nt][2 * hr], scale, b0);
+        s[nt][2 * hr + 1] = fmaf(s[nt][2 * hr + 1], scale, b1);
+      }
+    }
+  }
+};
+
+}  // namespace jax_flash::cuda::sm90
