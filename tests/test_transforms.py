@@ -131,9 +131,13 @@ def test_vmap_over_a_bias_and_its_gradient(backend, bias_shape):
 # -- the bias's gradient: computed only when the bias is differentiated -------
 
 
-def bwd_dbias_result(fn, *args) -> str:
-  """The dbias result type of the one backward call in fn's lowering (CPU)."""
-  text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cpu",)).as_text()
+# The platforms whose lowering a test can inspect: CUDA's wherever it was built.
+LOWERING_PLATFORMS = ("cpu", "cuda") if jax_flash.build_info()["cuda"] else ("cpu",)
+
+
+def bwd_dbias_result(fn, *args, platform="cpu") -> str:
+  """The dbias result type of the one backward call in fn's lowering."""
+  text = jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
   calls = [line for line in text.splitlines() if "custom_call @jax_flash_bwd(" in line]
   assert len(calls) == 1, calls
   return re.findall(r"tensor<[^>]*>", calls[0].rsplit("->", 1)[1])[3]
@@ -169,7 +173,8 @@ def test_grad_wrt_qkv_only_computes_no_dbias(backend, bias_shape):
       assert a.shape == b.shape
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
     dbias = "x".join(map(str, bias_shape)) if 3 in argnums else "0"
-    assert bwd_dbias_result(grad, q, k, v, bias) == f"tensor<{dbias}xf64>"
+    for platform in LOWERING_PLATFORMS:
+      assert bwd_dbias_result(grad, q, k, v, bias, platform=platform) == f"tensor<{dbias}xf64>"
 
 
 @pytest.mark.parametrize("argnums", [(0,), (0, 3)], ids=["q", "q_and_bias"])
