@@ -47,8 +47,9 @@ class _Config:
                 dropout_rate=self.dropout_rate, broadcast_dropout=self.broadcast_dropout,
                 deterministic=self.deterministic)
 
-  def bwd_params(self) -> dict[str, Any]:
-    return self.fwd_params()  # the same set now; ring.py's backward asks by this name
+  def bwd_params(self, bias_grad: bool) -> dict[str, Any]:
+    """The backward's parameters: the forward's, and whether to compute dbias."""
+    return dict(self.fwd_params(), bias_grad=bias_grad)
 
 
 def _attention(config: _Config, q, k, v, *mask_operands):

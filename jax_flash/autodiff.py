@@ -5,7 +5,9 @@
   absent ``(0,)`` operands, so the kernel skips their products.
 * flash_jvp_p's transpose is the backward kernel flash_bwd_p, so reverse
   mode (``grad``, ``vjp``) runs exactly the forward and backward kernels: the
-  JVP is linearised and transposed away, never run. An lse cotangent reaches
+  JVP is linearised and transposed away, never run. The backward computes
+  dbias only when the bias is differentiated (its tangent operand is then an
+  undefined primal, not an absent zero). An lse cotangent reaches
   the transpose only in second order (the public API returns lse under
   stop_gradient, but the JVP of flash_bwd_p uses the tangent of lse, so its
   transpose sends one back); that part is added exactly by the blockwise
@@ -26,6 +28,8 @@ from jax_flash.primitives import MASK_OPERANDS, flash_bwd_p, flash_fwd_p, flash_
 
 _NUM_MASK = len(MASK_OPERANDS)
 _BIAS = MASK_OPERANDS.index("bias")
+# The bias's among flash_jvp_p's tangent operands (q_dot, k_dot, v_dot, bias_dot).
+_BIAS_DOT = 3
 
 
 def _absent_like(x):
@@ -54,12 +58,16 @@ def _jvp_transpose(cotangents, q, k, v, out, lse, *rest, **params):
   assert not any(ad.is_undefined_primal(x) for x in (q, k, v, out, lse, *mask_operands)), (
       "flash_jvp is linear in its tangent operands only")
   out_ct, lse_ct = cotangents
+  # A bias with a symbolic zero tangent (not differentiated) came as an
+  # absent operand: its gradient would be thrown away, so it is not computed.
+  bias_grad = ad.is_undefined_primal(tangents[_BIAS_DOT])
   grads = None
   if type(out_ct) is not ad.Zero:
-    grads = flash_bwd_p.bind(q, k, v, out, lse, out_ct.astype(q.dtype), *mask_operands, **params)
+    grads = flash_bwd_p.bind(q, k, v, out, lse, out_ct.astype(q.dtype), *mask_operands,
+                             bias_grad=bias_grad, **params)
   if type(lse_ct) is not ad.Zero:
     extra = blockwise.bwd(q, k, v, out, lse, _absent_like(q), *mask_operands,
-                          lse_cotangent=lse_ct, **params)
+                          bias_grad=bias_grad, lse_cotangent=lse_ct, **params)
     grads = extra if grads is None else [g + e for g, e in zip(grads, extra)]
   results = [None] * 5
   for tangent, grad in zip(tangents, grads or [None] * 4):

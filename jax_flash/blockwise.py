@@ -277,11 +277,12 @@ def jvp(*operands, **params):
   return out_dot.astype(q.dtype), lse_dot.astype(lse.dtype)
 
 
-def bwd(*operands, lse_cotangent=None, **params):
+def bwd(*operands, bias_grad, lse_cotangent=None, **params):
   """flash_bwd_p's operands -> (dq, dk, dv, dbias), honouring an lse cotangent.
 
   dS = P o (dP - D + lse_cotangent) with D = rowsum(dout o out); dout may be
-  absent ((0,)) when only lse has a cotangent.
+  absent ((0,)) when only lse has a cotangent. dbias is absent ((0,)) without
+  a bias or without bias_grad, as flash_bwd_p's.
   """
   params.pop("deterministic", None)
   (q, k, v, out, lse, dout), mask_operands = operands[:6], operands[6:]
@@ -298,7 +299,7 @@ def bwd(*operands, lse_cotangent=None, **params):
     delta = delta - pb.rows(lse_cotangent.astype(pb.acc))
   bias_per_key = pb.bias is not None and pb.bias.shape[-1] != 1
   dbias_shape = None
-  if pb.bias is not None:
+  if pb.bias is not None and bias_grad:
     dbias_shape = pb.bias.shape[:4] + (pb.block if bias_per_key else 1,)
 
   def step(j0):

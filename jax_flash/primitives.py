@@ -16,7 +16,10 @@ mask, block mask, tile map, dropout key, offsets). The primitives'
 parameters are the calls' attributes (scale, softcap, is_causal,
 window_left, window_right, dropout_rate, broadcast_dropout, deterministic);
 only the backward's call takes deterministic, the forward and the JVP carry
-it for the backward that their derivatives bind.
+it for the backward that their derivatives bind. The backward has one more,
+``bias_grad``: whether to compute dbias. Without it, dbias is an absent
+``(0,)`` result, which is how the call tells the kernels to skip it
+(contract.h); reverse mode asks for it only when the bias is differentiated.
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ def _varying(avals) -> frozenset:
 
 
 def _result(like, avals, shape=None, dtype=None, dims=None):
-  """A result typed like the operand `like`, with its dims permuted by `dims`.
+  """A result typed like the operand `like`, with its dims permuted by `dims`
+  (None in `dims`: a new dim, not sharded).
 
   It varies over every manual axis (shard_map) that some operand varies
   over: dropping that type is what made gradients under shard_map fail.
@@ -85,7 +89,8 @@ def _result(like, avals, shape=None, dtype=None, dims=None):
   sharding = like.sharding
   if dims is not None:
     spec = tuple(sharding.spec) + (None,) * like.ndim
-    sharding = sharding.update(spec=PartitionSpec(*(spec[d] for d in dims)))
+    sharding = sharding.update(spec=PartitionSpec(*(None if d is None else spec[d]
+                                                    for d in dims)))
   if varying and sharding.mesh.empty:
     sharding = NamedSharding(jax.sharding.get_abstract_mesh(),
                              PartitionSpec(*(None,) * len(shape or like.shape)))
@@ -102,10 +107,12 @@ def _fwd_abstract_eval(q, k, v, *mask_operands, **params):
   return out, lse
 
 
-def _bwd_abstract_eval(q, k, v, out, lse, dout, *mask_operands, **params):
+def _bwd_abstract_eval(q, k, v, out, lse, dout, *mask_operands, bias_grad, **params):
   del params
   avals = (q, k, v, out, lse, dout, *mask_operands)
-  return tuple(_result(x, avals) for x in (q, k, v, mask_operands[_BIAS]))
+  bias = mask_operands[_BIAS]
+  dbias = _result(bias, avals) if bias_grad else _result(bias, avals, (0,), dims=(None,))
+  return (*(_result(x, avals) for x in (q, k, v)), dbias)
 
 
 def _jvp_abstract_eval(q, k, v, out, lse, *operands, **params):
@@ -266,7 +273,8 @@ def _bwd_layout(avals_in, params):
   return _layout("flash_attention (backward)", _ffi.BWD_TARGET,
                  (_QUERY_ROLES, _KEY_ROLES, _KEY_ROLES, _QUERY_ROLES, ("b", "h", "s"),
                   _QUERY_ROLES),
-                 lambda mask_roles: (_QUERY_ROLES, _KEY_ROLES, _KEY_ROLES, mask_roles[_BIAS]),
+                 lambda mask_roles: (_QUERY_ROLES, _KEY_ROLES, _KEY_ROLES,
+                                     mask_roles[_BIAS] if params["bias_grad"] else (None,)),
                  avals_in[6:], params)
 
 
@@ -393,7 +401,7 @@ def _bwd_batch_rule(args, dims, **params):
   folded, bias_was_broadcast = _fold_into_batch(args, dims, axis_size, batch, _ffi.BWD_TARGET)
   dq, dk, dv, dbias = flash_bwd_p.bind(*folded, **params)
   grads = [_unfold_batch(g, axis_size) for g in (dq, dk, dv)]
-  if _is_absent(dbias):
+  if _is_absent(dbias):  # no bias, or its gradient not asked for (bias_grad): absent per example
     dbias = jnp.zeros((axis_size, 0), dbias.dtype)
   else:
     dbias = _unfold_batch(dbias, axis_size)

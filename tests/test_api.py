@@ -465,7 +465,8 @@ def test_bwd_handler_rejects_bad_lse(backend):
   with pytest.raises(Exception, match="lse must be float32"):
     jax.block_until_ready(flash_bwd_p.bind(q, k, v, q, bad_lse, q,
                                            *map(jnp.asarray, mask_operands(q.dtype)),
-                                           deterministic=False, **FWD_PARAMS))
+                                           deterministic=False, bias_grad=False,
+                                           **FWD_PARAMS))
 
 
 def test_build_info():

@@ -56,6 +56,8 @@ def test_sharding_roles_cover_every_operand(layout_of, target):
              _ffi.JVP_TARGET: [q, k, k, q, lse, q, k, k, absent[0]]}[target]
   params = dict(scale=1.0, softcap=0.0, is_causal=False, window_left=-1, window_right=-1,
                 dropout_rate=0.0, broadcast_dropout=False, deterministic=False)
+  if target == _ffi.BWD_TARGET:
+    params["bias_grad"] = True
   layout = layout_of(per_row + absent, params)
   assert len(layout.operand_names) == len(layout.operand_roles) == len(_ffi.operands(target))
   assert _ffi.operands(target)[layout.offsets_index] == "offsets"

@@ -42,12 +42,13 @@ def collectives(compiled_text: str) -> set[str]:
   return {m.group(1) for m in COLLECTIVE.finditer(compiled_text)}
 
 
-def kernel_result_shapes(compiled_text: str, target: str) -> list[tuple[int, ...]]:
-  """The first result shape of every custom call to `target` (per device)."""
+def kernel_result_shapes(compiled_text: str, target: str, index=0) -> list[tuple[int, ...]]:
+  """The shape of result `index` of every custom call to `target` (per device)."""
   shapes = []
   for line in compiled_text.splitlines():
     if f'custom_call_target="{target}"' in line:
-      dims = re.search(r"= \(?\w+\[([\d,]*)\]", line).group(1)
+      results = line.split(" custom-call(", 1)[0]
+      dims = re.findall(r"\w+\[([\d,]*)\]", results)[index]
       shapes.append(tuple(int(d) for d in dims.split(",") if d))
   return shapes
 
@@ -108,7 +109,7 @@ def test_offsets_place_a_chunk_in_the_sequence(backend, case, dtype):
   def kernels(q, k, v, dout):
     out, lse = flash_fwd_p.bind(q, k, v, *ops, **params)
     dq, dk, dv, _ = flash_bwd_p.bind(q, k, v, out, lse, dout, *ops, deterministic=False,
-                                     **params)
+                                     bias_grad=False, **params)
     return out, jnp.swapaxes(lse, 1, 2), dq, dk, dv
 
   got = kernels(q, k, v, dout)
@@ -177,12 +178,13 @@ def put(mesh, spec, *arrays):
 
 
 def flash_and_grads(kwargs, with_bias=False):
-  """jit of (out, dq, dk, dv[, dbias]) of flash_attention, like attention_and_grads."""
+  """jit of (out, dq, dk, dv[, dbias]) of flash_attention, like attention_and_grads;
+  without with_bias, a bias is not differentiated."""
   def f(q, k, v, dout, bias):
-    fn = lambda q, k, v, bias: jax_flash.flash_attention(q, k, v, bias=bias, **kwargs)
-    out, vjp = jax.vjp(fn, q, k, v, bias)
-    grads = vjp(dout)
-    return (out,) + grads[:3] + (grads[3:] if with_bias else ())
+    fn = lambda q, k, v, *b: jax_flash.flash_attention(q, k, v, bias=b[0] if b else bias,
+                                                       **kwargs)
+    out, vjp = jax.vjp(fn, q, k, v, *((bias,) if with_bias else ()))
+    return (out,) + vjp(dout)
   return jax.jit(f)
 
 
@@ -234,11 +236,13 @@ def test_sharded_jit_runs_each_shard_locally(devices, case):
   check_against_reference(got, inputs, opts)
 
 
-@pytest.mark.parametrize("case", ["multi_query_heads", "broadcast_bias_batch"])
+@pytest.mark.parametrize("case", ["multi_query_heads", "broadcast_bias_batch",
+                                  "broadcast_bias_not_differentiated"])
 def test_sharded_gradients_sum_what_they_must(devices, case):
   """Key/value shared by sharded heads, or a bias broadcast over a sharded
   batch: their gradients are sums over devices (an all-reduce), and nothing
-  is gathered."""
+  is gathered. A bias that is not differentiated gets no gradient: nothing
+  to sum."""
   mesh = mesh_2x2(devices)
   if case == "multi_query_heads":
     inputs = make_inputs(np.random.default_rng(2), 2, 29, 29, 4, 1, 16)
@@ -247,12 +251,17 @@ def test_sharded_gradients_sum_what_they_must(devices, case):
     inputs = make_inputs(np.random.default_rng(3), 4, 29, 29, 2, 2, 16)
     q_spec, kv_spec, opts = P(("x", "y")), P(("x", "y")), Options(bias_shape=(1, 2, 29, 29))
   bias = opts.bias(inputs)
+  with_bias = case == "broadcast_bias_batch"
   q, dout = put(mesh, q_spec, inputs.q, inputs.dout)
   k, v = put(mesh, kv_spec, inputs.k, inputs.v)
-  f = flash_and_grads(opts.kwargs(inputs), with_bias=bias is not None)
+  f = flash_and_grads(opts.kwargs(inputs), with_bias=with_bias)
   text = f.lower(q, k, v, dout, bias).compile().as_text()
-  assert collectives(text) == {"all-reduce"}
-  check_against_reference(f(q, k, v, dout, bias), inputs, opts, bias=bias)
+  assert collectives(text) == (set() if case.endswith("not_differentiated") else {"all-reduce"})
+  if bias is not None:  # dbias (result 3): the bias's shape where it is computed, else (0,)
+    assert kernel_result_shapes(text, "jax_flash_bwd", 3) == [bias.shape if with_bias else (0,)]
+  got = f(q, k, v, dout, bias)
+  assert len(got) == (5 if with_bias else 4)
+  check_against_reference(got, inputs, opts, bias=bias)
 
 
 def test_sequence_sharded_queries_run_locally(devices):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +12,7 @@ import pytest
 from jax.test_util import check_grads
 
 import jax_flash
-from reference import Options, attention, make_inputs
+from reference import Options, attention, make_inputs, visible_mask
 
 OPTION_KWARGS = {
     "plain": {},
@@ -124,6 +125,93 @@ def test_vmap_over_a_bias_and_its_gradient(backend, bias_shape):
   want = value_and_grad(lambda b: attention(q, k, v, visible, Options(), bias=b)[0])
   for a, b in zip(got, want):
     assert a.shape == b.shape
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+
+
+# -- the bias's gradient: computed only when the bias is differentiated -------
+
+
+# The platforms whose lowering a test can inspect: CUDA's wherever it was built.
+LOWERING_PLATFORMS = ("cpu", "cuda") if jax_flash.build_info()["cuda"] else ("cpu",)
+
+
+def bwd_dbias_result(fn, *args, platform="cpu") -> str:
+  """The dbias result type of the one backward call in fn's lowering."""
+  text = jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+  calls = [line for line in text.splitlines() if "custom_call @jax_flash_bwd(" in line]
+  assert len(calls) == 1, calls
+  return re.findall(r"tensor<[^>]*>", calls[0].rsplit("->", 1)[1])[3]
+
+
+def causal_loss(attend):
+  return lambda q, k, v, b: jnp.sum(jnp.sin(attend(q, k, v, b)))
+
+
+def flash_causal(q, k, v, b):
+  return jax_flash.flash_attention(q, k, v, bias=b, is_causal=True)
+
+
+def dense_causal(x):
+  visible = jnp.asarray(visible_mask(Options(is_causal=True), x))
+  return lambda q, k, v, b: attention(q, k, v, visible, Options(is_causal=True), bias=b)[0]
+
+
+@pytest.mark.parametrize("bias_shape", [(2, 4, 13, 11), (1, 1, 13, 11)],
+                         ids=lambda shape: "x".join(map(str, shape)))
+def test_grad_wrt_qkv_only_computes_no_dbias(backend, bias_shape):
+  """grad with respect to q, k, v with a bias (a plain argument of the jitted
+  function): the backward's dbias result is absent, and dq, dk, dv are the
+  reference's; with respect to the bias too, dbias is computed and right."""
+  x, q, k, v = inputs64(14)
+  bias = jnp.asarray(np.random.default_rng(14).standard_normal(bias_shape))
+  want = jax.grad(causal_loss(dense_causal(x)), argnums=(0, 1, 2, 3))(q, k, v, bias)
+  for argnums in ((0, 1, 2), (0, 1, 2, 3)):
+    grad = jax.jit(jax.grad(causal_loss(flash_causal), argnums=argnums))
+    got = grad(q, k, v, bias)
+    assert len(got) == len(argnums)
+    for a, b in zip(got, want):
+      assert a.shape == b.shape
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+    dbias = "x".join(map(str, bias_shape)) if 3 in argnums else "0"
+    for platform in LOWERING_PLATFORMS:
+      assert bwd_dbias_result(grad, q, k, v, bias, platform=platform) == f"tensor<{dbias}xf64>"
+
+
+@pytest.mark.parametrize("argnums", [(0,), (0, 3)], ids=["q", "q_and_bias"])
+def test_vmap_of_grad_with_a_bias_broadcast_over_batch_and_heads(backend, argnums):
+  """Per-example gradients with one bias (1, 1, T, S) for every example and
+  batch element: the folded backward sums dbias back to the bias's shape
+  when it is asked for, and its absent dbias stays absent when it is not."""
+  x, q, k, v = inputs64(15)
+  queries = jnp.stack([q, -0.5 * q, 2 * q])
+  bias = jnp.asarray(np.random.default_rng(15).standard_normal((1, 1, 13, 11)))
+  per_example = lambda loss: jax.jit(jax.vmap(jax.grad(loss, argnums=argnums),
+                                              in_axes=(0, None, None, None)))
+  got = per_example(causal_loss(flash_causal))(queries, k, v, bias)
+  dense_grad = jax.grad(causal_loss(dense_causal(x)), argnums=argnums)
+  want = [jnp.stack(g) for g in zip(*(dense_grad(qx, k, v, bias) for qx in queries))]
+  for a, b in zip(got, want, strict=True):
+    assert a.shape == b.shape
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+  # The folded call's dbias is the folded bias's (batch 3 x 2), summed back afterwards.
+  dbias = "6x1x13x11" if 3 in argnums else "0"
+  assert bwd_dbias_result(per_example(causal_loss(flash_causal)), queries, k, v,
+                          bias) == f"tensor<{dbias}xf64>"
+
+
+def test_jvp_of_grad_wrt_qkv_with_a_moving_bias(backend):
+  """Forward over reverse: the gradient with respect to q, k, v (dbias not
+  computed), pushed forward along tangents of q, k, v and the bias."""
+  x, q, k, v = inputs64(16, shape=(2, 9, 7, 2, 1, 4))
+  rng = np.random.default_rng(16)
+  bias = jnp.asarray(rng.standard_normal((2, 1, 9, 7)))
+  primals = (q, k, v, bias)
+  tangents = tuple(jnp.asarray(rng.standard_normal(p.shape)) for p in primals)
+  jvp_of_grad = lambda loss: jax.jit(lambda p, t: jax.jvp(
+      jax.grad(loss, argnums=(0, 1, 2)), p, t))
+  got = jvp_of_grad(causal_loss(flash_causal))(primals, tangents)
+  want = jvp_of_grad(causal_loss(dense_causal(x)))(primals, tangents)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
 
 

@@ -60,11 +60,13 @@
   X(out, "input", "the forward's") \
   X(lse, "acc", "the forward's")  \
   X(dout, "input", "like out")
-#define JAX_FLASH_BWD_RESULTS(X) \
-  X(dq, "input", "like q")       \
-  X(dk, "input", "like k")       \
-  X(dv, "input", "like v")       \
-  X(dbias, "acc", "the bias's shape, or (0,) without a bias")
+#define JAX_FLASH_BWD_RESULTS(X)                                                   \
+  X(dq, "input", "like q")                                                         \
+  X(dk, "input", "like k")                                                         \
+  X(dv, "input", "like v")                                                         \
+  X(dbias, "acc",                                                                  \
+    "the bias's shape; (0,) without a bias, or with a bias whose gradient is not " \
+    "wanted (the backward then does not compute it)")
 // CUDA only: delta = rowsum(dout * out) and the tensor-core kernels' float32
 // dQ accumulator, owned by XLA so that the call can be recorded into a CUDA
 // graph (sized at lowering by cuda_bwd_workspace_bytes).

@@ -103,10 +103,8 @@ inline ffi::Error DecodeShape(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
 // passes it. Present operands have rank >= 1 and may be empty (a bias of an
 // empty problem, (1, 1, 0, S)): element_count() == 0 would take that for
 // "no bias" and then refuse its gradient, which has the bias's shape.
-inline bool IsAbsent(const ffi::AnyBuffer& b) {
-  auto d = b.dimensions();
-  return d.size() == 1 && d[0] == 0;
-}
+inline bool IsAbsent(ffi::AnyBuffer::Dimensions d) { return d.size() == 1 && d[0] == 0; }
+inline bool IsAbsent(const ffi::AnyBuffer& b) { return IsAbsent(b.dimensions()); }
 
 // A rank-4 operand broadcast to (B, Hq, Sq, Sk): checks its dims, returns
 // its strides (0 along broadcast dims) and dims.
@@ -322,13 +320,15 @@ inline ffi::Error DecodeBwdExtras(const ffi::AnyBuffer& q, const ffi::AnyBuffer&
   if (lse.element_type() != AccumulationType(q.element_type()))
     return Invalid("lse must be float32 (float64 for float64 inputs)");
   (void)k;
+  // With a bias, a (0,) dbias asks for no bias gradient (the kernels skip it).
   if (IsAbsent(bias)) {
-    if (dbias_dims.size() != 1 || dbias_dims[0] != 0)
-      return Invalid("dbias must be (0,) without a bias");
-  } else {
+    if (!IsAbsent(dbias_dims)) return Invalid("dbias must be (0,) without a bias");
+  } else if (!IsAbsent(dbias_dims)) {
     bool same = dbias_dims.size() == 4 && dbias_type == bias.element_type();
     for (int i = 0; same && i < 4; ++i) same = dbias_dims[i] == p->score.bias_dims[i];
-    if (!same) return Invalid("dbias must have the shape and dtype of bias");
+    if (!same)
+      return Invalid("dbias must have the shape and dtype of bias, or be (0,) (not computed); got " +
+                     DimsToString(dbias_dims));
   }
   p->out = const_cast<void*>(out.untyped_data());
   p->lse = const_cast<void*>(lse.untyped_data());
@@ -341,7 +341,8 @@ inline ffi::Error DecodeBwdExtras(const ffi::AnyBuffer& q, const ffi::AnyBuffer&
 }
 
 // Everything the backward needs, validated, with the result pointers set
-// (dbias only when there is a bias); the caller provides p->delta.
+// (dbias only when there is a bias and dbias is not (0,)); the caller
+// provides p->delta.
 inline ffi::Error DecodeBwd(const ScoreAttrs& attrs, const ffi::AnyBuffer& q,
                             const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
                             const ffi::AnyBuffer& out, const ffi::AnyBuffer& lse,
@@ -364,7 +365,8 @@ inline ffi::Error DecodeBwd(const ScoreAttrs& attrs, const ffi::AnyBuffer& q,
   p->dq = dq->untyped_data();
   p->dk = dk->untyped_data();
   p->dv = dv->untyped_data();
-  p->dbias = p->score.bias != nullptr ? dbias->untyped_data() : nullptr;
+  p->dbias = p->score.bias != nullptr && !IsAbsent(dbias->dimensions()) ? dbias->untyped_data()
+                                                                        : nullptr;
   return ffi::Error::Success();
 }
 

@@ -218,7 +218,8 @@ def _ring(config, axis_name, num_devices, layout, transfer):
       for qs, ks, qp, kp in _calls(config, layout, step, me, num_devices, length):
         part_dq, part_dk, part_dv, _ = flash_bwd_p.bind(
             _rows(q, qs), _rows(k, ks), _rows(v, ks), _rows(out, qs), lse[:, :, qs],
-            _rows(dout, qs), *_operands(qp, kp, acc), **config.bwd_params())
+            _rows(dout, qs), *_operands(qp, kp, acc),
+            **config.bwd_params(bias_grad=False))  # (ring attention takes no bias)
         dq = dq.at[:, qs].add(part_dq.astype(acc))
         dk = dk.at[:, ks].add(part_dk.astype(acc))
         dv = dv.at[:, ks].add(part_dv.astype(acc))

@@ -132,8 +132,9 @@ cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
       if (err != cudaSuccess) return err;
     }
     // Plain adds need one writer per element (common/score.cuh); BwdPath
-    // keeps the other deterministic problems on the exact kernels.
-    if (deterministic && params.score.bias != nullptr && !DbiasHasOneWriter(params))
+    // keeps the other deterministic problems on the exact kernels. Without
+    // dbias (not wanted) nothing is summed.
+    if (deterministic && params.dbias != nullptr && !DbiasHasOneWriter(params))
       return cudaErrorInvalidValue;
   }
   const BwdChunk chunk = ChunkFor<kHeadDim>(shape);

@@ -70,7 +70,8 @@ struct FwdParams {
   SeqStrides q_strides, k_strides, v_strides, out_strides;
 };
 
-// Backward: given dout, produce dq, dk, dv (and dbias when there is a bias).
+// Backward: given dout, produce dq, dk, dv (and dbias when there is a bias
+// and its gradient is wanted: dbias set).
 // `delta` is a scratch buffer of B * Hq * Sq accumulation-type elements
 // holding D = rowsum(dout * out).
 struct BwdParams : FwdParams {
@@ -80,7 +81,8 @@ struct BwdParams : FwdParams {
   void* dv = nullptr;
   void* delta = nullptr;
   // Gradient of the bias, in the bias's own (unbroadcast) shape, contiguous,
-  // accumulation type: sums dS over the dimensions the bias broadcasts.
+  // accumulation type: sums dS over the dimensions the bias broadcasts. Null
+  // when not wanted (even with a bias): the kernels then skip it.
   void* dbias = nullptr;
 
   SeqStrides dout_strides, dq_strides, dk_strides, dv_strides;
