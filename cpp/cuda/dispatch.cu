@@ -357,8 +357,9 @@ KernelPath FwdPath(const FwdParams& params, DType dtype) {
 KernelPath BwdPath(const BwdParams& params, DType dtype, bool deterministic) {
   if (!TensorCoresSupport(params, dtype)) return KernelPath::kExact;
   // A reproducible dbias summed over CTAs needs a fixed-order reduction the
-  // tensor-core kernels do not have yet; the exact dbias kernel has one.
-  if (deterministic && params.score.bias != nullptr && !DbiasHasOneWriter(params))
+  // tensor-core kernels do not have yet; the exact dbias kernel has one. (No
+  // dbias wanted: nothing is summed.)
+  if (deterministic && params.dbias != nullptr && !DbiasHasOneWriter(params))
     return KernelPath::kExact;
   const bool sm90 =
       Sm90BwdSupports(params) && InSm90BwdBuckets(HeadDimBucket(params.shape.head_dim));
