@@ -139,6 +139,20 @@ def test_bias_every_shape(backend, dtype, shape):
                           dtype)
 
 
+def test_bias_over_many_tiles_per_sm(backend):
+  """A bias over more tiles than the GPU has SMs (512 tiles).
+
+  On Hopper the warp-specialized forward reuses its TMA bias stages tile after
+  tile; releasing a stage before the warp's reads of it were done once left a
+  few dozen wrong elements per call at exactly this size (H100).
+  """
+  if backend != "gpu":
+    pytest.skip("the tiles per SM of the CUDA kernels")
+  rng = np.random.default_rng(31)
+  check_against_reference(make_inputs(rng, 4, 1024, 1024, 16, 16, 128),
+                          Options(bias_shape=(1, 16, 1024, 1024)), jnp.bfloat16, check_grads=False)
+
+
 @pytest.mark.parametrize("path", ["sm80", "exact"])
 def test_forced_kernel_path(backend, monkeypatch, path):
   """JAX_FLASH_FORCE_PATH (read at every launch) runs the sm80 kernels on Hopper, or the exact ones."""

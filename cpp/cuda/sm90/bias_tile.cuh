@@ -19,6 +19,8 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/wgmma.cuh"
+
 namespace jax_flash::cuda::sm90 {
 
 template <int kBlockM, int kBlockN>
@@ -30,6 +32,12 @@ struct BiasTile {
 
   // x = scale * s + bias on one warp's S fragment (16 rows from tile row
   // row0, a multiple of 8, by kBlockN keys; common/fragment.cuh's layout).
+  // Returns with every lane's reads of the tile done, so that the caller
+  // may release the stage to the next TMA load: the sums (which need the
+  // loaded values) are pinned before the return, where the compiler could
+  // otherwise sink them below the caller's release, and the warp
+  // reconverges. Without this the warp-specialized forward at D=128 wrote a
+  // few hundred wrong elements per call on an H100 (B=16, H=16, S=1k; NOTES).
   template <int kNTiles>
   __device__ __forceinline__ static void Add(float (&s)[kNTiles][4], uint32_t tile, int row0,
                                              float scale, int g, int t) {
@@ -48,6 +56,8 @@ struct BiasTile {
         s[nt][2 * hr + 1] = fmaf(s[nt][2 * hr + 1], scale, b1);
       }
     }
+    FenceRegisters(s);
+    __syncwarp();
   }
 };
 
