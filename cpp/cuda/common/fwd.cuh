@@ -31,7 +31,8 @@ struct FwdArgs {
                          // or with a bias (the kernel forms x = scale * q.k + bias first)
   float softcap;         // 0 = off
   float scale_over_cap;  // scale / softcap (1 / softcap with a bias)
-  TileOrder order;       // the kTerms kernels' CTA order (TermsTileOrder)
+  TileOrder order;       // CTA order for a bias or dense mask (TermsTileOrder), in
+                         // the kTerms kernels and the wgmma forwards
 };
 
 inline FwdArgs MakeFwdArgs(const FwdParams& params) {

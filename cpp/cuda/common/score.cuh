@@ -19,7 +19,8 @@
 //   this head's float32 bias straight from global memory into the fragment
 //   layout (AddBias: x = scale * q.k + bias, before the soft cap; the launch
 //   arguments then take scale out of exp2 and tanh), and the dK/dV kernel
-//   sums dS into dbias (AccumulateDbiasT).
+//   sums dS into dbias (AccumulateDbiasT). The wgmma forwards add the same
+//   x = scale * q.k + bias from TMA-staged tiles (sm90/bias_tile.cuh).
 // - bias, dense mask, dropout on the exact kernels: HeadTerms resolves them
 //   for one (batch, head); the exact kernels apply them per element.
 //

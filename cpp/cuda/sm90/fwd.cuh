@@ -12,6 +12,8 @@
 //   S = Q K^T: A = Q and B = K from shared memory (both K-major);
 //   O += P V:  A = P from registers (the S accumulators, converted to 16
 //              bits in place), B = V from shared memory (MN-major).
+// A bias comes as TMA-staged float32 tiles, one key block ahead
+// (sm90/bias_tile.cuh, mainloop_fwd.cuh).
 // Not (yet) FA3's producer warpgroup with TMA, nor the ping-pong between
 // warpgroups: the two warpgroups overlap each other's softmax and GEMMs only
 // through the warp scheduler.
