@@ -19,7 +19,9 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
+#include "jax_flash/params.h"
 
 namespace jax_flash::cuda::sm90 {
 
@@ -29,6 +31,21 @@ struct BiasTile {
   static constexpr int kBoxBytes = kBlockM * 128;   // one box: kBlockM rows
   static constexpr int kBytes = kBlockM * kBlockN * 4;
   static_assert(kBlockN % kBoxKeys == 0, "key blocks are whole boxes");
+
+  // One thread: the tile of queries [row0, row0 + kBlockM) x keys [key0,
+  // key0 + kBlockN) of (batch b, q head h) into `tile` through `map`
+  // (EncodeBiasTensorMap with box rows kBlockM), its bytes counted on `bar`.
+  // A bias dim of 1 (broadcast) reads its one index.
+  __device__ __forceinline__ static void Load(uint32_t tile, const CUtensorMap* map,
+                                              const ScoreParams& score, int key0, int row0,
+                                              int64_t h, int64_t b, uint32_t bar) {
+    MbarrierArriveExpectTx(bar, kBytes);
+    const int bias_h = score.bias_dims[1] > 1 ? static_cast<int>(h) : 0;
+    const int bias_b = score.bias_dims[0] > 1 ? static_cast<int>(b) : 0;
+#pragma unroll
+    for (int box = 0; box < kBlockN / kBoxKeys; ++box)
+      TmaLoadBox(tile + box * kBoxBytes, map, key0 + box * kBoxKeys, row0, bias_h, bias_b, bar);
+  }
 
   // x = scale * s + bias on one warp's S fragment (16 rows from tile row
   // row0, a multiple of 8, by kBlockN keys; common/fragment.cuh's layout).

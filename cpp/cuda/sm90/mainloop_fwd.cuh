@@ -92,16 +92,9 @@ __device__ __forceinline__ void FwdMainloop(const FwdTmaArgs& kargs, const FwdBl
 
   // The bias tile of key block n into its stage, by thread 0.
   auto tma_load_bias = [&](int64_t n) {
-    if (tid == 0) {
-      MbarrierArriveExpectTx(bias_bar, Traits::Bias::kBytes);
-      const int h = args.p.score.bias_dims[1] > 1 ? static_cast<int>(blk.h) : 0;
-      const int b = args.p.score.bias_dims[0] > 1 ? static_cast<int>(blk.b) : 0;
-#pragma unroll
-      for (int box = 0; box < kBlockN / Traits::Bias::kBoxKeys; ++box)
-        TmaLoadBox(sBias + box * Traits::Bias::kBoxBytes, &kargs.bias_map,
-                   static_cast<int>(n * kBlockN) + box * Traits::Bias::kBoxKeys,
-                   static_cast<int>(m0), h, b, bias_bar);
-    }
+    if (tid == 0)
+      Traits::Bias::Load(sBias, &kargs.bias_map, args.p.score, static_cast<int>(n * kBlockN),
+                         static_cast<int>(m0), blk.h, blk.b, bias_bar);
   };
 
   if (Traits::kTma || has_bias) {

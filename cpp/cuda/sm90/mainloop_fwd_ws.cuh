@@ -159,16 +159,10 @@ __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSme
         TmaLoadBox(sm.k_tile(kv.stage()) + cb * kBlockN * kSwizzleBytes, &a.k_map,
                    cb * kSwizzleElems, row, h_kv, b, sm.full_k(kv.stage()));
       if constexpr (kBias) {  // each warpgroup's rows, once it has read the previous block's
-        const int bias_h = p.score.bias_dims[1] > 1 ? h : 0;
-        const int bias_b = p.score.bias_dims[0] > 1 ? b : 0;
         for (int wg = 0; wg < Traits::kConsumerWarpgroups; ++wg) {
           MbarrierWait(sm.empty_bias(wg), (kv.count & 1) ^ 1);
-          MbarrierArriveExpectTx(sm.full_bias(wg), Traits::BiasHalf::kBytes);
-#pragma unroll
-          for (int box = 0; box < kBlockN / Traits::BiasHalf::kBoxKeys; ++box)
-            TmaLoadBox(sm.bias_tile(wg) + box * Traits::BiasHalf::kBoxBytes, &a.bias_map,
-                       row + box * Traits::BiasHalf::kBoxKeys,
-                       static_cast<int>(blk.m0) + 64 * wg, bias_h, bias_b, sm.full_bias(wg));
+          Traits::BiasHalf::Load(sm.bias_tile(wg), &a.bias_map, p.score, row,
+                                 static_cast<int>(blk.m0) + 64 * wg, h, b, sm.full_bias(wg));
         }
       }
       MbarrierWait(sm.empty_v(kv.stage()), kv.phase() ^ 1);
@@ -295,7 +289,7 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     int consumer_warp, int lane, int g, int t, RingPos<Traits::kStages>& kv,
     RingPos<Traits::kQStages>& q,
     float (&o)[1][Traits::kHeadDim / kMmaN][4], float (&row_m)[1][2], float (&row_l)[1][2]) {
-  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  constexpr int kBlockN = Traits::kBlockN;
   constexpr int kNTiles = kBlockN / kMmaN;
   const FwdArgs& args = a.args;
   const int64_t m0 = blk.m0, n_begin = blk.n_begin, n_end = blk.n_end;
