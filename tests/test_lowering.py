@@ -58,8 +58,9 @@ def test_cuda_backward_returns_its_workspace(dtype, deterministic):
   lowered = _grad_fn(deterministic=deterministic).trace(q, k, v).lower(
       lowering_platforms=("cuda",))
   results = _custom_call_results(lowered.as_text(), _ffi.BWD_TARGET)
-  # dq, dk, dv, dbias (absent: (0,)), then the workspace.
-  assert len(results) == 5, results
+  # dq, dk, dv, dbias (absent: (0,)), bias_acc (absent: no bias), then the workspace.
+  assert len(results) == 6, results
+  assert results[4] == "tensor<0xf32>", results
   nbytes = _ffi.cuda_bwd_workspace_bytes(q.shape, k.shape, dtype, deterministic)
   assert results[-1] == f"tensor<{nbytes}xui8>"
   rows = q.shape[0] * q.shape[1] * q.shape[2]

@@ -11,14 +11,15 @@
 // and the call site that passes it.
 //
 // The targets have the same operands, results and attributes on every
-// platform, except the CUDA backward's extra workspace result.
+// platform, except the CUDA handlers' extra results (their device memory).
 #pragma once
 
 // Operands and results: X(name, dtype, shape). dtype is one of "input" (q's
 // dtype: float32, float64, bfloat16 or float16), "acc" (the accumulation type:
 // float64 for float64 inputs, float32 otherwise), "int32", "uint32", "bool",
-// "uint8". Shapes are row-major, as XLA passes them. Optional operands are
-// (0,) when absent (in any dtype); present ones may still be empty.
+// "uint8", or two of them as "a|b": either (an absent one is given as a).
+// Shapes are row-major, as XLA passes them. Optional operands are (0,) when
+// absent (in any dtype); present ones may still be empty.
 
 // Each op's operands are its own list below followed by these: the mask,
 // score and dropout options every op takes.
@@ -27,7 +28,11 @@
   X(kv_seqlens, "int32", "(B,): keys j >= kv_seqlens[b] are hidden")                        \
   X(q_segment_ids, "int32", "(B, Sq), given with kv_segment_ids")                           \
   X(kv_segment_ids, "int32", "(B, Sk): i sees j only where the ids are equal")              \
-  X(bias, "acc", "rank 4, each dim 1 or (B, Hq, Sq, Sk)'s: added to the scaled logits")     \
+  X(bias, "acc|input",                                                                      \
+    "rank 4, each dim 1 or (B, Hq, Sq, Sk)'s: added to the scaled logits. A 16-bit bias "   \
+    "(bfloat16/float16 inputs' own dtype) keeps its bytes until a kernel reads it; the "    \
+    "kernels read the accumulation type, into which the platform converts it first (CUDA: "\
+    "the handler, into its bias_acc result; CPU: the lowering, before the call)")           \
   X(mask, "bool", "rank 4, broadcast like bias: False hides the pair")                      \
   X(block_mask, "bool",                                                                     \
     "(B' in 1 or B, H' in 1 or Hq, R, C), R and C 1 or at least Sq and Sk / 128 rounded "   \
@@ -65,12 +70,26 @@
   X(dk, "input", "like k")                                                         \
   X(dv, "input", "like v")                                                         \
   X(dbias, "acc",                                                                  \
-    "the bias's shape; (0,) without a bias, or with a bias whose gradient is not " \
-    "wanted (the backward then does not compute it)")
-// CUDA only: delta = rowsum(dout * out) and the tensor-core kernels' float32
-// dQ accumulator, owned by XLA so that the call can be recorded into a CUDA
-// graph (sized at lowering by cuda_bwd_workspace_bytes).
-#define JAX_FLASH_CUDA_BWD_EXTRA_RESULTS(X) X(workspace, "uint8", "(CudaBwdWorkspaceBytes,)")
+    "the bias's shape, in the accumulation type whatever the bias's (reverse mode "\
+    "casts it to the bias's dtype); (0,) without a bias, or with a bias whose "    \
+    "gradient is not wanted (the backward then does not compute it)")
+// CUDA only, results of every op after the contract's. They are device memory
+// the handler uses, owned by XLA (not scratch from its ScratchAllocator, which
+// is returned when the handler returns) so that the call can be recorded into
+// a CUDA graph and replayed: jax_flash.primitives sizes them at lowering.
+// bias_acc: the kernels read the bias in the accumulation type; the handler
+// converts a 16-bit bias into this result on the call's stream first.
+#define JAX_FLASH_CUDA_EXTRA_RESULTS(X)                                            \
+  X(bias_acc, "acc",                                                               \
+    "the bias's shape when the bias is 16-bit (the handler writes it there in the " \
+    "accumulation type for the kernels), (0,) otherwise")
+#define JAX_FLASH_CUDA_FWD_EXTRA_RESULTS(X) JAX_FLASH_CUDA_EXTRA_RESULTS(X)
+#define JAX_FLASH_CUDA_JVP_EXTRA_RESULTS(X) JAX_FLASH_CUDA_EXTRA_RESULTS(X)
+// The backward's also hold delta = rowsum(dout * out) and the tensor-core
+// kernels' float32 dQ accumulator (sized by cuda_bwd_workspace_bytes).
+#define JAX_FLASH_CUDA_BWD_EXTRA_RESULTS(X) \
+  JAX_FLASH_CUDA_EXTRA_RESULTS(X)           \
+  X(workspace, "uint8", "(CudaBwdWorkspaceBytes,)")
 
 // Forward mode: the forward's operands and results and the tangents (each
 // like its primal, or (0,) when zero) -> the tangents of out and lse.
@@ -81,7 +100,7 @@
   X(q_dot, "input", "like q, or (0,)") \
   X(k_dot, "input", "like k, or (0,)") \
   X(v_dot, "input", "like v, or (0,)") \
-  X(bias_dot, "acc", "like bias, or (0,)")
+  X(bias_dot, "acc", "the shape of bias, or (0,); the accumulation type whatever the bias's")
 #define JAX_FLASH_JVP_RESULTS(X) \
   X(out_dot, "input", "like out") \
   X(lse_dot, "acc", "like lse")

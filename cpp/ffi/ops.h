@@ -3,9 +3,14 @@
 // An op (FwdOp, BwdOp, JvpOp) is its operands, results and attributes, from
 // contract.h, and one body: decode and validate them (decode.h), then hand
 // the params to the platform. A platform (cpu_handlers.cc, cuda_handlers.cc)
-// is an XLA context and one launcher per op. Handler<Op, Platform> binds the
-// two to XLA from the contract's lists, so the operand order and the
+// is an XLA context, KernelBias and one launcher per op. Handler<Op, Platform>
+// binds the two to XLA from the contract's lists, so the operand order and the
 // attributes are written nowhere else.
+//
+// KernelBias(ctx, bias, input_type, extra, &params.score): the kernels read
+// the bias in the accumulation type, and decode.h also takes a 16-bit one
+// (contract.h); the platform points params.score.bias at an accumulation-type
+// copy of it, or refuses the call. Called before the op's launcher.
 #pragma once
 
 #include <cstddef>
@@ -46,6 +51,9 @@ struct FwdOp {
       return e;
     p.out = r.out->untyped_data();
     p.lse = r.lse->untyped_data();
+    if (auto e = Platform::KernelBias(ctx, mask.bias, in.q.element_type(), extra, &p.score);
+        e.failure())
+      return e;
     return Platform::Fwd(ctx, p, in.q.element_type(), extra);
   }
 };
@@ -63,6 +71,9 @@ struct BwdOp {
     BwdParams p;
     if (auto e = ffi_decode::DecodeBwd(attrs, in.q, in.k, in.v, in.out, in.lse, in.dout, mask,
                                        r.dq, r.dk, r.dv, r.dbias, &p);
+        e.failure())
+      return e;
+    if (auto e = Platform::KernelBias(ctx, mask.bias, in.q.element_type(), extra, &p.score);
         e.failure())
       return e;
     // The platform provides p.delta (scratch of B * Hq * Sq accumulation-type values).
@@ -83,6 +94,9 @@ struct JvpOp {
     JvpParams p;
     if (auto e = ffi_decode::DecodeJvp(attrs, in.q, in.k, in.v, in.out, in.lse, mask, in.q_dot,
                                        in.k_dot, in.v_dot, in.bias_dot, r.out_dot, r.lse_dot, &p);
+        e.failure())
+      return e;
+    if (auto e = Platform::KernelBias(ctx, mask.bias, in.q.element_type(), extra, &p.score);
         e.failure())
       return e;
     return Platform::Jvp(ctx, p, in.q.element_type(), extra);

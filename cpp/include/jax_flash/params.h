@@ -46,6 +46,7 @@ struct ScoreParams {
   double scale = 1.0;
   double softcap = 0.0;  // 0 disables the cap.
   // Additive bias in the accumulation type, broadcast to (B, Hq, Sq, Sk); null if absent.
+  // (A 16-bit bias operand is converted by the platform first: ffi/ops.h, KernelBias.)
   const void* bias = nullptr;
   DenseStrides bias_strides;
   int64_t bias_dims[4] = {0, 0, 0, 0};  // the bias's own shape (1 where broadcast)
@@ -100,7 +101,7 @@ struct JvpParams : FwdParams {
   const void* q_dot = nullptr;
   const void* k_dot = nullptr;
   const void* v_dot = nullptr;
-  // The bias's tangent: the bias's shape, dtype and strides (score.bias_strides).
+  // The bias's tangent: the bias's shape and strides (score.bias_strides), accumulation type.
   const void* bias_dot = nullptr;
   void* out_dot = nullptr;  // like out
   void* lse_dot = nullptr;  // like lse
