@@ -15,9 +15,13 @@
 // 32 banks twice, the least two wavefronts that 256 bytes take.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
@@ -25,11 +29,17 @@
 
 namespace jax_flash::cuda::sm90 {
 
-template <int kBlockM, int kBlockN>
+// BiasT: float (the contract's accumulation type), or the inputs' 16-bit
+// type when the bias comes in it (contract.h: "acc|input"): 64 keys per
+// 128-byte row then, and a lane's pair of keys (4 bytes) in chunk nt % 8 ^ g:
+// a warp's 8 rows x 16 bytes fill the 32 banks once.
+template <int kBlockM, int kBlockN, typename BiasT = float>
 struct BiasTile {
-  static constexpr int kBoxKeys = 32;               // float32 keys per 128-byte row
-  static constexpr int kBoxBytes = kBlockM * 128;   // one box: kBlockM rows
-  static constexpr int kBytes = kBlockM * kBlockN * 4;
+  static constexpr int kElemBytes = static_cast<int>(sizeof(BiasT));
+  static constexpr int kBoxKeys = 128 / kElemBytes;  // keys per 128-byte row
+  static constexpr int kBoxBytes = kBlockM * 128;    // one box: kBlockM rows
+  static constexpr int kBytes = kBlockM * kBlockN * kElemBytes;
+  static_assert(kElemBytes == 4 || kElemBytes == 2, "float32 or a 16-bit bias");
   static_assert(kBlockN % kBoxKeys == 0, "key blocks are whole boxes");
 
   // One thread: the tile of queries [row0, row0 + kBlockM) x keys [key0,
@@ -61,20 +71,47 @@ struct BiasTile {
     static_assert(kNTiles * 8 == kBlockN, "the fragment spans the key block");
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      const uint32_t row = tile + (row0 + g + 8 * hr) * 128 + (t % 2) * 8;
+      const uint32_t row = tile + (row0 + g + 8 * hr) * 128;  // (row0 + g + 8hr) % 8 == g
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
-        const int chunk = ((nt % 4) * 2 + t / 2) ^ g;  // (row0 + g + 8hr) % 8 == g
-        float b0, b1;
-        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-                     : "=f"(b0), "=f"(b1)
-                     : "r"(row + (nt / 4) * kBoxBytes + chunk * 16));
-        s[nt][2 * hr] = fmaf(s[nt][2 * hr], scale, b0);
-        s[nt][2 * hr + 1] = fmaf(s[nt][2 * hr + 1], scale, b1);
+        const float2 b = Pair(row, nt, g, t);
+        s[nt][2 * hr] = fmaf(s[nt][2 * hr], scale, b.x);
+        s[nt][2 * hr + 1] = fmaf(s[nt][2 * hr + 1], scale, b.y);
       }
     }
     FenceRegisters(s);
     __syncwarp();
+  }
+
+ private:
+  // Keys 8nt + 2t, + 1 of the row at shared address `row`.
+  __device__ __forceinline__ static float2 Pair(uint32_t row, int nt, int g, int t) {
+    float2 b;
+    if constexpr (kElemBytes == 4) {
+      const int chunk = ((nt % 4) * 2 + t / 2) ^ g;
+      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                   : "=f"(b.x), "=f"(b.y)
+                   : "r"(row + (nt / 4) * kBoxBytes + chunk * 16 + (t % 2) * 8));
+    } else {
+      const int chunk = (nt % 8) ^ g;
+      uint32_t bits;
+      asm volatile("ld.shared.b32 %0, [%1];\n"
+                   : "=r"(bits)
+                   : "r"(row + (nt / 8) * kBoxBytes + chunk * 16 + t * 4));
+      b = Widen(bits);
+    }
+    return b;
+  }
+  __device__ __forceinline__ static float2 Widen(uint32_t bits) {
+    if constexpr (std::is_same_v<BiasT, __nv_bfloat16>) {
+      __nv_bfloat162 v;
+      memcpy(&v, &bits, 4);
+      return __bfloat1622float2(v);
+    } else {
+      __half2 v;
+      memcpy(&v, &bits, 4);
+      return __half22float2(v);
+    }
   }
 };
 
