@@ -47,7 +47,6 @@ endforeach()
 add_library(jax_flash_cuda STATIC
   cpp/ffi/cuda_handlers.cc   # host C++; CUDA headers come with CUDA::cudart_static
   cpp/cuda/dispatch.cu
-  cpp/cuda/convert.cu        # the handlers' float32 copy of a 16-bit bias
   ${_exact_sources})
 
 # IEEE arithmetic: no --use_fast_math (the exact kernels rely on accurate

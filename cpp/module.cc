@@ -53,15 +53,11 @@ nb::dict Contract() {
   contract["mask_operands"] =
       List([](nb::list& list) { JAX_FLASH_MASK_OPERANDS(JAX_FLASH_BUFFER_ENTRY) });
   // Results a platform's handler has beyond the op's (sized at lowering).
-  nb::dict cuda;
-  cuda[JAX_FLASH_FWD_TARGET] =
-      List([](nb::list& list) { JAX_FLASH_CUDA_FWD_EXTRA_RESULTS(JAX_FLASH_BUFFER_ENTRY) });
-  cuda[JAX_FLASH_BWD_TARGET] =
+  nb::dict cuda_bwd;
+  cuda_bwd[JAX_FLASH_BWD_TARGET] =
       List([](nb::list& list) { JAX_FLASH_CUDA_BWD_EXTRA_RESULTS(JAX_FLASH_BUFFER_ENTRY) });
-  cuda[JAX_FLASH_JVP_TARGET] =
-      List([](nb::list& list) { JAX_FLASH_CUDA_JVP_EXTRA_RESULTS(JAX_FLASH_BUFFER_ENTRY) });
   nb::dict extra;
-  extra["cuda"] = cuda;
+  extra["cuda"] = cuda_bwd;
   contract["extra_results"] = extra;
   // Query rows and keys per block_mask cell (mask.h).
   nb::dict constants;

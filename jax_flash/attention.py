@@ -308,9 +308,8 @@ def _dense_operand(name: str, x, batch_shape: tuple[int, ...], full: tuple[int, 
 
 def _bias(bias, batch_shape, full, dtype):
   """The bias as the kernels take it: in the inputs' 16-bit `dtype` if it has
-  it (converted where a kernel reads the accumulation dtype, on the device on
-  CUDA, rather than by a pass of its own here), any other floating bias in
-  the accumulation dtype."""
+  it (the CUDA kernels read it so; the CPU lowering converts it), any other
+  floating bias in the accumulation dtype."""
   acc_dtype = accumulation_dtype(dtype)
   if bias is None:
     return np.zeros((0,), acc_dtype)
@@ -424,8 +423,9 @@ def flash_attention(query, key, value, *, bias=None, mask=None, block_mask=None,
     bias: added to the scaled logits; broadcastable to ``(..., N, T, S)``.
       Differentiable: its gradient is summed over the broadcast dimensions
       and has the bias's dtype. Added in the accumulation dtype; a bias in
-      the inputs' bfloat16 or float16 dtype reaches the kernels' platform in
-      it (half the bytes) and is converted there, any other is cast first.
+      the inputs' bfloat16 or float16 dtype is read as it is on the GPU
+      (half the bytes of float32), any other is cast to the accumulation
+      dtype first.
     mask: boolean, broadcastable to ``(..., N, T, S)``; ``True`` = attend.
       Tiles where it is all False are skipped.
     block_mask: block-sparse attention: boolean, broadcastable to

@@ -64,8 +64,8 @@ _16_BIT = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
 def keeps_16bit_bias(dtype, bias_dtype) -> bool:
   """Whether a bias of `bias_dtype` goes to the calls on inputs of `dtype` as
   it is, not in the accumulation dtype: the inputs' own 16-bit dtype
-  (contract.h). The kernels read the accumulation dtype: the CUDA handlers
-  convert such a bias on the device, the CPU lowering just before its call."""
+  (contract.h). The CUDA kernels read it as it is (half the bytes of a
+  float32 copy); the CPU lowering converts it just before its call."""
   return np.dtype(bias_dtype) == np.dtype(dtype) and np.dtype(dtype) in _16_BIT
 
 
@@ -189,9 +189,9 @@ def _lowering(target):
 def _cpu_lowering(target):
   """The CPU call; a 16-bit bias is converted to the accumulation dtype first.
 
-  The CPU kernels read the bias in the accumulation dtype (the CUDA handlers
-  convert a 16-bit one themselves, _cuda_lowering), so the call gets a
-  converted copy: `kernel` bound again on it, in HLO before the call.
+  The CPU kernels read the bias in the accumulation dtype (the CUDA kernels
+  read a 16-bit one as it is), so the call gets a converted copy: `kernel`
+  bound again on it, in HLO before the call.
   Returns a rule maker, given the kernel primitive (see _define_lowering).
   """
   lower = _lowering(target)
@@ -217,16 +217,6 @@ def _cpu_lowering(target):
   return make
 
 
-def _cuda_bias_acc(target, avals_in, params):
-  """Where the CUDA handler converts a 16-bit bias for the kernels (float32):
-  the bias's shape then, (0,) otherwise."""
-  del params
-  dtype = avals_in[0].dtype
-  bias = avals_in[_ffi.operands(target).index("bias")]
-  shape = bias.shape if keeps_16bit_bias(dtype, bias.dtype) else (0,)
-  return jax.core.ShapedArray(shape, accumulation_dtype(dtype))
-
-
 def _cuda_workspace(target, avals_in, params):
   """The CUDA backward's delta = rowsum(dout * out) and the tensor-core kernels'
   float32 dQ accumulator; its size comes from the C++ side, which alone knows
@@ -242,7 +232,7 @@ def _cuda_workspace(target, avals_in, params):
 # XLA's ScratchAllocator, which is returned when the handler returns), XLA
 # owns them for as long as the call may run, which is what lets the handler
 # be recorded into a CUDA graph.
-_CUDA_EXTRA_RESULTS = {"bias_acc": _cuda_bias_acc, "workspace": _cuda_workspace}
+_CUDA_EXTRA_RESULTS = {"workspace": _cuda_workspace}
 _cuda_extra_names = {name for results in _ffi.CONTRACT["extra_results"]["cuda"].values()
                      for name, _, _ in results}
 if _cuda_extra_names != set(_CUDA_EXTRA_RESULTS):

@@ -154,8 +154,8 @@ def test_bias_over_many_tiles_per_sm(backend):
 
 
 # (input dtype, bias dtype): a bias in the inputs' own 16-bit dtype reaches the
-# kernels' platform as it is (converted there: on CUDA by the handler, on the
-# CPU in HLO before the call); any other is cast to float32 first.
+# kernels as it is on CUDA (the CPU lowering converts it in HLO before the
+# call); any other is cast to float32 first.
 BIAS_DTYPES = [(jnp.bfloat16, jnp.bfloat16), (jnp.float16, jnp.float16),
                (jnp.bfloat16, jnp.float32), (jnp.bfloat16, jnp.float16)]
 

@@ -10,7 +10,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
-#include <cstdint>
 
 #include "jax_flash/params.h"
 
@@ -23,12 +22,6 @@ enum class DType { kFloat32, kFloat64, kBFloat16, kFloat16 };
 // Alignment the kernels assume of the workspace pointer (16-byte vector
 // accesses); XLA's buffers are aligned to more.
 inline constexpr size_t kWorkspaceAlignment = 16;
-
-// Writes to[i] = from[i] for i < n, from bfloat16 or float16 (`from_type`)
-// to float32: the handlers' copy of a 16-bit bias, for kernels that read a
-// float32 one (convert.cu). Any other from_type: cudaErrorInvalidValue.
-cudaError_t WidenToFloat32(const void* from, DType from_type, float* to, int64_t n,
-                           cudaStream_t stream);
 
 // Writes params.out and params.lse.
 cudaError_t LaunchFwd(const FwdParams& params, DType dtype, cudaStream_t stream);

@@ -11,7 +11,7 @@
 // and the call site that passes it.
 //
 // The targets have the same operands, results and attributes on every
-// platform, except the CUDA handlers' extra results (their device memory).
+// platform, except the CUDA backward's extra workspace result.
 #pragma once
 
 // Operands and results: X(name, dtype, shape). dtype is one of "input" (q's
@@ -29,10 +29,9 @@
   X(q_segment_ids, "int32", "(B, Sq), given with kv_segment_ids")                           \
   X(kv_segment_ids, "int32", "(B, Sk): i sees j only where the ids are equal")              \
   X(bias, "acc|input",                                                                      \
-    "rank 4, each dim 1 or (B, Hq, Sq, Sk)'s: added to the scaled logits. A 16-bit bias "   \
-    "(bfloat16/float16 inputs' own dtype) keeps its bytes until a kernel reads it; the "    \
-    "kernels read the accumulation type, into which the platform converts it first (CUDA: "\
-    "the handler, into its bias_acc result; CPU: the lowering, before the call)")           \
+    "rank 4, each dim 1 or (B, Hq, Sq, Sk)'s: added to the scaled logits in the "          \
+    "accumulation type. In the bfloat16/float16 inputs' own dtype the CUDA kernels read "   \
+    "it as it is; the CPU handler refuses it (its lowering converts it first)")             \
   X(mask, "bool", "rank 4, broadcast like bias: False hides the pair")                      \
   X(block_mask, "bool",                                                                     \
     "(B' in 1 or B, H' in 1 or Hq, R, C), R and C 1 or at least Sq and Sk / 128 rounded "   \
@@ -73,23 +72,10 @@
     "the bias's shape, in the accumulation type whatever the bias's (reverse mode "\
     "casts it to the bias's dtype); (0,) without a bias, or with a bias whose "    \
     "gradient is not wanted (the backward then does not compute it)")
-// CUDA only, results of every op after the contract's. They are device memory
-// the handler uses, owned by XLA (not scratch from its ScratchAllocator, which
-// is returned when the handler returns) so that the call can be recorded into
-// a CUDA graph and replayed: jax_flash.primitives sizes them at lowering.
-// bias_acc: the kernels read the bias in the accumulation type; the handler
-// converts a 16-bit bias into this result on the call's stream first.
-#define JAX_FLASH_CUDA_EXTRA_RESULTS(X)                                            \
-  X(bias_acc, "acc",                                                               \
-    "the bias's shape when the bias is 16-bit (the handler writes it there in the " \
-    "accumulation type for the kernels), (0,) otherwise")
-#define JAX_FLASH_CUDA_FWD_EXTRA_RESULTS(X) JAX_FLASH_CUDA_EXTRA_RESULTS(X)
-#define JAX_FLASH_CUDA_JVP_EXTRA_RESULTS(X) JAX_FLASH_CUDA_EXTRA_RESULTS(X)
-// The backward's also hold delta = rowsum(dout * out) and the tensor-core
-// kernels' float32 dQ accumulator (sized by cuda_bwd_workspace_bytes).
-#define JAX_FLASH_CUDA_BWD_EXTRA_RESULTS(X) \
-  JAX_FLASH_CUDA_EXTRA_RESULTS(X)           \
-  X(workspace, "uint8", "(CudaBwdWorkspaceBytes,)")
+// CUDA only: delta = rowsum(dout * out) and the tensor-core kernels' float32
+// dQ accumulator, owned by XLA so that the call can be recorded into a CUDA
+// graph (sized at lowering by cuda_bwd_workspace_bytes).
+#define JAX_FLASH_CUDA_BWD_EXTRA_RESULTS(X) X(workspace, "uint8", "(CudaBwdWorkspaceBytes,)")
 
 // Forward mode: the forward's operands and results and the tangents (each
 // like its primal, or (0,) when zero) -> the tangents of out and lse.

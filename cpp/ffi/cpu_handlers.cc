@@ -69,18 +69,10 @@ struct Cpu {
   using ContextBinding = ffi::ThreadPool;
   using Context = ffi::ThreadPool;
 
-  // The CPU kernels read the bias as it comes: jax_flash's CPU lowering
-  // converts a 16-bit one before the call (jax_flash/primitives.py).
-  static ffi::Error KernelBias(ffi::ThreadPool, const ffi::AnyBuffer& bias, ffi::DataType input_type,
-                               ffi_ops::NoExtraResults&, ScoreParams*) {
-    if (!ffi_decode::BiasNeedsConversion(bias, input_type)) return ffi::Error::Success();
-    return ffi::Error::InvalidArgument(
-        "jax_flash: the CPU kernels read the bias in " +
-        ffi_decode::DataTypeName(ffi_decode::AccumulationType(input_type)) + ", got " +
-        ffi_decode::DataTypeName(bias.element_type()) +
-        " (jax_flash's CPU lowering converts a 16-bit bias before the call: call the "
-        "primitives, not the custom call)");
-  }
+  // The CPU kernels read the bias in the accumulation type: jax_flash's CPU
+  // lowering converts a 16-bit one before the call (jax_flash/primitives.py).
+  static constexpr bool kReads16BitBias = false;
+  static constexpr const char* kName = "CPU";
 
   static ffi::Error Fwd(ffi::ThreadPool pool, const FwdParams& p, ffi::DataType dtype,
                         ffi_ops::NoExtraResults&) {

@@ -1,12 +1,11 @@
 // CUDA FFI handlers: the ops of ops.h (decoded and validated as on every
 // platform), launched on XLA's stream.
 //
-// Command-buffer compatible: no synchronisation, no cudaMalloc (the device
-// memory a handler needs, the backward's workspace and the float32 copy of a
-// 16-bit bias, is an extra result of the call, which XLA allocates and keeps
-// for the life of a recorded graph), no host reads of device data (sequence
-// lengths, segment ids, the dense mask, the bias and the dropout keys stay on
-// the device and are read by the kernels).
+// Command-buffer compatible: no synchronisation, no cudaMalloc (the
+// backward's workspace is an extra result of the call, which XLA allocates and
+// keeps for the life of a recorded graph), no host reads of device data
+// (sequence lengths, segment ids, the dense mask, the bias and the dropout
+// keys stay on the device and are read by the kernels).
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -56,59 +55,23 @@ ffi::Error LaunchError(const char* what, cudaError_t err) {
 struct Cuda {
   using ContextBinding = ffi::PlatformStream<cudaStream_t>;
   using Context = cudaStream_t;
+  // Every CUDA kernel reads a bias in the 16-bit inputs' dtype as it is
+  // (ScoreParams::bias_type): half the bytes, and no conversion pass.
+  static constexpr bool kReads16BitBias = true;
+  static constexpr const char* kName = "CUDA";
 
-  // Each op's results after the contract's (ops.h's ExtraResults).
-  struct FwdExtra {
-    JAX_FLASH_CUDA_FWD_EXTRA_RESULTS(JAX_FLASH_FFI_RESULT_FIELD)
-  };
-  struct JvpExtra {
-    JAX_FLASH_CUDA_JVP_EXTRA_RESULTS(JAX_FLASH_FFI_RESULT_FIELD)
-  };
-  struct BwdExtra {
-    JAX_FLASH_CUDA_BWD_EXTRA_RESULTS(JAX_FLASH_FFI_RESULT_FIELD)
-  };
-
-  // Every kernel reads a float32 bias (16-bit inputs accumulate in float32):
-  // a 16-bit bias is converted into the call's bias_acc result, on its stream,
-  // and the kernels read that copy.
-  template <typename Extra>
-  static ffi::Error KernelBias(cudaStream_t stream, const ffi::AnyBuffer& bias,
-                               ffi::DataType input_type, Extra& extra, ScoreParams* score) {
-    using ffi_decode::DataTypeName;
-    using ffi_decode::DimsToString;
-    ffi::Result<ffi::AnyBuffer>& copy = extra.bias_acc;
-    if (!ffi_decode::BiasNeedsConversion(bias, input_type)) {
-      if (!ffi_decode::IsAbsent(copy->dimensions()))
-        return ffi_decode::Invalid("bias_acc must be (0,) unless the bias is 16-bit, got " +
-                                   DimsToString(copy->dimensions()));
-      return ffi::Error::Success();
-    }
-    auto bias_dims = bias.dimensions(), copy_dims = copy->dimensions();
-    bool same = copy_dims.size() == bias_dims.size() && copy->element_type() == ffi::DataType::F32;
-    for (size_t i = 0; same && i < bias_dims.size(); ++i) same = copy_dims[i] == bias_dims[i];
-    if (!same)
-      return ffi_decode::Invalid(
-          "bias_acc must be float32 of the bias's shape " + DimsToString(bias_dims) + " for a " +
-          DataTypeName(bias.element_type()) + " bias (jax_flash.primitives adds it), got " +
-          DataTypeName(copy->element_type()) + " " + DimsToString(copy_dims));
-    const int64_t n = static_cast<int64_t>(bias.element_count());
-    if (n == 0) return ffi::Error::Success();  // nothing to read: the operand's pointer stays
-    if (cudaError_t err = cuda::WidenToFloat32(bias.untyped_data(),
-                                               ToCudaDType(bias.element_type()),
-                                               static_cast<float*>(copy->untyped_data()), n,
-                                               stream);
-        err != cudaSuccess)
-      return LaunchError("bias conversion", err);
-    score->bias = copy->untyped_data();
-    return ffi::Error::Success();
-  }
-
-  static ffi::Error Fwd(cudaStream_t stream, const FwdParams& p, ffi::DataType dtype, FwdExtra&) {
+  static ffi::Error Fwd(cudaStream_t stream, const FwdParams& p, ffi::DataType dtype,
+                        ffi_ops::NoExtraResults&) {
     CountIfCapturing(stream, captured_fwd);
     if (cudaError_t err = cuda::LaunchFwd(p, ToCudaDType(dtype), stream); err != cudaSuccess)
       return LaunchError("forward", err);
     return ffi::Error::Success();
   }
+
+  // The backward's results after the contract's (ops.h's ExtraResults).
+  struct BwdExtra {
+    JAX_FLASH_CUDA_BWD_EXTRA_RESULTS(JAX_FLASH_FFI_RESULT_FIELD)
+  };
 
   static ffi::Error Bwd(cudaStream_t stream, BwdParams& p, ffi::DataType input_type,
                         bool deterministic, BwdExtra& extra) {
@@ -131,7 +94,8 @@ struct Cuda {
     return ffi::Error::Success();
   }
 
-  static ffi::Error Jvp(cudaStream_t stream, const JvpParams& p, ffi::DataType dtype, JvpExtra&) {
+  static ffi::Error Jvp(cudaStream_t stream, const JvpParams& p, ffi::DataType dtype,
+                        ffi_ops::NoExtraResults&) {
     if (cudaError_t err = cuda::LaunchJvp(p, ToCudaDType(dtype), stream); err != cudaSuccess)
       return LaunchError("forward-mode derivative", err);
     return ffi::Error::Success();
@@ -141,19 +105,9 @@ struct Cuda {
 }  // namespace
 
 template <>
-struct ffi_ops::ExtraResults<Cuda, ffi_ops::FwdOp> {
-  using type = Cuda::FwdExtra;
-  static constexpr size_t kCount = 0 JAX_FLASH_CUDA_FWD_EXTRA_RESULTS(JAX_FLASH_FFI_COUNT);
-};
-template <>
 struct ffi_ops::ExtraResults<Cuda, ffi_ops::BwdOp> {
   using type = Cuda::BwdExtra;
   static constexpr size_t kCount = 0 JAX_FLASH_CUDA_BWD_EXTRA_RESULTS(JAX_FLASH_FFI_COUNT);
-};
-template <>
-struct ffi_ops::ExtraResults<Cuda, ffi_ops::JvpOp> {
-  using type = Cuda::JvpExtra;
-  static constexpr size_t kCount = 0 JAX_FLASH_CUDA_JVP_EXTRA_RESULTS(JAX_FLASH_FFI_COUNT);
 };
 
 using CudaFwd = ffi_ops::Handler<ffi_ops::FwdOp, Cuda>;
@@ -175,9 +129,8 @@ size_t CudaBwdWorkspaceBytes(const AttentionShape& shape, std::string_view dtype
 
 }  // namespace jax_flash
 
-// No scratch (XLA-owned extra results instead), no host work beyond launches:
-// XLA may record each into a CUDA graph (command buffer). Operands, results
-// and attributes: contract.h.
+// No scratch, no host work beyond launches: XLA may record each into a CUDA
+// graph (command buffer). Operands, results and attributes: contract.h.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxFlashFwdCuda, jax_flash::CudaFwd::Impl(),
                               jax_flash::CudaFwd::Binding(),
                               {ffi::Traits::kCmdBufferCompatible});

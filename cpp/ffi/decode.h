@@ -125,12 +125,6 @@ inline ffi::Error DecodeShape(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
 inline bool IsAbsent(ffi::AnyBuffer::Dimensions d) { return d.size() == 1 && d[0] == 0; }
 inline bool IsAbsent(const ffi::AnyBuffer& b) { return IsAbsent(b.dimensions()); }
 
-// Whether a present bias is 16-bit (of 16-bit inputs, contract.h): the
-// kernels read the accumulation type, so the platform converts it first
-// (ops.h, KernelBias).
-inline bool BiasNeedsConversion(const ffi::AnyBuffer& bias, ffi::DataType input_type) {
-  return !IsAbsent(bias) && bias.element_type() != AccumulationType(input_type);
-}
 
 // A rank-4 operand broadcast to (B, Hq, Sq, Sk): checks its dims, returns
 // its strides (0 along broadcast dims) and dims.
@@ -262,9 +256,8 @@ inline ffi::Error DecodeScore(const AttentionShape& s, const ScoreAttrs& a,
   score->scale = a.scale;
   score->softcap = a.softcap;
   if (!IsAbsent(ops.bias)) {
-    // The accumulation type, or the inputs' own 16-bit type (contract.h);
-    // score->bias points at the operand, which the platform replaces by an
-    // accumulation-type copy of a 16-bit one (ops.h, KernelBias).
+    // The accumulation type, or the inputs' own 16-bit type (contract.h),
+    // which the platform must read as it is (ops.h, PlatformTakesBias).
     const ffi::DataType t = ops.bias.element_type();
     if (t != AccumulationType(input_type) && !(Is16Bit(input_type) && t == input_type))
       return Invalid("bias must be " + DataTypeName(AccumulationType(input_type)) +
@@ -273,6 +266,9 @@ inline ffi::Error DecodeScore(const AttentionShape& s, const ScoreAttrs& a,
     if (auto e = DecodeDense("bias", ops.bias, s, &score->bias_strides, score->bias_dims); e.failure())
       return e;
     score->bias = ops.bias.untyped_data();
+    score->bias_type = t == ffi::DataType::BF16  ? BiasType::kBFloat16
+                       : t == ffi::DataType::F16 ? BiasType::kFloat16
+                                                 : BiasType::kAcc;
   }
   return ffi::Error::Success();
 }

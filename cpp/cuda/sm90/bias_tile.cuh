@@ -1,6 +1,7 @@
-// The bias on the Hopper forward (sm90/mainloop_fwd.cuh): one key block's
-// float32 bias tile, loaded by TMA (EncodeBiasTensorMap) a block ahead of its
-// use, and added to the S fragments from shared memory.
+// The bias on the Hopper forwards (sm90/mainloop_fwd.cuh, mainloop_fwd_ws.cuh):
+// one key block's bias tile, float32 or the 16-bit inputs' type
+// (ScoreParams::bias_type), loaded by TMA (EncodeBiasTensorMap) a block ahead
+// of its use, and added to the S fragments from shared memory.
 //
 // Why staged: read per element from global memory right before its use, the
 // bias kept the mma.sync kernel's warps waiting on L1TEX for most of their
@@ -8,11 +9,13 @@
 // thread keeps its addresses, and the load runs under the softmax and both
 // GEMMs of the block before.
 //
-// Layout: kBlockN / 32 boxes of kBlockM rows x 32 keys; a row of a box is
-// 128 bytes whose eight 16-byte chunks are swizzled by row % 8 (TMA's
-// 128-byte swizzle). A lane's float2 (row g or g + 8, keys 8nt + 2t, + 1)
-// lies in chunk 2(nt % 4) + t / 2: a warp's 8 rows x 32 bytes then fill the
-// 32 banks twice, the least two wavefronts that 256 bytes take.
+// Layout: boxes of kBlockM rows x 128 bytes of keys (32 float32 or 64 16-bit
+// ones); a row's eight 16-byte chunks are swizzled by row % 8 (TMA's 128-byte
+// swizzle). float32: a lane's float2 (row g or g + 8, keys 8nt + 2t, + 1)
+// lies in chunk 2(nt % 4) + t / 2, and a warp's 8 rows x 32 bytes fill the 32
+// banks twice, the least two wavefronts that 256 bytes take. 16-bit: the
+// lane's pair (4 bytes) lies in chunk nt % 8, and 8 rows x 16 bytes fill the
+// banks once.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -29,11 +32,11 @@
 
 namespace jax_flash::cuda::sm90 {
 
-// BiasT: float (the contract's accumulation type), or the inputs' 16-bit
-// type when the bias comes in it (contract.h: "acc|input"): 64 keys per
-// 128-byte row then, and a lane's pair of keys (4 bytes) in chunk nt % 8 ^ g:
-// a warp's 8 rows x 16 bytes fill the 32 banks once.
-template <int kBlockM, int kBlockN, typename BiasT = float>
+// Shared memory a CTA may use (sm_90).
+inline constexpr int kMaxSmemBytes = 227 * 1024;
+
+// BiasT: float, or the inputs' 16-bit type when the bias comes in it.
+template <int kBlockM, int kBlockN, typename BiasT>
 struct BiasTile {
   static constexpr int kElemBytes = static_cast<int>(sizeof(BiasT));
   static constexpr int kBoxKeys = 128 / kElemBytes;  // keys per 128-byte row
@@ -41,6 +44,11 @@ struct BiasTile {
   static constexpr int kBytes = kBlockM * kBlockN * kElemBytes;
   static_assert(kElemBytes == 4 || kElemBytes == 2, "float32 or a 16-bit bias");
   static_assert(kBlockN % kBoxKeys == 0, "key blocks are whole boxes");
+  // Whether a kernel whose other shared memory takes `smem_bytes` has room
+  // for `stages` tiles.
+  static constexpr bool Fits(int smem_bytes, int stages) {
+    return smem_bytes + stages * kBytes <= kMaxSmemBytes;
+  }
 
   // One thread: the tile of queries [row0, row0 + kBlockM) x keys [key0,
   // key0 + kBlockN) of (batch b, q head h) into `tile` through `map`
@@ -114,5 +122,11 @@ struct BiasTile {
     }
   }
 };
+
+// Bytes of one tile of type Bias (a BiasTile), 0 for none (void).
+template <typename Bias>
+inline constexpr int kBiasTileBytes = Bias::kBytes;
+template <>
+inline constexpr int kBiasTileBytes<void> = 0;
 
 }  // namespace jax_flash::cuda::sm90
