@@ -30,10 +30,12 @@
 // mask in full ones.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstring>
+#include <type_traits>
 
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/math.cuh"
@@ -264,40 +266,57 @@ struct BiasView {
     return v;
   }
   __device__ __forceinline__ bool present() const { return f32 != nullptr || narrow != nullptr; }
-  // The loads are global and read-only (__ldg) by name: with two candidate
-  // pointers the compiler no longer inferred the global space and issued
-  // generic loads (LD.E), which made the backward 1.4x slower (NOTES).
-  // bias[i, j] inside the sequences, 0 outside (those elements are masked).
-  __device__ __forceinline__ float At(int64_t i, int64_t j) const {
-    if (i >= seqlen_q || j >= seqlen_k) return 0.f;
-    const int64_t at = i * row + j * col;
-    if (narrow != nullptr) return FromBits(__ldg(reinterpret_cast<const unsigned short*>(narrow) + at));
-    return __ldg(f32 + at);
-  }
-  // bias[i, j], bias[i, j + 1], both inside the sequences, when `pairs`.
-  __device__ __forceinline__ float2 Pair(int64_t i, int64_t j) const {
-    const int64_t at = i * row + j;
-    if (narrow != nullptr) {  // one 4-byte load: `pairs` aligns it
-      const unsigned bits = __ldg(reinterpret_cast<const unsigned*>(narrow + at));
-      return make_float2(FromBits(static_cast<unsigned short>(bits & 0xffffu)),
-                         FromBits(static_cast<unsigned short>(bits >> 16)));
-    }
-    return __ldg(reinterpret_cast<const float2*>(f32 + at));
-  }
-
- private:
-  __device__ __forceinline__ static float FromBits(unsigned short bits) {
-    T x;
-    memcpy(&x, &bits, sizeof(x));
-    return ToFloat(x);
-  }
 };
 
-// x = scale * s + bias on a warp's fragments (layout as MaskFragment's),
-// before the soft cap and the mask.
-template <Rows kRows, int kMT, int kNTiles, typename T>
-__device__ __forceinline__ void AddBias(float (&s)[kMT][kNTiles][4], const BiasView<T>& bias,
-                                        float scale, int64_t row0, int64_t col0, int g, int t) {
+namespace bias_detail {
+
+__device__ __forceinline__ float Widen(float x) { return x; }
+__device__ __forceinline__ float Widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float Widen(__half x) { return __half2float(x); }
+__device__ __forceinline__ float2 Widen(float2 x) { return x; }
+__device__ __forceinline__ float2 Widen(__nv_bfloat162 x) { return __bfloat1622float2(x); }
+__device__ __forceinline__ float2 Widen(__half2 x) { return __half22float2(x); }
+
+template <typename E> struct PairOf;
+template <> struct PairOf<float> { using type = float2; };
+template <> struct PairOf<__nv_bfloat16> { using type = __nv_bfloat162; };
+template <> struct PairOf<__half> { using type = __half2; };
+
+// x = scale * s + bias from a bias of element type E (float, or the inputs'
+// 16-bit T) at `ptr` (the view's strides), loads global and read-only by
+// name (__ldg). Where a fragment lies inside the sequences and its key
+// pairs are adjacent (a query-row fragment: most tiles), one pair load each
+// and no bounds check. Elsewhere one element at a time, in two passes: all
+// loads (checked) into raw registers, then the conversions and sums. A check
+// and a conversion per element together made each 16-bit load's conversion
+// wait for it inside its branch, one load at a time, and the backward ran
+// 1.4x slower than with a float32 bias (cuda/NOTES_score_terms.md).
+template <Rows kRows, int kMT, int kNTiles, typename E, typename View>
+__device__ __forceinline__ void AddBiasOf(float (&s)[kMT][kNTiles][4], const E* ptr,
+                                          const View& v, float scale, int64_t row0,
+                                          int64_t col0, int g, int t) {
+  using Pair = typename PairOf<E>::type;
+  if (kRows == Rows::kQueries && v.pairs && row0 + kMT * 16 <= v.seqlen_q &&
+      col0 + kNTiles * 8 <= v.seqlen_k) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const E* row = ptr + (row0 + mt * 16 + g + hr * 8) * v.row + col0 + 2 * t;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          const float2 b = Widen(__ldg(reinterpret_cast<const Pair*>(row + nt * 8)));
+          s[mt][nt][2 * hr] = fmaf(s[mt][nt][2 * hr], scale, b.x);
+          s[mt][nt][2 * hr + 1] = fmaf(s[mt][nt][2 * hr + 1], scale, b.y);
+        }
+      }
+    return;
+  }
+  // bias[i, j] inside the sequences, 0 outside (those elements are masked).
+  auto at = [&](int64_t i, int64_t j) {
+    return i < v.seqlen_q && j < v.seqlen_k ? __ldg(ptr + i * v.row + j * v.col) : E{};
+  };
+  E raw[kMT][kNTiles][4];
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -306,23 +325,30 @@ __device__ __forceinline__ void AddBias(float (&s)[kMT][kNTiles][4], const BiasV
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
         const int64_t c0 = col0 + nt * 8 + 2 * t;
-        float b0, b1;
-        if (kRows == Rows::kQueries && bias.pairs && r < bias.seqlen_q &&
-            c0 + 1 < bias.seqlen_k) {
-          const float2 b2 = bias.Pair(r, c0);
-          b0 = b2.x;
-          b1 = b2.y;
-        } else if (kRows == Rows::kQueries) {
-          b0 = bias.At(r, c0);
-          b1 = bias.At(r, c0 + 1);
-        } else {
-          b0 = bias.At(c0, r);
-          b1 = bias.At(c0 + 1, r);
-        }
-        s[mt][nt][2 * hr] = fmaf(s[mt][nt][2 * hr], scale, b0);
-        s[mt][nt][2 * hr + 1] = fmaf(s[mt][nt][2 * hr + 1], scale, b1);
+        const bool queries = kRows == Rows::kQueries;
+        raw[mt][nt][2 * hr] = queries ? at(r, c0) : at(c0, r);
+        raw[mt][nt][2 * hr + 1] = queries ? at(r, c0 + 1) : at(c0 + 1, r);
       }
     }
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][nt][e] = fmaf(s[mt][nt][e], scale, Widen(raw[mt][nt][e]));
+}
+
+}  // namespace bias_detail
+
+// x = scale * s + bias on a warp's fragments (layout as MaskFragment's),
+// before the soft cap and the mask; the element type chosen once per call.
+template <Rows kRows, int kMT, int kNTiles, typename T>
+__device__ __forceinline__ void AddBias(float (&s)[kMT][kNTiles][4], const BiasView<T>& bias,
+                                        float scale, int64_t row0, int64_t col0, int g, int t) {
+  if (bias.narrow != nullptr)
+    bias_detail::AddBiasOf<kRows>(s, bias.narrow, bias, scale, row0, col0, g, t);
+  else
+    bias_detail::AddBiasOf<kRows>(s, bias.f32, bias, scale, row0, col0, g, t);
 }
 
 template <Rows kRows, int kNTiles, typename T>
