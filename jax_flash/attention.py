@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_flash import _ffi, _supported, autodiff, tile_map  # noqa: F401 (autodiff: its rules)
-from jax_flash.primitives import accumulation_dtype, flash_fwd_p, mask_operands, match_varying
+from jax_flash.primitives import (accumulation_dtype, flash_fwd_p, keeps_16bit_bias, mask_operands,
+                                  match_varying)
 
 _NO_INT_OPERAND = np.zeros((0,), np.int32)
 _NO_MASK = np.zeros((0,), np.bool_)
@@ -305,13 +306,18 @@ def _dense_operand(name: str, x, batch_shape: tuple[int, ...], full: tuple[int, 
   return x.reshape((math.prod(batch_shape),) + shape[len(batch_shape):])
 
 
-def _bias(bias, batch_shape, full, acc_dtype):
+def _bias(bias, batch_shape, full, dtype):
+  """The bias as the kernels take it: in the inputs' 16-bit `dtype` if it has
+  it (the CUDA kernels read it so; the CPU lowering converts it), any other
+  floating bias in the accumulation dtype."""
+  acc_dtype = accumulation_dtype(dtype)
   if bias is None:
     return np.zeros((0,), acc_dtype)
   bias_dtype = getattr(bias, "dtype", None)
   if bias_dtype is None or not jnp.issubdtype(bias_dtype, jnp.floating):
     raise DTypeError(f"bias must be a floating-point array, got {bias_dtype or type(bias).__name__}")
-  return _dense_operand("bias", bias, batch_shape, full).astype(acc_dtype)
+  bias = _dense_operand("bias", bias, batch_shape, full)
+  return bias if keeps_16bit_bias(dtype, bias_dtype) else bias.astype(acc_dtype)
 
 
 def _mask(mask, batch_shape, full):
@@ -415,7 +421,11 @@ def flash_attention(query, key, value, *, bias=None, mask=None, block_mask=None,
     query, key, value: arrays of one dtype: float32, float64, bfloat16 or
       float16; head dim ``H`` from 1 to 256.
     bias: added to the scaled logits; broadcastable to ``(..., N, T, S)``.
-      Differentiable: its gradient is summed over the broadcast dimensions.
+      Differentiable: its gradient is summed over the broadcast dimensions
+      and has the bias's dtype. Added in the accumulation dtype; a bias in
+      the inputs' bfloat16 or float16 dtype is read as it is on the GPU
+      (half the bytes of float32), any other is cast to the accumulation
+      dtype first.
     mask: boolean, broadcastable to ``(..., N, T, S)``; ``True`` = attend.
       Tiles where it is all False are skipped.
     block_mask: block-sparse attention: boolean, broadcastable to
@@ -503,7 +513,7 @@ def flash_attention(query, key, value, *, bias=None, mask=None, block_mask=None,
       q_seqlens=_lengths("query_seq_lengths", query_seq_lengths, batch_shape, seqlen_q),
       kv_seqlens=_lengths("key_value_seq_lengths", key_value_seq_lengths, batch_shape, seqlen_k),
       q_segment_ids=q_ids, kv_segment_ids=kv_ids,
-      bias=_bias(bias, batch_shape, dense_full, acc_dtype),
+      bias=_bias(bias, batch_shape, dense_full, query.dtype),
       mask=_mask(mask, batch_shape, dense_full),
       block_mask=_block_mask(block_mask, batch_shape, query.shape[-2], seqlen_q, seqlen_k),
       dropout_key=dropout_key)

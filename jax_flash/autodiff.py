@@ -2,7 +2,10 @@
 
 * flash_fwd_p's JVP is flash_jvp_p (a fused kernel on the CPU), linear in
   the tangents of q, k, v and the bias. Symbolic zero tangents are passed as
-  absent ``(0,)`` operands, so the kernel skips their products.
+  absent ``(0,)`` operands, so the kernel skips their products. The bias's
+  tangent (and so dbias) is in the accumulation dtype, whatever the bias's
+  (a 16-bit bias is one too, contract.h): the JVP casts it, and the transpose
+  of that cast gives reverse mode a cotangent of the bias's own dtype.
 * flash_jvp_p's transpose is the backward kernel flash_bwd_p, so reverse
   mode (``grad``, ``vjp``) runs exactly the forward and backward kernels: the
   JVP is linearised and transposed away, never run. The backward computes
@@ -24,7 +27,8 @@ import jax.numpy as jnp
 from jax.interpreters import ad
 
 from jax_flash import blockwise
-from jax_flash.primitives import MASK_OPERANDS, flash_bwd_p, flash_fwd_p, flash_jvp_p
+from jax_flash.primitives import (MASK_OPERANDS, accumulation_dtype, flash_bwd_p, flash_fwd_p,
+                                  flash_jvp_p)
 
 _NUM_MASK = len(MASK_OPERANDS)
 _BIAS = MASK_OPERANDS.index("bias")
@@ -48,7 +52,7 @@ def _fwd_jvp(primals, tangents, **params):
   out, lse = flash_fwd_p.bind(*primals, **params)
   bias = mask_operands[_BIAS]
   operands = [_tangent_operand(t, x) for t, x in zip(tangents[:3], (q, k, v))]
-  operands.append(_tangent_operand(tangents[3 + _BIAS], bias))
+  operands.append(_tangent_operand(tangents[3 + _BIAS], bias).astype(accumulation_dtype(q.dtype)))
   out_dot, lse_dot = flash_jvp_p.bind(q, k, v, out, lse, *operands, *mask_operands, **params)
   return (out, lse), (out_dot, lse_dot)
 

@@ -282,7 +282,7 @@ def bwd(*operands, bias_grad, lse_cotangent=None, **params):
 
   dS = P o (dP - D + lse_cotangent) with D = rowsum(dout o out); dout may be
   absent ((0,)) when only lse has a cotangent. dbias is absent ((0,)) without
-  a bias or without bias_grad, as flash_bwd_p's.
+  a bias or without bias_grad, and in the accumulation dtype, as flash_bwd_p's.
   """
   params.pop("deterministic", None)
   (q, k, v, out, lse, dout), mask_operands = operands[:6], operands[6:]
@@ -327,10 +327,10 @@ def bwd(*operands, bias_grad, lse_cotangent=None, **params):
   dq = dq.reshape(q.shape).astype(q.dtype)
   dk = pb.unblock(dk, 1).astype(k.dtype)
   dv = pb.unblock(dv, 1).astype(v.dtype)
-  bias = mask_operands[MASK_OPERANDS.index("bias")]
+  # In the accumulation dtype, as flash_bwd_p's (primitives.py).
   if dbias_shape is None:
-    dbias = jnp.zeros((0,), bias.dtype)
+    dbias = jnp.zeros((0,), pb.acc)
   else:
     dbias = pb.unblock(dbias_blocks, 4) if bias_per_key else dbias_sum
-    dbias = dbias.reshape(pb.bias_shape).astype(bias.dtype)
+    dbias = dbias.reshape(pb.bias_shape).astype(pb.acc)
   return dq, dk, dv, dbias

@@ -58,15 +58,28 @@ def accumulation_dtype(dtype) -> np.dtype:
   return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
 
 
+_16_BIT = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
+
+
+def keeps_16bit_bias(dtype, bias_dtype) -> bool:
+  """Whether a bias of `bias_dtype` goes to the calls on inputs of `dtype` as
+  it is, not in the accumulation dtype: the inputs' own 16-bit dtype
+  (contract.h). The CUDA kernels read it as it is (half the bytes of a
+  float32 copy); the CPU lowering converts it just before its call."""
+  return np.dtype(bias_dtype) == np.dtype(dtype) and np.dtype(dtype) in _16_BIT
+
+
 def mask_operands(dtype, **present) -> tuple:
   """The MASK_OPERANDS of a call on inputs of `dtype`: those given by name,
-  the others absent (shape (0,), in the dtype contract.h gives them)."""
+  the others absent (shape (0,), in the dtype contract.h gives them; of two,
+  "a|b", the first)."""
   unknown = set(present) - set(MASK_OPERANDS)
   if unknown:
     raise TypeError(f"jax_flash: no mask operand named {sorted(unknown)}; they are {MASK_OPERANDS}")
   dtypes = {"acc": accumulation_dtype(dtype), "input": np.dtype(dtype)}
+  absent = {name: kind.split("|")[0] for name, kind in _ffi.OPERAND_DTYPES.items()}
   return tuple(present[name] if name in present else
-               np.zeros((0,), dtypes.get(_ffi.OPERAND_DTYPES[name], _ffi.OPERAND_DTYPES[name]))
+               np.zeros((0,), dtypes.get(absent[name], absent[name]))
                for name in MASK_OPERANDS)
 
 
@@ -111,7 +124,11 @@ def _bwd_abstract_eval(q, k, v, out, lse, dout, *mask_operands, bias_grad, **par
   del params
   avals = (q, k, v, out, lse, dout, *mask_operands)
   bias = mask_operands[_BIAS]
-  dbias = _result(bias, avals) if bias_grad else _result(bias, avals, (0,), dims=(None,))
+  # In the accumulation dtype whatever the bias's (contract.h): reverse mode
+  # casts it to the bias's dtype (autodiff.py).
+  acc = accumulation_dtype(q.dtype)
+  dbias = (_result(bias, avals, dtype=acc) if bias_grad else
+           _result(bias, avals, (0,), acc, dims=(None,)))
   return (*(_result(x, avals) for x in (q, k, v)), dbias)
 
 
@@ -169,26 +186,80 @@ def _lowering(target):
   return rule
 
 
-def _cuda_bwd_lowering():
-  """The CUDA backward has one more result than the primitive: its workspace.
+def _cpu_lowering(target):
+  """The CPU call; a 16-bit bias is converted to the accumulation dtype first.
 
-  delta = rowsum(dout * out) and the tensor-core kernels' float32 dQ
-  accumulator live there. As a result of the call (rather than scratch from
-  XLA's ScratchAllocator, which is returned when the handler returns), XLA
-  owns it for as long as the call may run, which is what lets the handler be
-  recorded into a CUDA graph. Its size comes from the C++ side, which alone
-  knows the kernels' needs.
+  The CPU kernels read the bias in the accumulation dtype (the CUDA kernels
+  read a 16-bit one as it is), so the call gets a converted copy: `kernel`
+  bound again on it, in HLO before the call.
+  Returns a rule maker, given the kernel primitive (see _define_lowering).
   """
-  lower = _lowering(_ffi.BWD_TARGET)
+  lower = _lowering(target)
+  bias_index = _ffi.operands(target).index("bias")
+
+  def make(kernel):
+    def rule(ctx, *args, **params):
+      dtype = ctx.avals_in[0].dtype
+      acc = accumulation_dtype(dtype)
+      # Any other dtype goes to the handler as it is, which refuses it.
+      if not keeps_16bit_bias(dtype, ctx.avals_in[bias_index].dtype):
+        return lower(ctx, *args, **params)
+
+      def widened(*operands):
+        operands = list(operands)
+        operands[bias_index] = operands[bias_index].astype(acc)
+        return kernel.bind(*operands, **params)
+
+      return mlir.lower_fun(widened, multiple_results=True)(ctx, *args)
+
+    return rule
+
+  return make
+
+
+def _cuda_workspace(target, avals_in, params):
+  """The CUDA backward's delta = rowsum(dout * out) and the tensor-core kernels'
+  float32 dQ accumulator; its size comes from the C++ side, which alone knows
+  the kernels' needs."""
+  del target
+  q, k = avals_in[:2]
+  nbytes = _ffi.cuda_bwd_workspace_bytes(q.shape, k.shape, q.dtype, params["deterministic"])
+  return jax.core.ShapedArray((nbytes,), np.uint8)
+
+
+# The CUDA handlers' results after each op's (contract.h), by name: device
+# memory the handler uses. As results of the call (rather than scratch from
+# XLA's ScratchAllocator, which is returned when the handler returns), XLA
+# owns them for as long as the call may run, which is what lets the handler
+# be recorded into a CUDA graph.
+_CUDA_EXTRA_RESULTS = {"workspace": _cuda_workspace}
+_cuda_extra_names = {name for results in _ffi.CONTRACT["extra_results"]["cuda"].values()
+                     for name, _, _ in results}
+if _cuda_extra_names != set(_CUDA_EXTRA_RESULTS):
+  raise ImportError(f"jax_flash: primitives.py sizes the CUDA results "
+                    f"{sorted(_CUDA_EXTRA_RESULTS)}, but the extension's are "
+                    f"{sorted(_cuda_extra_names)}: the package and its compiled extension "
+                    "disagree (reinstall it)")
+
+
+def _cuda_lowering(target):
+  """The CUDA call, with the handler's extra results (sized here, dropped after)."""
+  lower = _lowering(target)
+  extra = [name for name, _, _ in _ffi.CONTRACT["extra_results"]["cuda"].get(target, [])]
 
   def rule(ctx, *args, **params):
-    q, k = ctx.avals_in[:2]
-    nbytes = _ffi.cuda_bwd_workspace_bytes(q.shape, k.shape, q.dtype, params["deterministic"])
-    workspace = jax.core.ShapedArray((nbytes,), np.uint8)
-    ctx = ctx.replace(avals_out=[*ctx.avals_out, workspace])
-    return lower(ctx, *args, **params)[:-1]
+    num_results = len(ctx.avals_out)
+    avals = [_CUDA_EXTRA_RESULTS[name](target, ctx.avals_in, params) for name in extra]
+    ctx = ctx.replace(avals_out=[*ctx.avals_out, *avals])
+    return lower(ctx, *args, **params)[:num_results]
 
   return rule
+
+
+def _platform_rules(target):
+  """Rule makers (kernel primitive -> lowering rule) by platform."""
+  cuda = _cuda_lowering(target)
+  return {"cpu": _cpu_lowering(target), "cuda": lambda kernel: cuda}
 
 
 # -- sharding: what each operand and result dimension is -----------------------
@@ -278,32 +349,29 @@ def _bwd_layout(avals_in, params):
                  avals_in[6:], params)
 
 
-def _define_lowering(prim, abstract_eval, platform_rules, layout_of):
+def _define_lowering(prim, abstract_eval, target, layout_of):
   """Lowers `prim` through the sharding rule to a kernel primitive of its own.
 
   The kernel primitive (same operands, same abstract evaluation) lowers to
-  the FFI call of each platform; `prim` lowers to its custom-partitioned
-  call, which runs it on each device's shard. Any new primitive over the
-  same operands reuses this with its own layout.
+  the FFI call `target` of each platform; `prim` lowers to its
+  custom-partitioned call, which runs it on each device's shard. Any new
+  primitive over the same operands reuses this with its own layout.
   """
   kernel = Primitive(prim.name + "_kernel")
   kernel.multiple_results = prim.multiple_results
   kernel.def_abstract_eval(abstract_eval)
-  for platform, rule in platform_rules.items():
-    mlir.register_lowering(kernel, rule, platform=platform)
+  rules = _platform_rules(target)
+  for platform in _LOWERING_PLATFORMS:
+    mlir.register_lowering(kernel, rules[platform](kernel), platform=platform)
   mlir.register_lowering(prim, partitioning.sharded_lowering(prim, kernel, layout_of))
   return kernel
 
 
-_define_lowering(flash_fwd_p, _fwd_abstract_eval,
-                 {p: _lowering(_ffi.FWD_TARGET) for p in _LOWERING_PLATFORMS}, _fwd_layout)
-_define_lowering(flash_bwd_p, _bwd_abstract_eval,
-                 {"cpu": _lowering(_ffi.BWD_TARGET), "cuda": _cuda_bwd_lowering()}, _bwd_layout)
+_define_lowering(flash_fwd_p, _fwd_abstract_eval, _ffi.FWD_TARGET, _fwd_layout)
+_define_lowering(flash_bwd_p, _bwd_abstract_eval, _ffi.BWD_TARGET, _bwd_layout)
 # The JVP is a fused kernel on both platforms (on CUDA: tensor cores for
 # bf16/fp16 without a bias (float16 on Turing), the exact kernel otherwise).
-_jvp_kernel = _define_lowering(
-    flash_jvp_p, _jvp_abstract_eval, {p: _lowering(_ffi.JVP_TARGET) for p in _LOWERING_PLATFORMS},
-    _jvp_layout)
+_jvp_kernel = _define_lowering(flash_jvp_p, _jvp_abstract_eval, _ffi.JVP_TARGET, _jvp_layout)
 
 
 # -- batching ------------------------------------------------------------------

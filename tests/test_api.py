@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import jax_flash
+from jax_flash import _ffi
 from jax_flash.primitives import flash_bwd_p, flash_fwd_p, mask_operands
 from reference import Options, attention
 
@@ -424,10 +425,11 @@ FWD_PARAMS = dict(scale=1.0, softcap=0.0, is_causal=False, window_left=-1, windo
 
 @pytest.mark.parametrize("case", ["lengths shape", "segment shape", "lengths dtype",
                                   "scale", "softcap", "one segment operand", "bias shape",
-                                  "bias dtype", "mask dtype", "dropout without key",
+                                  "bias dtype", "16-bit bias, float32 inputs",
+                                  "other 16-bit bias", "mask dtype", "dropout without key",
                                   "dropout key batch"])
 def test_handler_rejects_bad_operands(backend, case):
-  q, k, v = qkv()
+  q, k, v = qkv(dtype=jnp.bfloat16 if case == "other 16-bit bias" else jnp.float32)
   ops = {}
   params = dict(FWD_PARAMS)
   if case == "lengths shape":
@@ -447,6 +449,10 @@ def test_handler_rejects_bad_operands(backend, case):
     ops["bias"] = np.zeros((2, 4, 10, 5), np.float32)
   elif case == "bias dtype":
     ops["bias"] = np.zeros((1, 1, 10, 12), np.float64)
+  elif case == "16-bit bias, float32 inputs":
+    ops["bias"] = jnp.zeros((1, 1, 10, 12), jnp.bfloat16)
+  elif case == "other 16-bit bias":  # bfloat16 inputs take a float32 or bfloat16 bias
+    ops["bias"] = np.zeros((1, 1, 10, 12), np.float16)
   elif case == "mask dtype":
     ops["mask"] = np.zeros((1, 1, 10, 12), np.int32)
   elif case == "dropout without key":
@@ -457,6 +463,36 @@ def test_handler_rejects_bad_operands(backend, case):
   operands = [q, k, v, *mask_operands(q.dtype, **ops)]
   with pytest.raises(Exception, match="jax_flash"):
     jax.block_until_ready(flash_fwd_p.bind(*map(jnp.asarray, operands), **params))
+
+
+def test_cpu_handler_rejects_a_16bit_bias():
+  """The CPU kernels read a float32 bias and jax_flash's CPU lowering converts
+  a 16-bit one before the call: only a direct custom call brings one."""
+  q, k, v = qkv(dtype=jnp.bfloat16)
+  bias = jnp.zeros((1, 4, 10, 12), jnp.bfloat16)
+  call = jax.ffi.ffi_call(_ffi.FWD_TARGET, (jax.ShapeDtypeStruct(q.shape, q.dtype),
+                                            jax.ShapeDtypeStruct((2, 4, 10), jnp.float32)))
+  attributes = _ffi.attributes(_ffi.FWD_TARGET, FWD_PARAMS)
+  with jax.default_device(jax.devices("cpu")[0]):
+    with pytest.raises(Exception, match="CPU kernels read the bias in float32, got bfloat16"):
+      jax.block_until_ready(jax.jit(lambda *a: call(*a, **attributes))(
+          q, k, v, *map(jnp.asarray, mask_operands(q.dtype, bias=bias))))
+
+
+def test_bwd_handler_rejects_bad_dbias():
+  """dbias is float32 for 16-bit inputs whatever the bias's dtype (the CPU
+  call: the CUDA one also has the results its lowering sizes)."""
+  q, k, v = qkv(dtype=jnp.bfloat16)
+  lse = jnp.zeros((2, 4, 10), jnp.float32)
+  bias = jnp.zeros((1, 4, 10, 12), jnp.float32)
+  results = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
+  call = jax.ffi.ffi_call(_ffi.BWD_TARGET,
+                          (*results, jax.ShapeDtypeStruct(bias.shape, jnp.bfloat16)))
+  attributes = _ffi.attributes(_ffi.BWD_TARGET, dict(FWD_PARAMS, deterministic=False))
+  with jax.default_device(jax.devices("cpu")[0]):
+    with pytest.raises(Exception, match="dbias must have the shape of bias and dtype float32"):
+      jax.block_until_ready(jax.jit(lambda *a: call(*a, **attributes))(
+          q, k, v, q, lse, q, *map(jnp.asarray, mask_operands(q.dtype, bias=bias))))
 
 
 def test_bwd_handler_rejects_bad_lse(backend):

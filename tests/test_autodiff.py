@@ -161,7 +161,8 @@ def blockwise_jvp_on_cpu():
   try:
     yield
   finally:
-    mlir.register_lowering(primitives._jvp_kernel, primitives._lowering(_ffi.JVP_TARGET),
+    mlir.register_lowering(primitives._jvp_kernel,
+                           primitives._cpu_lowering(_ffi.JVP_TARGET)(primitives._jvp_kernel),
                            platform="cpu")
 
 

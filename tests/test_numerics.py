@@ -153,6 +153,76 @@ def test_bias_over_many_tiles_per_sm(backend):
                           Options(bias_shape=(1, 16, 1024, 1024)), jnp.bfloat16, check_grads=False)
 
 
+# (input dtype, bias dtype): a bias in the inputs' own 16-bit dtype reaches the
+# kernels as it is on CUDA (the CPU lowering converts it in HLO before the
+# call); any other is cast to float32 first.
+BIAS_DTYPES = [(jnp.bfloat16, jnp.bfloat16), (jnp.float16, jnp.float16),
+               (jnp.bfloat16, jnp.float32), (jnp.bfloat16, jnp.float16)]
+
+
+@pytest.mark.parametrize("dtype,bias_dtype", BIAS_DTYPES,
+                         ids=lambda d: jnp.dtype(d).name)
+def test_bias_dtypes_with_16bit_inputs(backend, dtype, bias_dtype):
+  """out, lse and every gradient against the float64 reference, the bias's
+  gradient in the bias's own dtype."""
+  rng = np.random.default_rng(zlib.crc32(repr(("bias dtype", dtype, bias_dtype)).encode()))
+  inputs = make_inputs(rng, 2, 37, 29, 4, 2, 24)
+  opts = Options(bias_shape=(1, 4, 37, 29), is_causal=True)
+  q, k, v, dout = (jnp.asarray(x, dtype) for x in (inputs.q, inputs.k, inputs.v, inputs.dout))
+  bias = jnp.asarray(opts.bias(inputs), bias_dtype)
+
+  @jax.jit
+  def fwd_bwd(q, k, v, bias, dout):
+    f = lambda q, k, v, bias: jax_flash.flash_attention(q, k, v, bias=bias, is_causal=True,
+                                                        return_residual=True)
+    (out, lse), vjp = jax.vjp(f, q, k, v, bias)
+    return (out, lse) + vjp((dout, jnp.zeros_like(lse)))
+
+  got = fwd_bwd(q, k, v, bias, dout)
+  assert got[-1].dtype == bias_dtype and got[-1].shape == bias.shape
+  mask = visible_mask(opts, inputs)
+  f64 = lambda x: jnp.asarray(x, jnp.float64)
+  ref = attention_and_grads(f64(inputs.q), f64(inputs.k), f64(inputs.v), f64(inputs.dout), mask,
+                            opts, bias=f64(opts.bias(inputs)))
+  cast = lambda x: jnp.asarray(x, dtype)
+  plain = attention_and_grads(cast(inputs.q), cast(inputs.k), cast(inputs.v), cast(inputs.dout),
+                              mask, opts, bias=cast(opts.bias(inputs)))
+  for name, g, r, p in zip(["out", "lse", "dq", "dk", "dv", "dbias"], got, ref, plain,
+                           strict=True):
+    assert_flash_close(name, g, r, p, jnp.float32 if name == "lse" else dtype)
+
+
+def test_vmap_of_grad_wrt_a_bfloat16_bias(backend):
+  """Per-example queries and bfloat16 biases, K/V shared: the folded calls
+  take the stacked bias as it is, and each gradient is bfloat16 and the
+  reference's."""
+  rng = np.random.default_rng(43)
+  x = make_inputs(rng, 3, 21, 18, 2, 1, 16)  # the batch axis is vmap's
+  opts = Options(bias_shape=(3, 2, 21, 18))
+  dtype = jnp.bfloat16
+  q, dout, bias = (jnp.asarray(a, dtype) for a in (x.q, x.dout, opts.bias(x)))
+  k, v = jnp.asarray(x.k[0], dtype), jnp.asarray(x.v[0], dtype)
+
+  def loss(q, bias, dout):  # one example: q (T, N, H), bias (N, T, S)
+    out = jax_flash.flash_attention(q, k, v, bias=bias)
+    return jnp.sum(out.astype(jnp.float32) * dout.astype(jnp.float32))
+
+  dq, dbias = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1))))(q, bias, dout)
+  assert dbias.dtype == dtype and dbias.shape == bias.shape
+  mask = visible_mask(opts, x)
+  for n in range(3):
+    one = lambda a, cast: cast(a[n:n + 1])
+    shared = lambda a, cast: cast(a[:1])
+    f64 = lambda a: jnp.asarray(a, jnp.float64)
+    to_dtype = lambda a: jnp.asarray(a, dtype)
+    ref, plain = (attention_and_grads(one(x.q, c), shared(x.k, c), shared(x.v, c),
+                                      one(x.dout, c), mask[n:n + 1], opts,
+                                      bias=one(opts.bias(x), c))
+                  for c in (f64, to_dtype))
+    assert_flash_close(f"{n} dq", dq[n][None], ref[2], plain[2], dtype)
+    assert_flash_close(f"{n} dbias", dbias[n][None], ref[5], plain[5], dtype)
+
+
 @pytest.mark.parametrize("path", ["sm80", "exact"])
 def test_forced_kernel_path(backend, monkeypatch, path):
   """JAX_FLASH_FORCE_PATH (read at every launch) runs the sm80 kernels on Hopper, or the exact ones."""

@@ -17,8 +17,9 @@
 // Operands and results: X(name, dtype, shape). dtype is one of "input" (q's
 // dtype: float32, float64, bfloat16 or float16), "acc" (the accumulation type:
 // float64 for float64 inputs, float32 otherwise), "int32", "uint32", "bool",
-// "uint8". Shapes are row-major, as XLA passes them. Optional operands are
-// (0,) when absent (in any dtype); present ones may still be empty.
+// "uint8", or two of them as "a|b": either (an absent one is given as a).
+// Shapes are row-major, as XLA passes them. Optional operands are (0,) when
+// absent (in any dtype); present ones may still be empty.
 
 // Each op's operands are its own list below followed by these: the mask,
 // score and dropout options every op takes.
@@ -27,7 +28,10 @@
   X(kv_seqlens, "int32", "(B,): keys j >= kv_seqlens[b] are hidden")                        \
   X(q_segment_ids, "int32", "(B, Sq), given with kv_segment_ids")                           \
   X(kv_segment_ids, "int32", "(B, Sk): i sees j only where the ids are equal")              \
-  X(bias, "acc", "rank 4, each dim 1 or (B, Hq, Sq, Sk)'s: added to the scaled logits")     \
+  X(bias, "acc|input",                                                                      \
+    "rank 4, each dim 1 or (B, Hq, Sq, Sk)'s: added to the scaled logits in the "          \
+    "accumulation type. In the bfloat16/float16 inputs' own dtype the CUDA kernels read "   \
+    "it as it is; the CPU handler refuses it (its lowering converts it first)")             \
   X(mask, "bool", "rank 4, broadcast like bias: False hides the pair")                      \
   X(block_mask, "bool",                                                                     \
     "(B' in 1 or B, H' in 1 or Hq, R, C), R and C 1 or at least Sq and Sk / 128 rounded "   \
@@ -65,8 +69,9 @@
   X(dk, "input", "like k")                                                         \
   X(dv, "input", "like v")                                                         \
   X(dbias, "acc",                                                                  \
-    "the bias's shape; (0,) without a bias, or with a bias whose gradient is not " \
-    "wanted (the backward then does not compute it)")
+    "the bias's shape, in the accumulation type whatever the bias's (reverse mode "\
+    "casts it to the bias's dtype); (0,) without a bias, or with a bias whose "    \
+    "gradient is not wanted (the backward then does not compute it)")
 // CUDA only: delta = rowsum(dout * out) and the tensor-core kernels' float32
 // dQ accumulator, owned by XLA so that the call can be recorded into a CUDA
 // graph (sized at lowering by cuda_bwd_workspace_bytes).
@@ -81,7 +86,7 @@
   X(q_dot, "input", "like q, or (0,)") \
   X(k_dot, "input", "like k, or (0,)") \
   X(v_dot, "input", "like v, or (0,)") \
-  X(bias_dot, "acc", "like bias, or (0,)")
+  X(bias_dot, "acc", "the shape of bias, or (0,); the accumulation type whatever the bias's")
 #define JAX_FLASH_JVP_RESULTS(X) \
   X(out_dot, "input", "like out") \
   X(lse_dot, "acc", "like lse")

@@ -69,6 +69,11 @@ struct Cpu {
   using ContextBinding = ffi::ThreadPool;
   using Context = ffi::ThreadPool;
 
+  // The CPU kernels read the bias in the accumulation type: jax_flash's CPU
+  // lowering converts a 16-bit one before the call (jax_flash/primitives.py).
+  static constexpr bool kReads16BitBias = false;
+  static constexpr const char* kName = "CPU";
+
   static ffi::Error Fwd(ffi::ThreadPool pool, const FwdParams& p, ffi::DataType dtype,
                         ffi_ops::NoExtraResults&) {
     cpu::FlashFwd(p, ToCpuDType(dtype), PoolParallelFor(pool));

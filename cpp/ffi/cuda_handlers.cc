@@ -55,6 +55,10 @@ ffi::Error LaunchError(const char* what, cudaError_t err) {
 struct Cuda {
   using ContextBinding = ffi::PlatformStream<cudaStream_t>;
   using Context = cudaStream_t;
+  // Every CUDA kernel reads a bias in the 16-bit inputs' dtype as it is
+  // (ScoreParams::bias_type): half the bytes, and no conversion pass.
+  static constexpr bool kReads16BitBias = true;
+  static constexpr const char* kName = "CUDA";
 
   static ffi::Error Fwd(cudaStream_t stream, const FwdParams& p, ffi::DataType dtype,
                         ffi_ops::NoExtraResults&) {

@@ -52,6 +52,25 @@ inline ffi::DataType AccumulationType(ffi::DataType t) {
   return t == ffi::DataType::F64 ? ffi::DataType::F64 : ffi::DataType::F32;
 }
 
+inline bool Is16Bit(ffi::DataType t) {
+  return t == ffi::DataType::BF16 || t == ffi::DataType::F16;
+}
+
+// A dtype's name in messages (numpy's, as Python users know them).
+inline std::string DataTypeName(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::F64: return "float64";
+    case ffi::DataType::F32: return "float32";
+    case ffi::DataType::BF16: return "bfloat16";
+    case ffi::DataType::F16: return "float16";
+    case ffi::DataType::S32: return "int32";
+    case ffi::DataType::U32: return "uint32";
+    case ffi::DataType::U8: return "uint8";
+    case ffi::DataType::PRED: return "bool";
+    default: return "XLA type " + std::to_string(static_cast<int>(t));
+  }
+}
+
 inline ffi::Error ExpectDims(const char* name, ffi::AnyBuffer::Dimensions dims,
                              std::initializer_list<int64_t> expected) {
   bool ok = dims.size() == expected.size();
@@ -105,6 +124,7 @@ inline ffi::Error DecodeShape(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
 // "no bias" and then refuse its gradient, which has the bias's shape.
 inline bool IsAbsent(ffi::AnyBuffer::Dimensions d) { return d.size() == 1 && d[0] == 0; }
 inline bool IsAbsent(const ffi::AnyBuffer& b) { return IsAbsent(b.dimensions()); }
+
 
 // A rank-4 operand broadcast to (B, Hq, Sq, Sk): checks its dims, returns
 // its strides (0 along broadcast dims) and dims.
@@ -236,11 +256,19 @@ inline ffi::Error DecodeScore(const AttentionShape& s, const ScoreAttrs& a,
   score->scale = a.scale;
   score->softcap = a.softcap;
   if (!IsAbsent(ops.bias)) {
-    if (ops.bias.element_type() != AccumulationType(input_type))
-      return Invalid("bias must be float32 (float64 for float64 inputs)");
+    // The accumulation type, or the inputs' own 16-bit type (contract.h),
+    // which the platform must read as it is (ops.h, PlatformTakesBias).
+    const ffi::DataType t = ops.bias.element_type();
+    if (t != AccumulationType(input_type) && !(Is16Bit(input_type) && t == input_type))
+      return Invalid("bias must be " + DataTypeName(AccumulationType(input_type)) +
+                     (Is16Bit(input_type) ? " or " + DataTypeName(input_type) : std::string()) +
+                     " with " + DataTypeName(input_type) + " inputs, got " + DataTypeName(t));
     if (auto e = DecodeDense("bias", ops.bias, s, &score->bias_strides, score->bias_dims); e.failure())
       return e;
     score->bias = ops.bias.untyped_data();
+    score->bias_type = t == ffi::DataType::BF16  ? BiasType::kBFloat16
+                       : t == ffi::DataType::F16 ? BiasType::kFloat16
+                                                 : BiasType::kAcc;
   }
   return ffi::Error::Success();
 }
@@ -324,10 +352,13 @@ inline ffi::Error DecodeBwdExtras(const ffi::AnyBuffer& q, const ffi::AnyBuffer&
   if (IsAbsent(bias)) {
     if (!IsAbsent(dbias_dims)) return Invalid("dbias must be (0,) without a bias");
   } else if (!IsAbsent(dbias_dims)) {
-    bool same = dbias_dims.size() == 4 && dbias_type == bias.element_type();
+    // The kernels write dbias in the accumulation type, whatever the bias's.
+    const ffi::DataType acc = AccumulationType(q.element_type());
+    bool same = dbias_dims.size() == 4 && dbias_type == acc;
     for (int i = 0; same && i < 4; ++i) same = dbias_dims[i] == p->score.bias_dims[i];
     if (!same)
-      return Invalid("dbias must have the shape and dtype of bias, or be (0,) (not computed); got " +
+      return Invalid("dbias must have the shape of bias and dtype " + DataTypeName(acc) +
+                     ", or be (0,) (not computed); got " + DataTypeName(dbias_type) + " " +
                      DimsToString(dbias_dims));
   }
   p->out = const_cast<void*>(out.untyped_data());
@@ -370,18 +401,21 @@ inline ffi::Error DecodeBwd(const ScoreAttrs& attrs, const ffi::AnyBuffer& q,
   return ffi::Error::Success();
 }
 
-// A tangent operand: absent (0,) for zero, else the shape and dtype of its
-// primal. Returns its data or null.
+// A tangent operand: absent (0,) for zero, else the shape of its primal, in
+// `type` (the primal's; the accumulation type for bias_dot, contract.h).
+// Returns its data or null.
 inline ffi::Error DecodeTangent(const char* name, const ffi::AnyBuffer& tangent,
-                                const ffi::AnyBuffer& primal, const void** data) {
+                                const ffi::AnyBuffer& primal, ffi::DataType type,
+                                const void** data) {
   *data = nullptr;
   if (IsAbsent(tangent)) return ffi::Error::Success();
   auto td = tangent.dimensions(), pd = primal.dimensions();
-  bool same = td.size() == pd.size() && tangent.element_type() == primal.element_type();
+  bool same = td.size() == pd.size() && tangent.element_type() == type;
   for (size_t i = 0; same && i < td.size(); ++i) same = td[i] == pd[i];
   if (!same)
-    return Invalid(std::string(name) + " must be (0,) or have the shape and dtype of its primal " +
-                   DimsToString(pd) + ", got " + DimsToString(td));
+    return Invalid(std::string(name) + " must be (0,) or " + DataTypeName(type) +
+                   " of its primal's shape " + DimsToString(pd) + ", got " +
+                   DataTypeName(tangent.element_type()) + " " + DimsToString(td));
   *data = tangent.untyped_data();
   return ffi::Error::Success();
 }
@@ -399,10 +433,13 @@ inline ffi::Error DecodeJvp(const ScoreAttrs& attrs, const ffi::AnyBuffer& q,
                          lse.dimensions(), lse.element_type(), p);
       e.failure())
     return e;
-  if (auto e = DecodeTangent("q_dot", q_dot, q, &p->q_dot); e.failure()) return e;
-  if (auto e = DecodeTangent("k_dot", k_dot, k, &p->k_dot); e.failure()) return e;
-  if (auto e = DecodeTangent("v_dot", v_dot, v, &p->v_dot); e.failure()) return e;
-  if (auto e = DecodeTangent("bias_dot", bias_dot, ops.bias, &p->bias_dot); e.failure()) return e;
+  const ffi::DataType t = q.element_type();
+  if (auto e = DecodeTangent("q_dot", q_dot, q, t, &p->q_dot); e.failure()) return e;
+  if (auto e = DecodeTangent("k_dot", k_dot, k, t, &p->k_dot); e.failure()) return e;
+  if (auto e = DecodeTangent("v_dot", v_dot, v, t, &p->v_dot); e.failure()) return e;
+  if (auto e = DecodeTangent("bias_dot", bias_dot, ops.bias, AccumulationType(t), &p->bias_dot);
+      e.failure())
+    return e;
   if (IsAbsent(ops.bias)) p->bias_dot = nullptr;  // the tangent of an absent bias is absent too
   const AttentionShape& s = p->shape;
   if (auto e = ExpectDims("out_dot", out_dot->dimensions(),

@@ -6,9 +6,14 @@
 // is an XLA context and one launcher per op. Handler<Op, Platform> binds the
 // two to XLA from the contract's lists, so the operand order and the
 // attributes are written nowhere else.
+//
+// Platform::kReads16BitBias: whether its kernels read a bias in the 16-bit
+// inputs' own dtype (decode.h takes one, contract.h); a platform whose
+// kernels do not refuses it (its lowering converts it before the call).
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -28,6 +33,17 @@ using ffi_decode::MaskOperands;
 #define JAX_FLASH_FFI_RESULT_FIELD(name, dtype, shape) ffi::Result<ffi::AnyBuffer> name;
 #define JAX_FLASH_FFI_COUNT(name, dtype, shape) +1
 
+template <typename Platform>
+ffi::Error PlatformTakesBias(const ScoreParams& score) {
+  if (score.bias == nullptr || score.bias_type == BiasType::kAcc || Platform::kReads16BitBias)
+    return ffi::Error::Success();
+  return ffi::Error::InvalidArgument(
+      std::string("jax_flash: the ") + Platform::kName + " kernels read the bias in float32, got " +
+      (score.bias_type == BiasType::kBFloat16 ? "bfloat16" : "float16") +
+      " (jax_flash's lowering converts it before the call: call the primitives, not the custom "
+      "call)");
+}
+
 struct FwdOp {
   struct Operands { JAX_FLASH_FWD_OPERANDS(JAX_FLASH_FFI_BUFFER_FIELD) };
   struct Results { JAX_FLASH_FWD_RESULTS(JAX_FLASH_FFI_RESULT_FIELD) };
@@ -46,6 +62,7 @@ struct FwdOp {
       return e;
     p.out = r.out->untyped_data();
     p.lse = r.lse->untyped_data();
+    if (auto e = PlatformTakesBias<Platform>(p.score); e.failure()) return e;
     return Platform::Fwd(ctx, p, in.q.element_type(), extra);
   }
 };
@@ -65,6 +82,7 @@ struct BwdOp {
                                        r.dq, r.dk, r.dv, r.dbias, &p);
         e.failure())
       return e;
+    if (auto e = PlatformTakesBias<Platform>(p.score); e.failure()) return e;
     // The platform provides p.delta (scratch of B * Hq * Sq accumulation-type values).
     return Platform::Bwd(ctx, p, in.q.element_type(), attrs.deterministic, extra);
   }
@@ -85,6 +103,7 @@ struct JvpOp {
                                        in.k_dot, in.v_dot, in.bias_dot, r.out_dot, r.lse_dot, &p);
         e.failure())
       return e;
+    if (auto e = PlatformTakesBias<Platform>(p.score); e.failure()) return e;
     return Platform::Jvp(ctx, p, in.q.element_type(), extra);
   }
 };

@@ -55,6 +55,7 @@ struct Case {
   double dropout = 0;       // rate (a multiple of 2^-16)
   bool key_per_batch = false;  // dropout keys (B, 2) instead of (1, 2)
   BiasKind bias = BiasKind::kNone;
+  bool bias16 = false;  // the bias in the inputs' 16-bit dtype (else float32)
   std::string name() const {
     char buf[320];
     const std::string segs =
@@ -64,7 +65,7 @@ struct Case {
                   Sq, Sk, Hq, Hkv, D, causal ? " causal" : "",
                   (wl >= 0 || wr >= 0) ? (" win" + std::to_string(wl) + "," + std::to_string(wr)).c_str() : "",
                   lengths ? " lens" : "", segs.c_str(), softcap > 0 ? " cap" : "",
-                  MaskName(mask), BiasName(bias),
+                  MaskName(mask), (std::string(BiasName(bias)) + (bias16 ? "16" : "")).c_str(),
                   dropout > 0 ? (" drop" + std::to_string(dropout).substr(0, 5) + (key_per_batch ? "/b" : "")).c_str() : "",
                   det ? " det" : "");
     return buf;
@@ -137,6 +138,38 @@ inline void AddSm90BiasCases(std::vector<Case>* cases) {
   c = Case{2, 150, 200, 4, 2, 64}; c.bias = BiasKind::kRow; c.causal = true; cases->push_back(c);
 }
 
+// A bias in the inputs' 16-bit dtype, read as it is by every family: the
+// Hopper forwards' 16-bit TMA tiles (64 keys per box; Sk a multiple of 8,
+// every bucket but D=192, whose 96-key blocks are not whole boxes), and the
+// mma.sync kernels' per-element reads (BiasView) in the backward, in D=192's
+// forward, for Sk not a multiple of 8 (scalar loads where Sk is odd), a bias
+// broadcast over rows or keys, with dropout; the deterministic dbias.
+inline void AddBias16Cases(std::vector<Case>* cases) {
+  const double kRate = 6554.0 / 65536;
+  for (bool bf16 : {true, false})
+    for (int D : {64, 96, 128, 192, 256}) {
+      Case c{2, 300, 520, 4, 2, D}; c.bf16 = bf16; c.bias = BiasKind::kFull; c.bias16 = true;
+      cases->push_back(c);
+      c = Case{1, 257, 384, 8, 2, D}; c.bf16 = bf16; c.bias = BiasKind::kHead; c.causal = true;
+      c.bias16 = true; cases->push_back(c);
+    }
+  const BiasKind kinds[] = {BiasKind::kFull, BiasKind::kHead, BiasKind::kAlibi, BiasKind::kRow};
+  for (BiasKind kind : kinds) {
+    Case c{2, 200, 230, 4, 2, 64}; c.bias = kind; c.bias16 = true; cases->push_back(c);
+    c = Case{2, 129, 257, 4, 1, 128}; c.bias = kind; c.dropout = 0.25; c.causal = true;
+    c.bias16 = true; c.bf16 = false; cases->push_back(c);
+    c = Case{2, 190, 256, 4, 2, 96}; c.bias = kind; c.mask = MaskKind::kFull; c.segments = true;
+    c.tile_map = true; c.lengths = true; c.softcap = 5.f; c.bias16 = true; cases->push_back(c);
+    if (kind != BiasKind::kRow) {
+      c = Case{1, 150, 97, 2, 2, 128}; c.bias = kind; c.det = true; c.softcap = 4.f;
+      c.dropout = kRate; c.bias16 = true; cases->push_back(c);
+    }
+  }
+  Case c{3, 1, 1000, 4, 2, 64}; c.bias = BiasKind::kFull; c.bias16 = true; cases->push_back(c);
+  c = Case{1, 333, 1, 2, 1, 32}; c.bias = BiasKind::kRow; c.det = true; c.bias16 = true;
+  cases->push_back(c);
+}
+
 inline void AddFeatureCases(std::vector<Case>* cases) {
   const double kRate = 6554.0 / 65536;  // 0.1, as a multiple of 2^-16
   for (bool bf16 : {true, false})
@@ -178,6 +211,7 @@ inline void AddFeatureCases(std::vector<Case>* cases) {
   c.bf16 = false; cases->push_back(c);
   AddBiasCases(cases);
   AddSm90BiasCases(cases);
+  AddBias16Cases(cases);
 }
 
 // The tile map of segment ids (cells of 128 x 128 positions: empty ones
@@ -341,5 +375,10 @@ inline std::vector<SeededCase> SmallCases() {
   c = Case{1, 140, 264, 2, 1, 128}; c.bias = BiasKind::kFull; s.push_back({c, 29});
   c = Case{2, 70, 200, 4, 2, 64}; c.bias = BiasKind::kHead; c.mask = MaskKind::kFull;
   c.tile_map = true; c.causal = true; s.push_back({c, 30});
+  // A 16-bit bias: the Hopper forwards' 16-bit tiles, the backward's reads.
+  c = Case{1, 140, 264, 2, 1, 128}; c.bias = BiasKind::kFull; c.bias16 = true; s.push_back({c, 31});
+  c = Case{2, 70, 200, 4, 2, 64}; c.bias = BiasKind::kHead; c.bias16 = true; c.bf16 = false;
+  c.causal = true; s.push_back({c, 32});
+  c = Case{1, 90, 200, 2, 1, 256}; c.bias = BiasKind::kHead; c.bias16 = true; s.push_back({c, 33});
   return s;
 }

@@ -285,8 +285,16 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
     if (c.bias == BiasKind::kRow) { bd[0] = B; bd[2] = Sq; }
     hb.val.resize(bd[0] * bd[1] * bd[2] * bd[3]);
     for (auto& x : hb.val) x = 2.f * nd(rng);
+    // A 16-bit bias: its values rounded to the inputs' dtype, which the
+    // kernels read.
+    if (c.bias16)
+      for (auto& x : hb.val) x = Round(x, c.bf16);
     hb.strides = check::BroadcastStrides(hb.dims);
   }
+  // The bias as the kernels read it: float32, or 16-bit bits.
+  const size_t bias_bytes = hb.val.size() * (c.bias16 ? 2 : 4);
+  std::vector<uint16_t> bias_bits(c.bias16 ? hb.val.size() : 0);
+  for (size_t i = 0; i < bias_bits.size(); ++i) bias_bits[i] = ToBits(hb.val[i], c.bf16);
   // Dropout keys: (1, 2) or (B, 2).
   std::vector<uint32_t> keys(2 * B);
   for (auto& x : keys) x = static_cast<uint32_t>(rng());
@@ -298,14 +306,16 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
   Dev dq_(nq * 2), dk_(nk * 2), dv_(nk * 2), ddo(nq * 2), dout_(nq * 2), dlse((size_t)B * Hq * Sq * 4),
       ddq(nq * 2), ddk(nk * 2), ddv(nk * 2), dql(B * 4), dkl(B * 4),
       dqs((size_t)B * Sq * 4), dks((size_t)B * Sk * 4), ddense(dense.size()), dkeys(keys.size() * 4),
-      dbias_in(hb.val.size() * 4), ddbias(hb.val.size() * 4), dcells(cells.size()),
+      dbias_in(bias_bytes), ddbias(hb.val.size() * 4), dcells(cells.size()),
       dblocks(blocks.size());
   if (!blocks.empty())
     CHECK_CUDA(cudaMemcpy(dblocks.p(), blocks.data(), blocks.size(), cudaMemcpyHostToDevice));
   if (!cells.empty())
     CHECK_CUDA(cudaMemcpy(dcells.p(), cells.data(), cells.size(), cudaMemcpyHostToDevice));
   if (!hb.val.empty())
-    CHECK_CUDA(cudaMemcpy(dbias_in.p(), hb.val.data(), hb.val.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(dbias_in.p(),
+                          c.bias16 ? static_cast<const void*>(bias_bits.data()) : hb.val.data(),
+                          bias_bytes, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(ddense.p(), dense.data(), dense.size(), cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dkeys.p(), keys.data(), keys.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dq_.p(), qb.data(), nq * 2, cudaMemcpyHostToDevice));
@@ -338,6 +348,7 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
   p.score.scale = scale; p.score.softcap = c.softcap;
   if (!hb.val.empty()) {
     p.score.bias = dbias_in.p();
+    p.score.bias_type = !c.bias16 ? BiasType::kAcc : c.bf16 ? BiasType::kBFloat16 : BiasType::kFloat16;
     p.score.bias_strides = hb.strides;
     for (int d = 0; d < 4; ++d) p.score.bias_dims[d] = hb.dims[d];
     p.dbias = ddbias.p();

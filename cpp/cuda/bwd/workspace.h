@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "jax_flash/params.h"
 
@@ -147,9 +148,13 @@ BwdParams ChunkParams(const BwdParams& p, const AttentionShape& sub, int64_t b0,
     m.tile_map += b0 * m.tile_map_strides.batch + hq0 * m.tile_map_strides.head;
   // The bias likewise; dbias stays whole (the kernels index it with the
   // whole problem's batch and head, BwdArgs::batch0 and head0).
-  if (c.score.bias != nullptr)
-    c.score.bias = static_cast<const float*>(p.score.bias) + b0 * p.score.bias_strides.batch +
-                   hq0 * p.score.bias_strides.head;
+  if (c.score.bias != nullptr) {
+    // The accumulation type (float64 for float64 inputs, else float32) or 16 bits.
+    const int64_t acc_bytes = std::is_same_v<T, double> ? 8 : 4;
+    const int64_t bytes = p.score.bias_type == BiasType::kAcc ? acc_bytes : 2;
+    c.score.bias = static_cast<const char*>(p.score.bias) +
+                   (b0 * p.score.bias_strides.batch + hq0 * p.score.bias_strides.head) * bytes;
+  }
   return c;
 }
 

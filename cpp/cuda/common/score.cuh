@@ -16,7 +16,7 @@
 //   per element inside the band; dropout (common/dropout.cuh) drops P after
 //   the softmax, from one Philox call per 8 fragment elements.
 // - bias (the tensor-core kernels' kTerms instantiations): BiasView reads
-//   this head's float32 bias straight from global memory into the fragment
+//   this head's bias (float32 or the 16-bit inputs' type) straight from global memory into the fragment
 //   layout (AddBias: x = scale * q.k + bias, before the soft cap; the launch
 //   arguments then take scale out of exp2 and tanh), and the dK/dV kernel
 //   sums dS into dbias (AccumulateDbiasT). The wgmma forwards add the same
@@ -30,10 +30,14 @@
 // mask in full ones.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
+#include "cuda/common/fragment.cuh"
 #include "cuda/common/math.cuh"
 #include "jax_flash/dropout.h"
 #include "jax_flash/mask.h"
@@ -230,42 +234,89 @@ __device__ __forceinline__ void MaskTile(float (&s)[kNTiles][4], const BatchMask
 
 // ---- bias (tensor-core kernels) ---------------------------------------------------
 
-// One (batch, head)'s view of the bias (float32: the accumulation type of
-// the 16-bit inputs, ScoreParams), strides in elements (0 where broadcast).
-// Read straight from global memory into the fragment layout: a warp's load
-// of one fragment row covers 8 consecutive keys (32 bytes, one sector) in
-// either orientation, so staging through shared memory would buy no
-// coalescing, only latency hiding (cpp/cuda/NOTES_score_terms.md).
+// One (batch, head)'s view of the bias, in float32 (the 16-bit inputs'
+// accumulation type) or in the inputs' own type T (ScoreParams::bias_type),
+// strides in elements (0 where broadcast). Read straight from global memory
+// into the fragment layout: a warp's load of one fragment row covers 8
+// consecutive keys (one 32-byte sector of float32) in either orientation, so
+// staging through shared memory would buy no coalescing, only latency hiding
+// (cpp/cuda/NOTES_score_terms.md).
+template <typename T>
 struct BiasView {
-  const float* ptr;  // null: no bias
+  const float* f32;  // the bias in float32, or null
+  const T* narrow;   // the bias in T, or null (at most one of them is set)
   int64_t row, col;  // query and key strides
   int64_t seqlen_q, seqlen_k;
-  bool pairs;  // keys j, j + 1 (j even) adjacent and 8-byte aligned: one float2
+  bool pairs;  // keys j, j + 1 (j even) adjacent and aligned for one 2-element load
 
   __device__ __forceinline__ static BiasView For(const FwdParams& p, int64_t b, int64_t h) {
     const DenseStrides& bs = p.score.bias_strides;
-    BiasView v;
-    v.ptr = p.score.bias != nullptr
-                ? static_cast<const float*>(p.score.bias) + b * bs.batch + h * bs.head
-                : nullptr;
+    BiasView v{};
+    const int64_t offset = b * bs.batch + h * bs.head;
+    const bool is_narrow = p.score.bias_type != BiasType::kAcc;
+    if (p.score.bias != nullptr && is_narrow) v.narrow = static_cast<const T*>(p.score.bias) + offset;
+    if (p.score.bias != nullptr && !is_narrow) v.f32 = static_cast<const float*>(p.score.bias) + offset;
     v.row = bs.row;
     v.col = bs.col;
     v.seqlen_q = p.shape.seqlen_q;
     v.seqlen_k = p.shape.seqlen_k;
-    v.pairs = bs.col == 1 && bs.row % 2 == 0 && reinterpret_cast<uintptr_t>(v.ptr) % 8 == 0;
+    const uintptr_t base = is_narrow ? reinterpret_cast<uintptr_t>(v.narrow)
+                                     : reinterpret_cast<uintptr_t>(v.f32);
+    v.pairs = bs.col == 1 && bs.row % 2 == 0 && base % (is_narrow ? 4 : 8) == 0;
     return v;
   }
-  // bias[i, j] inside the sequences, 0 outside (those elements are masked).
-  __device__ __forceinline__ float At(int64_t i, int64_t j) const {
-    return i < seqlen_q && j < seqlen_k ? ptr[i * row + j * col] : 0.f;
-  }
+  __device__ __forceinline__ bool present() const { return f32 != nullptr || narrow != nullptr; }
 };
 
-// x = scale * s + bias on a warp's fragments (layout as MaskFragment's),
-// before the soft cap and the mask.
-template <Rows kRows, int kMT, int kNTiles>
-__device__ __forceinline__ void AddBias(float (&s)[kMT][kNTiles][4], const BiasView& bias,
-                                        float scale, int64_t row0, int64_t col0, int g, int t) {
+namespace bias_detail {
+
+__device__ __forceinline__ float Widen(float x) { return x; }
+__device__ __forceinline__ float Widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float Widen(__half x) { return __half2float(x); }
+__device__ __forceinline__ float2 Widen(float2 x) { return x; }
+__device__ __forceinline__ float2 Widen(__nv_bfloat162 x) { return __bfloat1622float2(x); }
+__device__ __forceinline__ float2 Widen(__half2 x) { return __half22float2(x); }
+
+template <typename E> struct PairOf;
+template <> struct PairOf<float> { using type = float2; };
+template <> struct PairOf<__nv_bfloat16> { using type = __nv_bfloat162; };
+template <> struct PairOf<__half> { using type = __half2; };
+
+// x = scale * s + bias from a bias of element type E (float, or the inputs'
+// 16-bit T) at `ptr` (the view's strides), loads global and read-only by
+// name (__ldg). Where a fragment lies inside the sequences and its key
+// pairs are adjacent (a query-row fragment: most tiles), one pair load each
+// and no bounds check. Elsewhere one element at a time, in two passes: all
+// loads (checked) into raw registers, then the conversions and sums. A check
+// and a conversion per element together made each 16-bit load's conversion
+// wait for it inside its branch, one load at a time, and the backward ran
+// 1.4x slower than with a float32 bias (cuda/NOTES_score_terms.md).
+template <Rows kRows, int kMT, int kNTiles, typename E, typename View>
+__device__ __forceinline__ void AddBiasOf(float (&s)[kMT][kNTiles][4], const E* ptr,
+                                          const View& v, float scale, int64_t row0,
+                                          int64_t col0, int g, int t) {
+  using Pair = typename PairOf<E>::type;
+  if (kRows == Rows::kQueries && v.pairs && row0 + kMT * 16 <= v.seqlen_q &&
+      col0 + kNTiles * 8 <= v.seqlen_k) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const E* row = ptr + (row0 + mt * 16 + g + hr * 8) * v.row + col0 + 2 * t;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          const float2 b = Widen(__ldg(reinterpret_cast<const Pair*>(row + nt * 8)));
+          s[mt][nt][2 * hr] = fmaf(s[mt][nt][2 * hr], scale, b.x);
+          s[mt][nt][2 * hr + 1] = fmaf(s[mt][nt][2 * hr + 1], scale, b.y);
+        }
+      }
+    return;
+  }
+  // bias[i, j] inside the sequences, 0 outside (those elements are masked).
+  auto at = [&](int64_t i, int64_t j) {
+    return i < v.seqlen_q && j < v.seqlen_k ? __ldg(ptr + i * v.row + j * v.col) : E{};
+  };
+  E raw[kMT][kNTiles][4];
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -274,27 +325,34 @@ __device__ __forceinline__ void AddBias(float (&s)[kMT][kNTiles][4], const BiasV
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
         const int64_t c0 = col0 + nt * 8 + 2 * t;
-        float b0, b1;
-        if (kRows == Rows::kQueries && bias.pairs && r < bias.seqlen_q &&
-            c0 + 1 < bias.seqlen_k) {
-          const float2 b2 = *reinterpret_cast<const float2*>(bias.ptr + r * bias.row + c0);
-          b0 = b2.x;
-          b1 = b2.y;
-        } else if (kRows == Rows::kQueries) {
-          b0 = bias.At(r, c0);
-          b1 = bias.At(r, c0 + 1);
-        } else {
-          b0 = bias.At(c0, r);
-          b1 = bias.At(c0 + 1, r);
-        }
-        s[mt][nt][2 * hr] = fmaf(s[mt][nt][2 * hr], scale, b0);
-        s[mt][nt][2 * hr + 1] = fmaf(s[mt][nt][2 * hr + 1], scale, b1);
+        const bool queries = kRows == Rows::kQueries;
+        raw[mt][nt][2 * hr] = queries ? at(r, c0) : at(c0, r);
+        raw[mt][nt][2 * hr + 1] = queries ? at(r, c0 + 1) : at(c0 + 1, r);
       }
     }
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][nt][e] = fmaf(s[mt][nt][e], scale, Widen(raw[mt][nt][e]));
 }
 
-template <Rows kRows, int kNTiles>
-__device__ __forceinline__ void AddBias(float (&s)[kNTiles][4], const BiasView& bias, float scale,
+}  // namespace bias_detail
+
+// x = scale * s + bias on a warp's fragments (layout as MaskFragment's),
+// before the soft cap and the mask; the element type chosen once per call.
+template <Rows kRows, int kMT, int kNTiles, typename T>
+__device__ __forceinline__ void AddBias(float (&s)[kMT][kNTiles][4], const BiasView<T>& bias,
+                                        float scale, int64_t row0, int64_t col0, int g, int t) {
+  if (bias.narrow != nullptr)
+    bias_detail::AddBiasOf<kRows>(s, bias.narrow, bias, scale, row0, col0, g, t);
+  else
+    bias_detail::AddBiasOf<kRows>(s, bias.f32, bias, scale, row0, col0, g, t);
+}
+
+template <Rows kRows, int kNTiles, typename T>
+__device__ __forceinline__ void AddBias(float (&s)[kNTiles][4], const BiasView<T>& bias, float scale,
                                         int64_t row0, int64_t col0, int g, int t) {
   AddBias<kRows>(reinterpret_cast<float(&)[1][kNTiles][4]>(s), bias, scale, row0, col0, g, t);
 }
@@ -468,8 +526,14 @@ __device__ __forceinline__ Acc Score(Acc dot, Acc bias, Acc scale, Acc softcap, 
 // backends see the same logits and draw the same dropout mask.
 template <typename Acc>
 struct HeadTerms {
+  // Bytes of one bias element (the accumulation type's, or 2).
+  __device__ static int64_t BiasElementBytes(BiasType type) {
+    return type == BiasType::kAcc ? static_cast<int64_t>(sizeof(Acc)) : 2;
+  }
+
   BatchMask mask;
-  const Acc* bias;  // this head's (Sq, Sk) view, or null
+  const void* bias;  // this head's (Sq, Sk) view, or null
+  BiasType bias_type;
   int64_t bias_row_stride;
   int64_t bias_col_stride;
   HeadDropout dropout;
@@ -480,8 +544,10 @@ struct HeadTerms {
     const DenseStrides& bs = p.score.bias_strides;
     HeadTerms t;
     t.mask = BatchMask::WithBlocks(p.mask, b, h, s.seqlen_q, s.seqlen_k);
+    t.bias_type = p.score.bias_type;
     t.bias = p.score.bias != nullptr
-                 ? static_cast<const Acc*>(p.score.bias) + b * bs.batch + h * bs.head
+                 ? static_cast<const char*>(p.score.bias) +
+                       (b * bs.batch + h * bs.head) * BiasElementBytes(p.score.bias_type)
                  : nullptr;
     t.bias_row_stride = bs.row;
     t.bias_col_stride = bs.col;
@@ -492,7 +558,13 @@ struct HeadTerms {
 
   // Read only for visible (hence in-range) elements.
   __device__ __forceinline__ Acc Bias(int64_t i, int64_t j) const {
-    return bias != nullptr ? bias[i * bias_row_stride + j * bias_col_stride] : Acc(0);
+    if (bias == nullptr) return Acc(0);
+    const int64_t at = i * bias_row_stride + j * bias_col_stride;
+    switch (bias_type) {
+      case BiasType::kBFloat16: return static_cast<Acc>(ToFloat(static_cast<const __nv_bfloat16*>(bias)[at]));
+      case BiasType::kFloat16: return static_cast<Acc>(ToFloat(static_cast<const __half*>(bias)[at]));
+      default: return static_cast<const Acc*>(bias)[at];
+    }
   }
 
   // False only if no (i, j) of the tile is visible; such tiles are skipped.

@@ -38,8 +38,9 @@ JAX_FLASH_HOST_DEVICE bool StridesStageable(const DenseStrides& s, int64_t elems
          s.head % elems_per_16 == 0;
 }
 
+// A float32 bias only: a 16-bit one is read per element (BiasView).
 JAX_FLASH_HOST_DEVICE bool BiasStageable(const FwdParams& p) {
-  return p.score.bias != nullptr && Aligned16(p.score.bias) &&
+  return p.score.bias != nullptr && p.score.bias_type == BiasType::kAcc && Aligned16(p.score.bias) &&
          StridesStageable(p.score.bias_strides, 4);
 }
 

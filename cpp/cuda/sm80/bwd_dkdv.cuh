@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
       const BatchMask head_mask =
           kTerms ? BatchMask::For(p.mask, b, h, seqlen_q, seqlen_k) : mask;
       const HeadDropout dropout = kTerms ? args.Dropout(b, h) : HeadDropout{};
-      const BiasView bias = kTerms ? BiasView::For(p, b, h) : BiasView{};
+      const BiasView<T> bias = kTerms ? BiasView<T>::For(p, b, h) : BiasView<T>{};
 
       // ---- S^T = K Q^T and dP^T = V dO^T (16 keys x kBlockM queries) ----
       float st[kQTiles][4], dpt[kQTiles][4];
@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
       // Column qi = nt * 8 + 2t + c of this lane: lse2 and D as float2.
       uint32_t keep = 0;  // dropout's keep bits of this warp's 16 keys x kBlockM queries
       if constexpr (kTerms) {
-        if (bias.ptr != nullptr)
+        if (bias.present())
           AddBias<Rows::kKeys>(st, bias, args.scale, n0 + warp_row0, m0, g, t);
         if (dropout.enabled) {
           keep = KeepBitsT<kQTiles>(dropout, n0 + warp_row0, m0, g, t);

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const BatchMask mask = kTerms ? BatchMask::For(p.mask, b, h, seqlen_q, seqlen_k)
                                 : BatchMask::For(p.mask, b, seqlen_q, seqlen_k);
   const HeadDropout dropout = kTerms ? args.Dropout(b, h) : HeadDropout{};
-  const BiasView bias = kTerms ? BiasView::For(p, b, h) : BiasView{};
+  const BiasView<T> bias = kTerms ? BiasView<T>::For(p, b, h) : BiasView<T>{};
 
   const GmemRows<T> q = GmemRows<T>::Head(p.q, p.q_strides, b, h, seqlen_q, head_dim);
   const GmemRows<T> d_o = GmemRows<T>::Head(p.dout, p.dout_strides, b, h, seqlen_q, head_dim);
@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
     // ---- P and dS (softcap and mask as in sm80/bwd_dkdv.cuh) -------------
     if constexpr (kTerms) {
-      if (bias.ptr != nullptr)
+      if (bias.present())
         AddBias<Rows::kQueries>(s, bias, args.scale, m0 + warp_row0, n * kBlockN, g, t);
       if (dropout.enabled)
         DropoutRows(dp, dropout, m0 + warp_row0, n * kBlockN, g, t, args.keep_scale);

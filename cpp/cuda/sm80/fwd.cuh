@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
                                      : HeadDropout{};
   // And its view of the bias (x = scale * q.k + bias: MakeFwdArgs then keeps
   // scale out of scale_log2 and scale_over_cap).
-  const BiasView bias = kTerms ? BiasView::For(p, blk.b, blk.h) : BiasView{};
+  const BiasView<T> bias = kTerms ? BiasView<T>::For(p, blk.b, blk.h) : BiasView<T>{};
   const float scale = kTerms ? static_cast<float>(p.score.scale) : 0.f;
   // Staged terms (common/term_slab.cuh): this warp's slabs after sV, loaded
   // one key block ahead. The cp.async groups then alternate K/V, slab: the
@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const int64_t slab_row0 = blk.m0 + warp * Traits::kWarpRows;
   auto load_slabs = [&](int64_t n) {
     if (stage_bias)
-      BiasSlab::Load(SmemAddr(bias_slab), bias.ptr, bias.row, slab_row0, p.shape.seqlen_q,
+      BiasSlab::Load(SmemAddr(bias_slab), bias.f32, bias.row, slab_row0, p.shape.seqlen_q,
                      n * kBlockN, p.shape.seqlen_k, lane);
     if (stage_mask)
       MaskSlab::Load(SmemAddr(mask_slab), mask.dense, mask.dense_row_stride, slab_row0,
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
       }
       if (stage_bias)
         AddStagedBias<BiasSlab::kRowBytes>(s, bias_slab, scale, g, t);
-      else if (bias.ptr != nullptr)
+      else if (bias.present())
         AddBias<Rows::kQueries>(s, bias, scale, m0 + warp_row0, n * kBlockN, g, t);
       if (mask.HasElementwiseTerms()) {
         SoftCap(s, args.softcap, args.scale_over_cap);

@@ -12,7 +12,7 @@
 //   S = Q K^T: A = Q and B = K from shared memory (both K-major);
 //   O += P V:  A = P from registers (the S accumulators, converted to 16
 //              bits in place), B = V from shared memory (MN-major).
-// A bias comes as TMA-staged float32 tiles, one key block ahead
+// A bias comes as TMA-staged tiles (float32 or 16-bit), one key block ahead
 // (sm90/bias_tile.cuh, mainloop_fwd.cuh).
 // Not (yet) FA3's producer warpgroup with TMA, nor the ping-pong between
 // warpgroups: the two warpgroups overlap each other's softmax and GEMMs only
@@ -55,20 +55,16 @@ struct FwdSm90Traits {
   // + one swizzle period so that the tiles can start 1024-byte aligned,
   // + the barriers (Q's, one per stage, the bias's).
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKvBytes + kAtomBytes + 8 * (2 + kStages);
-  // With a bias, its stage too (sm90/bias_tile.cuh); buckets where it does
-  // not fit take the bias on the mma.sync kernel (LaunchFwd declines).
-  using Bias = BiasTile<kBlockM, kBlockN>;
-  static constexpr int kSmemBytesWithBias = kSmemBytes + Bias::kBytes;
-  static constexpr bool kTakesBias = kSmemBytesWithBias <= 227 * 1024;
   static_assert(kBlockM == 2 * 64 && kThreads == 2 * 128, "two warpgroups of 64 rows");
   static_assert(kHeadDim % 32 == 0, "head dim must be a multiple of 32");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "key block: whole k-steps, one wgmma");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
+  static_assert(kSmemBytes <= kMaxSmemBytes, "shared memory of one CTA");
 };
 
 // One CTA: its tile from the scheduler, the mainloop over its key blocks,
-// the epilogue.
-template <typename T, typename Traits>
+// the epilogue. Bias: the tile type a bias is read as (BiasTile of float32 or
+// T); the kernel runs without a bias too.
+template <typename T, typename Traits, typename Bias>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     FwdKernel(const __grid_constant__ FwdTmaArgs kargs) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -80,7 +76,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       args.p, QueryBlockScheduler::Get(args.order));
   float o[1][Traits::kDTiles][4], row_m[1][2], row_l[1][2];
   InitFwdState(o, row_m, row_l);
-  FwdMainloop<T, Traits>(kargs, blk, pos, o, row_m, row_l);  // K/V blocks -> O, m, l
+  FwdMainloop<T, Traits, Bias>(kargs, blk, pos, o, row_m, row_l);  // K/V blocks -> O, m, l
   StoreOutput<T>(args.p, blk.b, blk.h, blk.m0 + pos.warp * Traits::kWarpRows, o, row_m, row_l,
                  args.scale_log2, pos.g, pos.t);        // out = O / l, lse
 #else
@@ -90,8 +86,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
 // cudaErrorNotSupported when TMA cannot address Q, K or V (see
 // EncodeRowsTensorMap) or the bias (EncodeBiasTensorMap), or the bias stage
-// does not fit the bucket's shared memory: the caller runs the sm_80 kernel
-// then.
+// does not fit the bucket's shared memory or key block (a 16-bit tile's
+// boxes are 64 keys): the caller runs the sm_80 kernel then.
 template <typename T, int kHeadDim>
 cudaError_t LaunchFwd(const FwdParams& params, cudaStream_t stream) {
   using Traits = FwdSm90Traits<kHeadDim>;
@@ -100,10 +96,6 @@ cudaError_t LaunchFwd(const FwdParams& params, cudaStream_t stream) {
   FwdTmaArgs kargs;
   kargs.args = MakeFwdArgs(params);
   const AttentionShape& s = params.shape;
-  const bool has_bias = params.score.bias != nullptr;
-  if (has_bias && (!Traits::kTakesBias ||
-                   !EncodeBiasTensorMap(&kargs.bias_map, params.score, s, Traits::kBlockM)))
-    return cudaErrorNotSupported;
   if constexpr (Traits::kTma) {
     constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
     if (!EncodeRowsTensorMap(&kargs.q_map, params.q, params.q_strides, s.batch, s.seqlen_q,
@@ -114,9 +106,24 @@ cudaError_t LaunchFwd(const FwdParams& params, cudaStream_t stream) {
                              s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16))
       return cudaErrorNotSupported;
   }
-  return LaunchFwdGrid<Traits::kBlockM>(
-      FwdKernel<T, Traits>, Traits::kThreads,
-      has_bias ? Traits::kSmemBytesWithBias : Traits::kSmemBytes, params, kargs, stream);
+  // The kernel of the bias's element type (float32 also without a bias).
+  auto launch = [&](auto bias_elem) {
+    using Bias = BiasTile<Traits::kBlockM, Traits::kBlockN, decltype(bias_elem)>;
+    const bool has_bias = params.score.bias != nullptr;
+    if (has_bias && (!Bias::Fits(Traits::kSmemBytes, 1) ||
+                     !EncodeBiasTensorMap(&kargs.bias_map, params.score, s, Traits::kBlockM)))
+      return cudaErrorNotSupported;
+    return LaunchFwdGrid<Traits::kBlockM>(FwdKernel<T, Traits, Bias>, Traits::kThreads,
+                                          Traits::kSmemBytes + (has_bias ? Bias::kBytes : 0),
+                                          params, kargs, stream);
+  };
+  if (params.score.bias == nullptr || params.score.bias_type == BiasType::kAcc)
+    return launch(float{});
+  if constexpr (Traits::kBlockN % BiasTile<Traits::kBlockM, 64, T>::kBoxKeys == 0) {
+    return launch(T{});
+  } else {
+    return cudaErrorNotSupported;
+  }
 }
 
 }  // namespace jax_flash::cuda::sm90

@@ -21,6 +21,7 @@
 #include "cuda/common/epilogue_fwd.cuh"
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/fwd.cuh"
+#include "cuda/sm90/bias_tile.cuh"
 #include "cuda/sm90/mainloop_fwd_ws.cuh"
 #include "cuda/sm90/pipeline.cuh"
 #include "cuda/sm90/scheduler_persistent.cuh"
@@ -48,34 +49,30 @@ struct FwdWsTraits {
   static constexpr int kBarrierBytes = 16 * kQStages + 32 * kStages + 32;  // FwdWsSmem
   static constexpr int kSmemBytes =
       kQStages * kQBytes + 2 * kStages * kKvBytes + kBarrierBytes + kAtomBytes;
-  // With a bias, one stage of its tile per consumer warpgroup; a bucket where
-  // they do not fit runs a bias on sm90/fwd.cuh (LaunchFwdWs declines).
-  using BiasHalf = BiasTile<64, kBlockN>;
-  static constexpr int kSmemBytesWithBias = kSmemBytes + 2 * BiasHalf::kBytes;
-  static constexpr bool kTakesBias = kSmemBytesWithBias <= 227 * 1024;
   static_assert(kConsumerWarpgroups == 2, "ping-pong of two consumer warpgroups");
   static_assert(kHeadDim % kSwizzleElems == 0, "head dim must be a multiple of 64");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "TMA boxes and wgmma N");
   static_assert(kQStages == 1 || kQStages == 2, "Q buffers");
   static_assert(kTile.producer_regs * 128 + kTile.consumer_regs * 128 * kConsumerWarpgroups <=
                     65536, "register file");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
+  static_assert(kSmemBytes <= kMaxSmemBytes, "shared memory per block");
 };
 
-template <typename T, typename Traits, bool kBias>
+// Bias: the bias's tile type (BiasTile of 64 rows, one per consumer
+// warpgroup), void without a bias.
+template <typename T, typename Traits, typename Bias>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     FwdWsKernel(const __grid_constant__ FwdWsArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
-  const FwdWsSmem<Traits> sm =
-      FwdWsSmem<Traits>::Carve(SmemAddr(smem_raw), kBias);
+  const FwdWsSmem<Traits, Bias> sm = FwdWsSmem<Traits, Bias>::Carve(SmemAddr(smem_raw));
   const ThreadPos pos = ThreadPos::Here();
   if (pos.tid == 0) sm.Init();
   __syncthreads();  // the barriers are initialized before anyone uses them
 
   if (pos.warp < 4) {  // producer warpgroup
     SetMaxRegsDec<Traits::kTile.producer_regs>();
-    if (pos.tid == 0) FwdWsProducer<T, Traits, kBias>(a, sm);
+    if (pos.tid == 0) FwdWsProducer<T, Traits, Bias>(a, sm);
     return;
   }
   SetMaxRegsInc<Traits::kTile.consumer_regs>();
@@ -93,7 +90,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     float o[1][Traits::kHeadDim / kMmaN][4], row_m[1][2], row_l[1][2];
     InitFwdState(o, row_m, row_l);
     if (blk.n_begin < blk.n_end)
-      FwdWsConsumerTile<T, Traits, kBias>(a, sm, blk, ping, consumer_warp, pos.lane, pos.g, pos.t, kv,
+      FwdWsConsumerTile<T, Traits, Bias>(a, sm, blk, ping, consumer_warp, pos.lane, pos.g, pos.t, kv,
                                    q, o, row_m, row_l);
     StoreOutput<T>(a.args.p, blk.b, blk.h, blk.m0 + consumer_warp * 16, o, row_m, row_l,
                    a.args.scale_log2, pos.g, pos.t);  // out = O / l, lse
@@ -102,6 +99,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #else
   __trap();  // built without sm_90a; the dispatch never launches it then
 #endif
+}
+
+template <typename T, typename Traits, typename Bias>
+cudaError_t LaunchFwdWsKernel(const FwdWsArgs& a, cudaStream_t stream) {
+  constexpr int kSmemBytes = FwdWsSmem<Traits, Bias>::kBytes;
+  if constexpr (kSmemBytes > kMaxSmemBytes) {
+    return cudaErrorNotSupported;
+  } else {
+    auto kernel = FwdWsKernel<T, Traits, Bias>;
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (err != cudaSuccess) return err;
+    kernel<<<PersistentScheduler::Grid(a.sched, SmCount()), Traits::kThreads, kSmemBytes, stream>>>(
+        a);
+    return cudaGetLastError();
+  }
 }
 
 // cudaErrorNotSupported when TMA cannot address Q, K, V or the bias (see
@@ -120,9 +133,6 @@ cudaError_t LaunchFwdWs(const FwdParams& params, cudaStream_t stream) {
   if (!PersistentScheduler::MakeArgs(m_blocks, s, a.args.order, &a.sched) ||
       s.seqlen_k > INT32_MAX)
     return cudaErrorNotSupported;
-  const bool has_bias = params.score.bias != nullptr;
-  if (has_bias && (!Traits::kTakesBias || !EncodeBiasTensorMap(&a.bias_map, params.score, s, 64)))
-    return cudaErrorNotSupported;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   if (!EncodeRowsTensorMap(&a.q_map, params.q, params.q_strides, s.batch, s.seqlen_q,
                            s.num_heads_q, s.head_dim, Traits::kBlockM, kBf16) ||
@@ -131,14 +141,11 @@ cudaError_t LaunchFwdWs(const FwdParams& params, cudaStream_t stream) {
       !EncodeRowsTensorMap(&a.v_map, params.v, params.v_strides, s.batch, s.seqlen_k,
                            s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16))
     return cudaErrorNotSupported;
-  auto kernel = has_bias ? FwdWsKernel<T, Traits, true> : FwdWsKernel<T, Traits, false>;
-  const int smem_bytes = has_bias ? Traits::kSmemBytesWithBias : Traits::kSmemBytes;
-  const cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  if (err != cudaSuccess) return err;
-  kernel<<<PersistentScheduler::Grid(a.sched, SmCount()), Traits::kThreads, smem_bytes, stream>>>(
-      a);
-  return cudaGetLastError();
+  if (params.score.bias == nullptr) return LaunchFwdWsKernel<T, Traits, void>(a, stream);
+  if (!EncodeBiasTensorMap(&a.bias_map, params.score, s, 64)) return cudaErrorNotSupported;
+  return params.score.bias_type == BiasType::kAcc
+             ? LaunchFwdWsKernel<T, Traits, BiasTile<64, Traits::kBlockN, float>>(a, stream)
+             : LaunchFwdWsKernel<T, Traits, BiasTile<64, Traits::kBlockN, T>>(a, stream);
 }
 
 }  // namespace jax_flash::cuda::sm90

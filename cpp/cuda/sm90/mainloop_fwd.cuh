@@ -42,7 +42,7 @@ inline constexpr int kBiasReadBarrier = 1;
 // TMA into one stage after V's (sm90/bias_tile.cuh) and is added to S before
 // the soft cap; the next block's tile is issued once both warpgroups have
 // read it.
-template <typename T, typename Traits>
+template <typename T, typename Traits, typename Bias>
 __device__ __forceinline__ void FwdMainloop(const FwdTmaArgs& kargs, const FwdBlock<T>& blk,
                                             const ThreadPos& pos,
                                             float (&o)[1][Traits::kHeadDim / kMmaN][4],
@@ -61,7 +61,7 @@ __device__ __forceinline__ void FwdMainloop(const FwdTmaArgs& kargs, const FwdBl
   const uint32_t sBias = sV + Traits::kStages * Traits::kKvBytes;  // with a bias
   // The mbarriers of Q and of each K/V stage (TMA; the k-th use of a stage
   // completes its barrier's phase k), then the bias stage's.
-  const uint32_t q_bar = sBias + (has_bias ? Traits::Bias::kBytes : 0);
+  const uint32_t q_bar = sBias + (has_bias ? Bias::kBytes : 0);
   const uint32_t kv_bar = q_bar + 8;
   const uint32_t bias_bar = kv_bar + 8 * Traits::kStages;
 
@@ -93,7 +93,7 @@ __device__ __forceinline__ void FwdMainloop(const FwdTmaArgs& kargs, const FwdBl
   // The bias tile of key block n into its stage, by thread 0.
   auto tma_load_bias = [&](int64_t n) {
     if (tid == 0)
-      Traits::Bias::Load(sBias, &kargs.bias_map, args.p.score, static_cast<int>(n * kBlockN),
+      Bias::Load(sBias, &kargs.bias_map, args.p.score, static_cast<int>(n * kBlockN),
                          static_cast<int>(m0), blk.h, blk.b, bias_bar);
   };
 
@@ -175,7 +175,7 @@ __device__ __forceinline__ void FwdMainloop(const FwdTmaArgs& kargs, const FwdBl
     // ---- bias; soft cap, mask (common/score.cuh); online softmax: S -> P ----
     if (has_bias) {
       MbarrierWait(bias_bar, static_cast<uint32_t>(step & 1));
-      Traits::Bias::Add(s[0], sBias, warp_row0, scale, g, t);
+      Bias::Add(s[0], sBias, warp_row0, scale, g, t);
       // Both warpgroups have read the stage: the next block's tile may land.
       NamedBarrierSync(kBiasReadBarrier, Traits::kThreads);
       if (next < n_end) tma_load_bias(next);

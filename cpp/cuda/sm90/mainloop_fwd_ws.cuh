@@ -22,8 +22,9 @@
 // of GEMMs, then lets the other issue while it does its softmax, so one's
 // softmax overlaps the other's GEMMs.
 //
-// A bias comes as float32 tiles through TMA (sm90/bias_tile.cuh), one stage
-// per consumer warpgroup (its 64 rows; 2 x 32 KiB at kBlockN = 128), loaded
+// A bias comes as tiles through TMA (sm90/bias_tile.cuh: float32, or the
+// inputs' 16-bit type), one stage per consumer warpgroup (its 64 rows; 2 x 32
+// KiB of float32 at kBlockN = 128, half that in 16 bits), loaded
 // by the producer after K and released by that warpgroup alone, so neither
 // waits for the other's reads. Its ring advances with the K/V ring (one use
 // per key block), so the K/V ring's count gives its phase.
@@ -37,6 +38,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/fwd.cuh"
@@ -61,11 +63,12 @@ struct FwdWsArgs {
 };
 
 // Shared-memory addresses: Q (kBlockM rows), the K and V rings, with a bias
-// its two warpgroup stages, the barriers.
-template <typename Traits>
+// (Bias: its tile type, void without) its two warpgroup stages, the barriers.
+template <typename Traits, typename Bias>
 struct FwdWsSmem {
+  static constexpr int kBytes = Traits::kSmemBytes + Traits::kConsumerWarpgroups * kBiasTileBytes<Bias>;
   uint32_t q, k, v;  // tiles, 1024-byte aligned
-  uint32_t bias;     // Traits::BiasHalf per consumer warpgroup (with a bias)
+  uint32_t bias;     // one Bias tile per consumer warpgroup
   // per Q stage full_q, empty_q, then per K/V stage full_k, empty_k, full_v,
   // empty_v, then per consumer warpgroup full_bias, empty_bias:
   // Traits::kBarrierBytes = 16 * kQStages + 32 * kStages + 32.
@@ -86,16 +89,16 @@ struct FwdWsSmem {
     return bars + kBiasBars + 8 + 16 * wg;
   }
   __device__ __forceinline__ uint32_t bias_tile(int wg) const {
-    return bias + wg * Traits::BiasHalf::kBytes;
+    return bias + wg * kBiasTileBytes<Bias>;
   }
 
-  __device__ __forceinline__ static FwdWsSmem Carve(uint32_t smem_raw, bool has_bias) {
+  __device__ __forceinline__ static FwdWsSmem Carve(uint32_t smem_raw) {
     FwdWsSmem r;
     r.q = (smem_raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
     r.k = r.q + Traits::kQStages * Traits::kQBytes;
     r.v = r.k + Traits::kStages * Traits::kKvBytes;
     r.bias = r.v + Traits::kStages * Traits::kKvBytes;
-    r.bars = r.bias + (has_bias ? Traits::kConsumerWarpgroups * Traits::BiasHalf::kBytes : 0);
+    r.bars = r.bias + Traits::kConsumerWarpgroups * kBiasTileBytes<Bias>;
     return r;
   }
 
@@ -122,10 +125,10 @@ struct FwdWsSmem {
 // ---- producer ------------------------------------------------------------------
 
 // One thread: every load of every tile of this CTA, in the consumers' order.
-// kBias: with a bias (p.score.bias), its own instantiation of the kernel, so
-// that the plain one keeps its registers.
-template <typename T, typename Traits, bool kBias>
-__device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSmem<Traits>& sm) {
+// Bias: the bias's tile type (void without a bias): its own instantiation
+// of the kernel, so that the plain one keeps its registers.
+template <typename T, typename Traits, typename Bias>
+__device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSmem<Traits, Bias>& sm) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   constexpr int kColBlocks = Traits::kHeadDim / kSwizzleElems;
   const FwdParams& p = a.args.p;
@@ -158,11 +161,11 @@ __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSme
       for (int cb = 0; cb < kColBlocks; ++cb)
         TmaLoadBox(sm.k_tile(kv.stage()) + cb * kBlockN * kSwizzleBytes, &a.k_map,
                    cb * kSwizzleElems, row, h_kv, b, sm.full_k(kv.stage()));
-      if constexpr (kBias) {  // each warpgroup's rows, once it has read the previous block's
+      if constexpr (!std::is_void_v<Bias>) {  // each warpgroup's rows, once it has read the last
         for (int wg = 0; wg < Traits::kConsumerWarpgroups; ++wg) {
           MbarrierWait(sm.empty_bias(wg), (kv.count & 1) ^ 1);
-          Traits::BiasHalf::Load(sm.bias_tile(wg), &a.bias_map, p.score, row,
-                                 static_cast<int>(blk.m0) + 64 * wg, h, b, sm.full_bias(wg));
+          Bias::Load(sm.bias_tile(wg), &a.bias_map, p.score, row, static_cast<int>(blk.m0) + 64 * wg,
+                     h, b, sm.full_bias(wg));
         }
       }
       MbarrierWait(sm.empty_v(kv.stage()), kv.phase() ^ 1);
@@ -283,9 +286,9 @@ __device__ __forceinline__ void PackP(uint32_t (&p)[kNTiles / 2][4],
 
 // One consumer warpgroup's work on one tile: O, m, l of this warp's 16 rows.
 // `kv` and `q` carry the ring positions from tile to tile.
-template <typename T, typename Traits, bool kBias>
+template <typename T, typename Traits, typename Bias>
 __device__ __forceinline__ void FwdWsConsumerTile(
-    const FwdWsArgs& a, const FwdWsSmem<Traits>& sm, const FwdBlock<T>& blk, const PingPong& ping,
+    const FwdWsArgs& a, const FwdWsSmem<Traits, Bias>& sm, const FwdBlock<T>& blk, const PingPong& ping,
     int consumer_warp, int lane, int g, int t, RingPos<Traits::kStages>& kv,
     RingPos<Traits::kQStages>& q,
     float (&o)[1][Traits::kHeadDim / kMmaN][4], float (&row_m)[1][2], float (&row_l)[1][2]) {
@@ -304,11 +307,12 @@ __device__ __forceinline__ void FwdWsConsumerTile(
   };
   // With a bias: x = scale * S + bias for the block whose K stage is kv's.
   auto add_bias = [&](float (&s)[1][kNTiles][4]) {
-    if constexpr (!kBias) return;
-    MbarrierWait(sm.full_bias(ping.wg), kv.count & 1);
-    Traits::BiasHalf::Add(s[0], sm.bias_tile(ping.wg), (consumer_warp % 4) * 16,
-                          static_cast<float>(args.p.score.scale), g, t);
-    release(sm.empty_bias(ping.wg));
+    if constexpr (!std::is_void_v<Bias>) {
+      MbarrierWait(sm.full_bias(ping.wg), kv.count & 1);
+      Bias::Add(s[0], sm.bias_tile(ping.wg), (consumer_warp % 4) * 16,
+                static_cast<float>(args.p.score.scale), g, t);
+      release(sm.empty_bias(ping.wg));
+    }
   };
 
   MbarrierWait(sm.full_q(q_stage), q.phase());

@@ -77,31 +77,37 @@ inline bool EncodeRowsTensorMap(CUtensorMap* map, const void* base, const SeqStr
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// A map of the float32 bias (contract.h: its own shape (B', N', T', S'), 1
-// where it broadcasts, contiguous), read in boxes of 32 keys (128 bytes: one
-// row of the swizzle) x box_rows queries of one (batch, head), 128-byte
-// swizzled. False where TMA cannot read the bias as tiles: a query or key
-// dimension broadcast (a box would repeat its one row, which TMA does not
-// do), the base or the row pitch not a multiple of 16 bytes, or no driver
-// support; the caller then runs a kernel that reads the bias per element.
+// A map of the bias (contract.h: its own shape (B', N', T', S'), 1 where it
+// broadcasts, contiguous; float32 or 16-bit, ScoreParams::bias_type), read in
+// boxes of 128 bytes of keys (one row of the swizzle: 32 float32 or 64 16-bit
+// keys) x box_rows queries of one (batch, head), 128-byte swizzled. False
+// where TMA cannot read the bias as tiles: a query or key dimension broadcast
+// (a box would repeat its one row, which TMA does not do), the base or the
+// row pitch not a multiple of 16 bytes, or no driver support; the caller then
+// runs a kernel that reads the bias per element.
 inline bool EncodeBiasTensorMap(CUtensorMap* map, const ScoreParams& score,
                                 const AttentionShape& shape, int box_rows) {
   const int64_t* d = score.bias_dims;
+  const bool is_float = score.bias_type == BiasType::kAcc;
+  const int64_t elem_bytes = is_float ? 4 : 2;
   if (TensorMapEncoder() == nullptr || score.bias == nullptr ||
       reinterpret_cast<uintptr_t>(score.bias) % 16 != 0 || d[2] != shape.seqlen_q ||
-      d[3] != shape.seqlen_k || d[3] * 4 % 16 != 0)
+      d[3] != shape.seqlen_k || d[3] * elem_bytes % 16 != 0)
     return false;
+  const CUtensorMapDataType type = is_float                                   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                   : score.bias_type == BiasType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(d[3]), static_cast<cuuint64_t>(d[2]),
                               static_cast<cuuint64_t>(d[1]), static_cast<cuuint64_t>(d[0])};
-  const cuuint64_t byte_strides[3] = {static_cast<cuuint64_t>(d[3]) * 4,
-                                      static_cast<cuuint64_t>(d[2] * d[3]) * 4,
-                                      static_cast<cuuint64_t>(d[1] * d[2] * d[3]) * 4};
-  const cuuint32_t box[4] = {32, static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint64_t byte_strides[3] = {static_cast<cuuint64_t>(d[3] * elem_bytes),
+                                      static_cast<cuuint64_t>(d[2] * d[3] * elem_bytes),
+                                      static_cast<cuuint64_t>(d[1] * d[2] * d[3] * elem_bytes)};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(128 / elem_bytes),
+                             static_cast<cuuint32_t>(box_rows), 1, 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  return TensorMapEncoder()(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, const_cast<void*>(score.bias),
-                            dims, byte_strides, box, element_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+  return TensorMapEncoder()(map, type, 4, const_cast<void*>(score.bias), dims, byte_strides, box,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 

@@ -40,15 +40,22 @@ struct SeqStrides {
   }
 };
 
+// The bias's element type: the accumulation type (float32, float64 for
+// float64 inputs), or the 16-bit inputs' own, read as it is (CUDA; the CPU
+// lowering converts it first).
+enum class BiasType : int32_t { kAcc, kBFloat16, kFloat16 };
+
 // Score transform applied to q.k before the mask and the softmax:
 //   x = scale * q.k + bias[b, h, i, j];  if softcap > 0: x = softcap * tanh(x / softcap).
 struct ScoreParams {
   double scale = 1.0;
   double softcap = 0.0;  // 0 disables the cap.
-  // Additive bias in the accumulation type, broadcast to (B, Hq, Sq, Sk); null if absent.
+  // Additive bias of bias_type, broadcast to (B, Hq, Sq, Sk); null if absent.
+  // Added in the accumulation type.
   const void* bias = nullptr;
   DenseStrides bias_strides;
   int64_t bias_dims[4] = {0, 0, 0, 0};  // the bias's own shape (1 where broadcast)
+  BiasType bias_type = BiasType::kAcc;
 };
 
 // Forward: out = softmax(x masked) @ v, lse = logsumexp(x masked) per row.
@@ -100,7 +107,7 @@ struct JvpParams : FwdParams {
   const void* q_dot = nullptr;
   const void* k_dot = nullptr;
   const void* v_dot = nullptr;
-  // The bias's tangent: the bias's shape, dtype and strides (score.bias_strides).
+  // The bias's tangent: the bias's shape and strides (score.bias_strides), accumulation type.
   const void* bias_dot = nullptr;
   void* out_dot = nullptr;  // like out
   void* lse_dot = nullptr;  // like lse
