@@ -18,8 +18,9 @@
 // dense mask and dropout run on the mma.sync kernels (their kTerms
 // instantiations), except the deterministic backward of a bias whose dbias
 // sums over CTAs (DbiasHasOneWriter), which stays exact. On Hopper the wgmma
-// kernels take a dense mask with its tile map, and the forward a bias
-// (Sm90FwdSupports).
+// kernels take a dense mask with its tile map and a bias (Sm90Supports;
+// the backward of a bias with a soft cap or a deterministic dbias on the
+// mma.sync kernels, bwd/run.cuh).
 // The JVP's kTerms kernels take a dense mask and dropout; a bias keeps the
 // JVP on the exact kernel.
 //
@@ -212,17 +213,17 @@ bool Sm90TakesBlockMask(const FwdParams& p) {
          sm90::TilesInCells(HeadDimBucket(p.shape.head_dim), static_cast<int>(kBlockMaskBlock));
 }
 
-// The sm90 kernels take no dropout yet, and a bias in the forward only
-// (sm90/bias_tile.cuh; where its tiles cannot come through TMA, sm90/fwd.cuh
-// declines and the mma.sync kTerms kernel runs). They take a dense mask with
-// a tile map, testing it per element in the cells the map leaves partial
-// (MaskTile). Without a map every tile would read the mask from global
-// memory per element, which the mma.sync kernels' staging does better.
-bool Sm90FwdSupports(const FwdParams& p) {
+// The sm90 kernels take no dropout yet. They take a bias (the forward as
+// TMA tiles, sm90/bias_tile.cuh, or declines to the mma.sync kTerms kernel
+// where those cannot come; the backward per element, or the kTerms kernels
+// with a soft cap or a deterministic dbias: bwd/run.cuh), and a dense mask
+// with a tile map, testing it per element in the cells the map leaves
+// partial (MaskTile). Without a map every tile would read the mask from
+// global memory per element, which the mma.sync kernels' staging does better.
+bool Sm90Supports(const FwdParams& p) {
   return !p.dropout.enabled() && (p.mask.dense == nullptr || p.mask.tile_map != nullptr) &&
          (p.mask.block == nullptr || Sm90TakesBlockMask(p));
 }
-bool Sm90BwdSupports(const FwdParams& p) { return p.score.bias == nullptr && Sm90FwdSupports(p); }
 
 // ===========================================================================
 // Launching a chosen path: dtype and bucket as template arguments.
@@ -344,7 +345,7 @@ size_t TensorCoreBwdWorkspaceBytes(const AttentionShape& shape, bool determinist
 KernelPath FwdPath(const FwdParams& params, DType dtype) {
   if (!TensorCoresSupport(params, dtype)) return KernelPath::kExact;
   const bool sm90 =
-      Sm90FwdSupports(params) && InSm90FwdBuckets(HeadDimBucket(params.shape.head_dim));
+      Sm90Supports(params) && InSm90FwdBuckets(HeadDimBucket(params.shape.head_dim));
   if (params.mask.block != nullptr)  // the wgmma kernels or the exact ones (Sm90TakesBlockMask)
     return sm90 && TensorCorePath(RoutingArch(), dtype, true) == KernelPath::kSm90
                ? KernelPath::kSm90
@@ -362,7 +363,7 @@ KernelPath BwdPath(const BwdParams& params, DType dtype, bool deterministic) {
   if (deterministic && params.dbias != nullptr && !DbiasHasOneWriter(params))
     return KernelPath::kExact;
   const bool sm90 =
-      Sm90BwdSupports(params) && InSm90BwdBuckets(HeadDimBucket(params.shape.head_dim));
+      Sm90Supports(params) && InSm90BwdBuckets(HeadDimBucket(params.shape.head_dim));
   if (params.mask.block != nullptr)  // as FwdPath
     return sm90 && TensorCorePath(RoutingArch(), dtype, true) == KernelPath::kSm90
                ? KernelPath::kSm90

@@ -48,7 +48,7 @@ cudaError_t RunFwd(const FwdParams& params, cudaStream_t stream) {
     // sm90/fwd.cuh declines (cudaErrorNotSupported) where its TMA loads
     // cannot address Q, K, V or the bias; the sm_80 kernel runs then, its
     // kTerms instantiation (another unit's) for a dense mask or a bias
-    // (FwdPath's Sm90FwdSupports).
+    // (FwdPath's Sm90Supports).
     const cudaError_t err = sm90::LaunchFwd<T, kHeadDim>(params, stream);
     if (err != cudaErrorNotSupported) return err;
     // A block mask: the exact kernels (LaunchFwd), the mma.sync ones do not

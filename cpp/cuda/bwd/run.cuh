@@ -100,7 +100,8 @@ cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
                 "arch paths: 75 (mma.sync, Turing), 80 (mma.sync), 90 (wgmma)");
   static_assert(kArch != 90 || !kTerms, "score terms: the mma.sync kernels only");
   if constexpr (kArch == 90) {
-    // Of the terms, a dense mask (with a tile map) comes here (BwdPath); the
+    // Of the terms, a dense mask (with a tile map) and a bias come here
+    // (BwdPath); the
     // mma.sync kTerms kernels (their own units) take it where TMA cannot
     // address Q, dO, K or V.
     // A block mask: the exact kernels (LaunchBwd), no mma.sync kernel reads
@@ -110,7 +111,9 @@ cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
                      sm90::TmaCanAddress(params.k, params.k_strides) &&
                      sm90::TmaCanAddress(params.v, params.v_strides);
     if (params.mask.block != nullptr && !tma) return cudaErrorNotSupported;
-    if (HasScoreTerms(params) && !tma) {
+    const bool bias_declined =
+        params.score.bias != nullptr && !sm90::BwdTakesBias(params, deterministic);
+    if (HasScoreTerms(params) && (!tma || bias_declined)) {
 #ifdef JAX_FLASH_HAS_SM80
       return RunBwd<80, T, kHeadDim, true>(params, workspace, deterministic, stream);
 #else
@@ -122,15 +125,15 @@ cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
   }
   const AttentionShape& shape = params.shape;
   if (shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
+  // The dK/dV kernel adds dS into dbias (float32, the bias's own shape):
+  // zero first, which also covers the elements no visible tile reaches.
+  if (params.score.bias != nullptr && params.dbias != nullptr) {
+    const int64_t* d = params.score.bias_dims;
+    const cudaError_t err =
+        cudaMemsetAsync(params.dbias, 0, sizeof(float) * d[0] * d[1] * d[2] * d[3], stream);
+    if (err != cudaSuccess) return err;
+  }
   if constexpr (kTerms) {
-    // The dK/dV kernel adds dS into dbias (float32, the bias's own shape):
-    // zero first, which also covers the elements no visible tile reaches.
-    if (params.score.bias != nullptr && params.dbias != nullptr) {
-      const int64_t* d = params.score.bias_dims;
-      const cudaError_t err =
-          cudaMemsetAsync(params.dbias, 0, sizeof(float) * d[0] * d[1] * d[2] * d[3], stream);
-      if (err != cudaSuccess) return err;
-    }
     // Plain adds need one writer per element (common/score.cuh); BwdPath
     // keeps the other deterministic problems on the exact kernels. Without
     // dbias (not wanted) nothing is summed.

@@ -366,6 +366,14 @@ __device__ __forceinline__ void AddBias(float (&s)[kNTiles][4], const BiasView<T
 // mode: other CTAs add to the same elements); otherwise a plain read-modify-
 // write, valid when DbiasHasOneWriter (each element then has one owning
 // lane, which adds in step order: bitwise reproducible).
+// dbias's (Tb, Sb) plane for (batch b, query head h) of the whole problem
+// (a chunk's indices plus its batch0, head0), 1-sized dims broadcast.
+__device__ __forceinline__ float* DbiasPlane(const BwdParams& p, int64_t b, int64_t h) {
+  const int64_t* dims = p.score.bias_dims;
+  const int64_t bb = dims[0] == 1 ? 0 : b, hh = dims[1] == 1 ? 0 : h;
+  return static_cast<float*>(p.dbias) + (bb * dims[1] + hh) * dims[2] * dims[3];
+}
+
 template <bool kAtomic, int kQTiles>
 __device__ __forceinline__ void AccumulateDbiasT(const float (&ds)[kQTiles][4], float* head,
                                                  int64_t tb, int64_t sb, int64_t key0,
@@ -425,6 +433,25 @@ __device__ __forceinline__ void AccumulateDbiasT(const float (&ds)[kQTiles][4], 
           if (key_ok[hr]) add(head + i * sb + key0 + g + hr * 8, ds[nt][2 * hr + c]);
       }
     }
+}
+
+// dbias += dS^T = P^T o (dP^T - D) on a warp's fragments of the wgmma
+// backward (rows keys key0 + g (+ 8), columns queries q0 + ...), where dbias
+// is wanted; float atomics. (b, h): the whole problem's batch and head.
+template <int kQTiles>
+__device__ __forceinline__ void AddDbiasT(const float (&dpt)[kQTiles][4],
+                                          const float (&pt)[kQTiles][4], const BwdParams& p,
+                                          int64_t b, int64_t h, int64_t key0, int64_t q0, int g,
+                                          int t) {
+  if (p.dbias == nullptr) return;
+  float ds[kQTiles][4];
+#pragma unroll
+  for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) ds[nt][r] = dpt[nt][r] * pt[nt][r];
+  const int64_t* dims = p.score.bias_dims;
+  AccumulateDbiasT<true>(ds, DbiasPlane(p, b, h), dims[2], dims[3], key0, q0, p.shape.seqlen_q,
+                         p.shape.seqlen_k, g, t);
 }
 
 // ---- soft cap (tensor-core kernels) ---------------------------------------------

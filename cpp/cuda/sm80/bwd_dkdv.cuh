@@ -298,11 +298,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
         // broadcast dimensions, at the whole problem's (batch, head).
         if (p.dbias != nullptr && part == 0) {
           const int64_t* dims = p.score.bias_dims;
-          const int64_t bb = dims[0] == 1 ? 0 : args.batch0 + b;
-          const int64_t hh = dims[1] == 1 ? 0 : args.head0 + h;
-          AccumulateDbiasT<kAccumDq>(dpt,
-                                     static_cast<float*>(p.dbias) +
-                                         (bb * dims[1] + hh) * dims[2] * dims[3],
+          AccumulateDbiasT<kAccumDq>(dpt, DbiasPlane(p, args.batch0 + b, args.head0 + h),
                                      dims[2], dims[3], n0 + warp_row0, m0, seqlen_q, seqlen_k,
                                      g, t);
         }

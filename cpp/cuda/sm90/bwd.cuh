@@ -130,7 +130,7 @@ struct BwdWideTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
 
-template <typename T, typename Traits, bool kSoftcap, bool kDq>
+template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kBias>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     BwdWideKernel(const __grid_constant__ BwdTmaArgs tma_args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const KeyBlockScheduler::Tile tile = KeyBlockOutermostScheduler::Get();
   constexpr int kHalfTiles = Traits::kHeadDim / 16;
   float dk[kHalfTiles][4], dv[kHalfTiles][4];
-  BwdWideMainloop<T, Traits, kSoftcap, kDq>(tma_args, tile, pos, dk, dv);
+  BwdWideMainloop<T, Traits, kSoftcap, kDq, kBias>(tma_args, tile, pos, dk, dv);
   // This warp's 16 keys x its warpgroup's half of the head dim, as pieces.
   using Cols = HalfColumns<Traits::kHeadDim>;
   const Cols cols = Cols::Of(pos.warp / 4);
@@ -186,21 +186,39 @@ cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t str
   return cudaGetLastError();
 }
 
+// Whether the Hopper backward takes this bias: above D = 128 (the wide
+// kernel and the dQ kernel, per element: common/score.cuh's AddBias; in the
+// D <= 128 kernel, whose registers are full, a bias variant spilled 0.6-1 KB
+// per thread), without a soft cap (a variant of the kernels it would need)
+// and without a deterministic dbias (its adds are float atomics; the mma.sync
+// kernels have the ordered ones).
+inline bool BwdTakesBias(const BwdParams& p, bool deterministic) {
+  return p.shape.head_dim > 128 && p.score.softcap == 0.0 &&
+         !(deterministic && p.dbias != nullptr);
+}
+
 // dK and dV, and with accumulate_dq (the fast mode) dQ added into the float32
-// accumulator. cudaErrorNotSupported when TMA cannot address Q or dO: the
-// caller runs the sm_80 kernel then.
+// accumulator; above D = 128 a bias too, with dbias (when wanted) by float
+// atomics. cudaErrorNotSupported when TMA cannot address Q or dO, or for a
+// bias the kernels do not take (BwdTakesBias): the caller runs the sm_80
+// kernel then.
 template <typename T, int kHeadDim>
 cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t stream) {
   const bool cap = args.softcap > 0.f;
+  const bool bias = args.p.score.bias != nullptr;
   if constexpr (kHeadDim > 128) {
     using Traits = BwdWideTraits<kHeadDim>;
-    auto kernel = cap ? (accumulate_dq ? BwdWideKernel<T, Traits, true, true>
-                                       : BwdWideKernel<T, Traits, true, false>)
-                      : (accumulate_dq ? BwdWideKernel<T, Traits, false, true>
-                                       : BwdWideKernel<T, Traits, false, false>);
+    if (bias && cap) return cudaErrorNotSupported;
+    auto kernel = bias  ? (accumulate_dq ? BwdWideKernel<T, Traits, false, true, true>
+                                         : BwdWideKernel<T, Traits, false, false, true>)
+                  : cap ? (accumulate_dq ? BwdWideKernel<T, Traits, true, true, false>
+                                         : BwdWideKernel<T, Traits, true, false, false>)
+                        : (accumulate_dq ? BwdWideKernel<T, Traits, false, true, false>
+                                         : BwdWideKernel<T, Traits, false, false, false>);
     return LaunchKeyBlocks<T, Traits>(args, kernel, stream);
   } else {
     using Traits = BwdSm90Traits<kHeadDim>;
+    if (bias) return cudaErrorNotSupported;
     auto kernel = cap ? (accumulate_dq ? BwdKernel<T, Traits, true, true>
                                        : BwdKernel<T, Traits, true, false>)
                       : (accumulate_dq ? BwdKernel<T, Traits, false, true>

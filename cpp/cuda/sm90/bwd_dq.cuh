@@ -60,7 +60,7 @@ struct DqTmaArgs {
 };
 
 // The CTA's key blocks -> this warp's dQ (16 query rows x the head dim).
-template <typename T, typename Traits, bool kSoftcap>
+template <typename T, typename Traits, bool kSoftcap, bool kBias>
 __device__ __forceinline__ void DqMainloop(const DqTmaArgs& ta, const FwdBlock<T>& blk,
                                            const ThreadPos& pos,
                                            float (&dq)[Traits::kHeadDim / kMmaN][4]) {
@@ -139,6 +139,7 @@ __device__ __forceinline__ void DqMainloop(const DqTmaArgs& ta, const FwdBlock<T
   const uint32_t q_rows = sQ + warpgroup * 64 * kSwizzleBytes;
   const uint32_t do_rows = sdO + warpgroup * 64 * kSwizzleBytes;
   const float scale_log2 = args.scale_log2;
+  const BiasView<T> bias = kBias ? BiasView<T>::For(p, b, h) : BiasView<T>{};
 
   // Key blocks in FwdBlock::NextBlock's steps; `step` counts them.
   int64_t next = blk.template NextBlock<kBlockN>(n_begin + 1);
@@ -164,6 +165,9 @@ __device__ __forceinline__ void DqMainloop(const DqTmaArgs& ta, const FwdBlock<T
     WgmmaWait<0>();
     FenceRegisters(s);
     FenceRegisters(dp);
+    // x = scale * s + bias (no soft cap with a bias here: LaunchDq).
+    if constexpr (kBias)
+      AddBias<Rows::kQueries>(s, bias, args.scale, m0 + warp_row0, n * kBlockN, g, t);
 
     // ---- P, dS (soft cap and mask as in sm80/bwd_dq.cuh) -------------------
     if constexpr (kSoftcap) {
@@ -217,7 +221,7 @@ __device__ __forceinline__ void DqMainloop(const DqTmaArgs& ta, const FwdBlock<T
   }
 }
 
-template <typename T, typename Traits, bool kSoftcap>
+template <typename T, typename Traits, bool kSoftcap, bool kBias>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     DqKernel(const __grid_constant__ DqTmaArgs ta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -227,7 +231,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       FwdBlock<T>::template Make<Traits::kBlockM, Traits::kBlockN, /*kTileMap=*/true>(
           p, QueryBlockScheduler::Get());
   float dq[Traits::kHeadDim / kMmaN][4];
-  DqMainloop<T, Traits, kSoftcap>(ta, blk, pos, dq);
+  DqMainloop<T, Traits, kSoftcap, kBias>(ta, blk, pos, dq);
   // dQ = scale * (dS K), this warp's 16 rows.
   const int head_dim = static_cast<int>(p.shape.head_dim);
   T* dq_out = static_cast<T*>(p.dq) + p.dq_strides.offset(blk.b, 0, blk.h);
@@ -274,7 +278,16 @@ cudaError_t LaunchDq(const BwdArgs& args, cudaStream_t stream) {
       !EncodeRowsTensorMap(&ta.v_map, p.v, p.v_strides, s.batch, s.seqlen_k, s.num_heads_kv,
                            s.head_dim, Traits::kBlockN, kBf16))
     return cudaErrorNotSupported;
-  auto kernel = args.softcap > 0.f ? DqKernel<T, Traits, true> : DqKernel<T, Traits, false>;
+  auto kernel = args.softcap > 0.f ? DqKernel<T, Traits, true, false> : DqKernel<T, Traits, false, false>;
+  if (args.p.score.bias != nullptr) {
+    // Above D = 128 and without a soft cap (BwdTakesBias): its own instantiation.
+    if constexpr (kHeadDim > 128) {
+      if (args.softcap > 0.f) return cudaErrorNotSupported;
+      kernel = DqKernel<T, Traits, false, true>;
+    } else {
+      return cudaErrorNotSupported;
+    }
+  }
   const cudaError_t err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
   if (err != cudaSuccess) return err;

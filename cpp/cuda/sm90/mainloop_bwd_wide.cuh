@@ -85,7 +85,7 @@ __device__ __forceinline__ void HalfGemm(float (&d)[kTiles][4], uint64_t desc_a,
 }
 
 // kDq = false: no dQ (the deterministic mode's dQ kernel runs after this).
-template <typename T, typename Traits, bool kSoftcap, bool kDq>
+template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kBias>
 __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
                                                 const KeyBlockScheduler::Tile& tile,
                                                 const ThreadPos& pos,
@@ -228,6 +228,10 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
     } else {
       WgmmaWait<1>();
       FenceRegisters(st);
+      // x = scale * s + bias (no soft cap with a bias here: LaunchDkDv).
+      if constexpr (kBias)
+        AddBias<Rows::kKeys>(st, BiasView<T>::For(p, b, h), args.scale, n0 + key_row0, m0 + q_col0,
+                             g, t);
     }
     ExpScoresT(st, lse2_s, scale_log2, t);
     MaskTile<Rows::kKeys>(st, mask, cls, m0 + q_col0, m0 + q_col0 + kBlockM / 2, n0, n0 + kBlockN,
@@ -237,6 +241,7 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
       FenceRegisters(dpt);
       SubtractDelta(dpt, delta_s, t);
     }
+    if constexpr (kBias) AddDbiasT(dpt, st, p, args.batch0 + b, args.head0 + h, n0 + key_row0, m0 + q_col0, g, t);
 
     // ---- P^T and dS^T = P^T (dP^T - D) dx to shared memory ------------------
     // One stmatrix per 16 queries and tile: matrices (keys g, g + 8) x
