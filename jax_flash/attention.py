@@ -308,8 +308,7 @@ def _dense_operand(name: str, x, batch_shape: tuple[int, ...], full: tuple[int, 
 
 def _bias(bias, batch_shape, full, dtype):
   """The bias as the kernels take it: in the inputs' 16-bit `dtype` if it has
-  it (the CUDA kernels read it so; the CPU lowering converts it), any other
-  floating bias in the accumulation dtype."""
+  it (contract.h), any other floating bias in the accumulation dtype."""
   acc_dtype = accumulation_dtype(dtype)
   if bias is None:
     return np.zeros((0,), acc_dtype)

@@ -217,48 +217,31 @@ def _cpu_lowering(target):
   return make
 
 
-def _cuda_workspace(target, avals_in, params):
-  """The CUDA backward's delta = rowsum(dout * out) and the tensor-core kernels'
-  float32 dQ accumulator; its size comes from the C++ side, which alone knows
-  the kernels' needs."""
-  del target
-  q, k = avals_in[:2]
-  nbytes = _ffi.cuda_bwd_workspace_bytes(q.shape, k.shape, q.dtype, params["deterministic"])
-  return jax.core.ShapedArray((nbytes,), np.uint8)
+def _cuda_bwd_lowering():
+  """The CUDA backward has one more result than the primitive: its workspace.
 
-
-# The CUDA handlers' results after each op's (contract.h), by name: device
-# memory the handler uses. As results of the call (rather than scratch from
-# XLA's ScratchAllocator, which is returned when the handler returns), XLA
-# owns them for as long as the call may run, which is what lets the handler
-# be recorded into a CUDA graph.
-_CUDA_EXTRA_RESULTS = {"workspace": _cuda_workspace}
-_cuda_extra_names = {name for results in _ffi.CONTRACT["extra_results"]["cuda"].values()
-                     for name, _, _ in results}
-if _cuda_extra_names != set(_CUDA_EXTRA_RESULTS):
-  raise ImportError(f"jax_flash: primitives.py sizes the CUDA results "
-                    f"{sorted(_CUDA_EXTRA_RESULTS)}, but the extension's are "
-                    f"{sorted(_cuda_extra_names)}: the package and its compiled extension "
-                    "disagree (reinstall it)")
-
-
-def _cuda_lowering(target):
-  """The CUDA call, with the handler's extra results (sized here, dropped after)."""
-  lower = _lowering(target)
-  extra = [name for name, _, _ in _ffi.CONTRACT["extra_results"]["cuda"].get(target, [])]
+  delta = rowsum(dout * out) and the tensor-core kernels' float32 dQ
+  accumulator live there. As a result of the call (rather than scratch from
+  XLA's ScratchAllocator, which is returned when the handler returns), XLA
+  owns it for as long as the call may run, which is what lets the handler be
+  recorded into a CUDA graph. Its size comes from the C++ side, which alone
+  knows the kernels' needs.
+  """
+  lower = _lowering(_ffi.BWD_TARGET)
 
   def rule(ctx, *args, **params):
-    num_results = len(ctx.avals_out)
-    avals = [_CUDA_EXTRA_RESULTS[name](target, ctx.avals_in, params) for name in extra]
-    ctx = ctx.replace(avals_out=[*ctx.avals_out, *avals])
-    return lower(ctx, *args, **params)[:num_results]
+    q, k = ctx.avals_in[:2]
+    nbytes = _ffi.cuda_bwd_workspace_bytes(q.shape, k.shape, q.dtype, params["deterministic"])
+    workspace = jax.core.ShapedArray((nbytes,), np.uint8)
+    ctx = ctx.replace(avals_out=[*ctx.avals_out, workspace])
+    return lower(ctx, *args, **params)[:-1]
 
   return rule
 
 
 def _platform_rules(target):
   """Rule makers (kernel primitive -> lowering rule) by platform."""
-  cuda = _cuda_lowering(target)
+  cuda = _cuda_bwd_lowering() if target == _ffi.BWD_TARGET else _lowering(target)
   return {"cpu": _cpu_lowering(target), "cuda": lambda kernel: cuda}
 
 

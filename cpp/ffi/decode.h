@@ -125,7 +125,6 @@ inline ffi::Error DecodeShape(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
 inline bool IsAbsent(ffi::AnyBuffer::Dimensions d) { return d.size() == 1 && d[0] == 0; }
 inline bool IsAbsent(const ffi::AnyBuffer& b) { return IsAbsent(b.dimensions()); }
 
-
 // A rank-4 operand broadcast to (B, Hq, Sq, Sk): checks its dims, returns
 // its strides (0 along broadcast dims) and dims.
 inline ffi::Error DecodeDense(const char* name, const ffi::AnyBuffer& buf,

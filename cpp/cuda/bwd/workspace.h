@@ -149,9 +149,8 @@ BwdParams ChunkParams(const BwdParams& p, const AttentionShape& sub, int64_t b0,
   // The bias likewise; dbias stays whole (the kernels index it with the
   // whole problem's batch and head, BwdArgs::batch0 and head0).
   if (c.score.bias != nullptr) {
-    // The accumulation type (float64 for float64 inputs, else float32) or 16 bits.
-    const int64_t acc_bytes = std::is_same_v<T, double> ? 8 : 4;
-    const int64_t bytes = p.score.bias_type == BiasType::kAcc ? acc_bytes : 2;
+    // The accumulation type: float64 for float64 inputs, else float32.
+    const int64_t bytes = BiasElementBytes(p.score.bias_type, std::is_same_v<T, double> ? 8 : 4);
     c.score.bias = static_cast<const char*>(p.score.bias) +
                    (b0 * p.score.bias_strides.batch + hq0 * p.score.bias_strides.head) * bytes;
   }

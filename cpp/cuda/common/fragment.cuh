@@ -20,6 +20,12 @@
 
 namespace jax_flash::cuda {
 
+// Which way a warp's score fragment runs: rows are queries and columns keys
+// (S: the forwards and the deterministic dQ kernel), or rows are keys and
+// columns queries (S^T: the dK/dV kernels, whose P^T and dS^T are then the A
+// operands of dV += P^T dO and dK += dS^T Q).
+enum class Rows { kQueries, kKeys };
+
 inline constexpr int kMmaM = 16;  // mma.m16n8k16 tile
 inline constexpr int kMmaN = 8;
 inline constexpr int kMmaK = 16;

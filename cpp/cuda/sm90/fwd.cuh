@@ -119,7 +119,7 @@ cudaError_t LaunchFwd(const FwdParams& params, cudaStream_t stream) {
   };
   if (params.score.bias == nullptr || params.score.bias_type == BiasType::kAcc)
     return launch(float{});
-  if constexpr (Traits::kBlockN % BiasTile<Traits::kBlockM, 64, T>::kBoxKeys == 0) {
+  if constexpr (Traits::kBlockN % 64 == 0) {  // whole 16-bit boxes of 64 keys
     return launch(T{});
   } else {
     return cudaErrorNotSupported;

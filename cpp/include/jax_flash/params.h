@@ -45,6 +45,11 @@ struct SeqStrides {
 // lowering converts it first).
 enum class BiasType : int32_t { kAcc, kBFloat16, kFloat16 };
 
+// Bytes of one bias element: acc_bytes (the accumulation type's), or 2.
+JAX_FLASH_HOST_DEVICE int64_t BiasElementBytes(BiasType type, int64_t acc_bytes) {
+  return type == BiasType::kAcc ? acc_bytes : 2;
+}
+
 // Score transform applied to q.k before the mask and the softmax:
 //   x = scale * q.k + bias[b, h, i, j];  if softcap > 0: x = softcap * tanh(x / softcap).
 struct ScoreParams {
