@@ -213,15 +213,14 @@ bool Sm90TakesBlockMask(const FwdParams& p) {
          sm90::TilesInCells(HeadDimBucket(p.shape.head_dim), static_cast<int>(kBlockMaskBlock));
 }
 
-// The sm90 kernels take no dropout yet. They take a bias (the forward as
-// TMA tiles, sm90/bias_tile.cuh, or declines to the mma.sync kTerms kernel
-// where those cannot come; the backward per element, or the kTerms kernels
-// with a soft cap or a deterministic dbias: bwd/run.cuh), and a dense mask
+// The sm90 kernels take dropout and a bias (the forward's bias as TMA
+// tiles, sm90/bias_tile.cuh; each declines to the mma.sync kTerms kernels
+// where its variants stop: sm90/fwd.cuh, sm90::BwdTakesTerms), and a dense mask
 // with a tile map, testing it per element in the cells the map leaves
 // partial (MaskTile). Without a map every tile would read the mask from
 // global memory per element, which the mma.sync kernels' staging does better.
 bool Sm90Supports(const FwdParams& p) {
-  return !p.dropout.enabled() && (p.mask.dense == nullptr || p.mask.tile_map != nullptr) &&
+  return (p.mask.dense == nullptr || p.mask.tile_map != nullptr) &&
          (p.mask.block == nullptr || Sm90TakesBlockMask(p));
 }
 

@@ -212,6 +212,15 @@ inline void AddFeatureCases(std::vector<Case>* cases) {
   AddBiasCases(cases);
   AddSm90BiasCases(cases);
   AddBias16Cases(cases);
+  // Dropout on the wgmma kernels of every Hopper bucket (the dK/dV kernel's
+  // keys x queries draws, the dQ kernel's queries x keys ones): both modes,
+  // causal, GQA, partial blocks. (Last, so that the cases above keep their
+  // seeds.)
+  for (int D : {64, 96, 128, 192, 256})
+    for (bool det : {false, true}) {
+      c = Case{2, 200, 333, 4, 2, D}; c.dropout = kRate; c.causal = true; c.det = det;
+      cases->push_back(c);
+    }
 }
 
 // The tile map of segment ids (cells of 128 x 128 positions: empty ones
@@ -380,5 +389,13 @@ inline std::vector<SeededCase> SmallCases() {
   c = Case{2, 70, 200, 4, 2, 64}; c.bias = BiasKind::kHead; c.bias16 = true; c.bf16 = false;
   c.causal = true; s.push_back({c, 32});
   c = Case{1, 90, 200, 2, 1, 256}; c.bias = BiasKind::kHead; c.bias16 = true; s.push_back({c, 33});
+  // Dropout on the wgmma kernels: the warp-specialized forward and the
+  // dK/dV kernel with dQ (D = 64), the deterministic structure (D = 128),
+  // sm90/fwd.cuh with the wide backward (D = 256), a dense mask's tile map.
+  c = Case{2, 140, 200, 4, 2, 64}; c.dropout = 0.25; c.causal = true; s.push_back({c, 34});
+  c = Case{1, 130, 140, 2, 1, 128}; c.dropout = 0.25; c.det = true; s.push_back({c, 35});
+  c = Case{1, 70, 150, 2, 2, 256}; c.dropout = 0.25; c.causal = true; s.push_back({c, 36});
+  c = Case{1, 300, 280, 2, 1, 96}; c.dropout = 0.25; c.mask = MaskKind::kCausal;
+  c.tile_map = true; s.push_back({c, 37});
   return s;
 }

@@ -100,10 +100,10 @@ cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
                 "arch paths: 75 (mma.sync, Turing), 80 (mma.sync), 90 (wgmma)");
   static_assert(kArch != 90 || !kTerms, "score terms: the mma.sync kernels only");
   if constexpr (kArch == 90) {
-    // Of the terms, a dense mask (with a tile map) and a bias come here
-    // (BwdPath); the
-    // mma.sync kTerms kernels (their own units) take it where TMA cannot
-    // address Q, dO, K or V.
+    // Of the terms, a dense mask (with a tile map), a bias and dropout come
+    // here (BwdPath); the mma.sync kTerms kernels (their own units) take them
+    // where TMA cannot address Q, dO, K or V, and the combinations that the
+    // wgmma kernels have no variant for (sm90::BwdTakesTerms).
     // A block mask: the exact kernels (LaunchBwd), no mma.sync kernel reads
     // the tile map it is in.
     const bool tma = sm90::TmaCanAddress(params.q, params.q_strides) &&
@@ -111,9 +111,8 @@ cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
                      sm90::TmaCanAddress(params.k, params.k_strides) &&
                      sm90::TmaCanAddress(params.v, params.v_strides);
     if (params.mask.block != nullptr && !tma) return cudaErrorNotSupported;
-    const bool bias_declined =
-        params.score.bias != nullptr && !sm90::BwdTakesBias(params, deterministic);
-    if (HasScoreTerms(params) && (!tma || bias_declined)) {
+    if (HasScoreTerms(params) && (!tma || !sm90::BwdTakesTerms(params, deterministic))) {
+      if (params.mask.block != nullptr) return cudaErrorNotSupported;  // (the exact kernels)
 #ifdef JAX_FLASH_HAS_SM80
       return RunBwd<80, T, kHeadDim, true>(params, workspace, deterministic, stream);
 #else

@@ -105,6 +105,43 @@ __device__ __forceinline__ void DropoutRows(float (&x)[kMT][kNTiles][4], const H
     }
 }
 
+// The keep bits of one warp's 16 rows x kNTiles n-tiles (queries x keys),
+// byte nb for block nb (KeepBitsRows): the wgmma kernels draw them while
+// their S GEMM runs, and apply them (Apply) after the softmax. One call at a
+// time (not unrolled): with the accumulators of GEMMs in flight, unrolled
+// calls overlapped and spilled (ptxas: 184-268 bytes at D = 128).
+template <int kNTiles>
+struct RowKeep {
+  static_assert(kNTiles % 2 == 0 && kNTiles <= 16, "up to 8 blocks of 16 columns in 64 bits");
+  static constexpr int kBlocks = kNTiles / 2;
+  uint64_t bits;
+
+  __device__ __forceinline__ static RowKeep Draw(const HeadDropout& d, int64_t row0, int64_t n0,
+                                                 int g, int t) {
+    RowKeep k{0};
+#pragma unroll 1
+    for (int nb = 0; nb < kBlocks; ++nb)
+      k.bits |= static_cast<uint64_t>(KeepBitsRows(d, row0, n0 + 16 * nb, g, t)) << (8 * nb);
+    return k;
+  }
+
+  // x = kept ? x * scale : 0.
+  __device__ __forceinline__ void Apply(float (&x)[kNTiles][4], float scale) const {
+#pragma unroll
+    for (int nb = 0; nb < kBlocks; ++nb)
+#pragma unroll
+      for (int a = 0; a < 2; ++a)
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            float& e = x[2 * nb + b][2 * a + c];
+            const bool kept = (bits >> (8 * nb + (2 * a + b) * 2 + c)) & 1u;
+            e = kept ? e * scale : 0.f;
+          }
+  }
+};
+
 // x *= scale over a warp's fragments (the forward's O before its epilogue).
 template <int kMT, int kTiles>
 __device__ __forceinline__ void ScaleFragment(float (&x)[kMT][kTiles][4], float scale) {
@@ -153,12 +190,14 @@ __device__ __forceinline__ void DropoutRowsPair(float (&x)[kNTiles][4], float (&
 // Keys x queries orientation (S^T, dP^T of one warp: keys key0 + g (+ 8),
 // queries m0 + 8 nt + 2t + c): the keep bits of the warp's kQTiles / 2
 // blocks, one byte each, for ApplyKeepT.
-template <int kQTiles>
+// kSerial: one call at a time (the wgmma backwards, which draw while their
+// GEMMs' accumulators are in flight; see RowKeep).
+template <int kQTiles, bool kSerial = false>
 __device__ __forceinline__ uint32_t KeepBitsT(const HeadDropout& d, int64_t key0, int64_t m0,
                                               int g, int t) {
   static_assert(kQTiles % 2 == 0 && kQTiles <= 8, "up to 4 blocks of 16 queries in 32 bits");
   uint32_t bits = 0;
-#pragma unroll
+#pragma unroll(kSerial ? 1 : kQTiles / 2)
   for (int nb = 0; nb < kQTiles / 2; ++nb)
     bits |= KeepBitsTransposed(d, key0, m0 + 16 * nb, g, t) << (8 * nb);
   return bits;
@@ -167,6 +206,14 @@ __device__ __forceinline__ uint32_t KeepBitsT(const HeadDropout& d, int64_t key0
 // Kept(bits) of one element of a keys x queries fragment (see ApplyKeepT).
 __device__ __forceinline__ bool KeptT(uint32_t bits, int nt, int r) {
   return (bits >> (8 * (nt / 2) + (2 * (r / 2) + nt % 2) * 2 + r % 2)) & 1u;
+}
+
+// n-tile nt of a keys x queries fragment, dropped and scaled into y (the
+// wgmma backwards' P^T for dV: dS^T still needs the undropped P^T).
+__device__ __forceinline__ void DroppedTileT(const float (&x)[4], uint32_t bits, int nt,
+                                             float scale, float (&y)[4]) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) y[r] = KeptT(bits, nt, r) ? x[r] * scale : 0.f;
 }
 
 // x[nt][r] = kept ? x * scale : 0 over keys x queries fragments; element

@@ -85,14 +85,14 @@ struct BwdSm90Traits {
 
 // One CTA: its key block from the scheduler, the mainloop over its steps
 // (adding dQ as it goes), the dK/dV epilogue.
-template <typename T, typename Traits, bool kSoftcap, bool kDq>
+template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kDropout>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     BwdKernel(const __grid_constant__ BwdTmaArgs tma_args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const ThreadPos pos = ThreadPos::Here();
   const KeyBlockScheduler::Tile tile = KeyBlockOutermostScheduler::Get();
   float dk[Traits::kHeadDim / kMmaN][4], dv[Traits::kHeadDim / kMmaN][4];
-  BwdMainloop<T, Traits, kSoftcap, kDq>(tma_args, tile, pos, dk, dv);  // steps -> dK, dV (+ dQ)
+  BwdMainloop<T, Traits, kSoftcap, kDq, kDropout>(tma_args, tile, pos, dk, dv);  // steps -> dK, dV (+ dQ)
   const int warpgroup = pos.warp / 4, wg_warp = pos.warp % 4;
   // This warp's 16 keys: its warpgroup's 64, its quarter of them.
   const int64_t key0 = tile.n_block * Traits::kBlockN + warpgroup * 64 + wg_warp * 16;
@@ -130,7 +130,7 @@ struct BwdWideTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
 
-template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kBias>
+template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kBias, bool kDropout>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     BwdWideKernel(const __grid_constant__ BwdTmaArgs tma_args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const KeyBlockScheduler::Tile tile = KeyBlockOutermostScheduler::Get();
   constexpr int kHalfTiles = Traits::kHeadDim / 16;
   float dk[kHalfTiles][4], dv[kHalfTiles][4];
-  BwdWideMainloop<T, Traits, kSoftcap, kDq, kBias>(tma_args, tile, pos, dk, dv);
+  BwdWideMainloop<T, Traits, kSoftcap, kDq, kBias, kDropout>(tma_args, tile, pos, dk, dv);
   // This warp's 16 keys x its warpgroup's half of the head dim, as pieces.
   using Cols = HalfColumns<Traits::kHeadDim>;
   const Cols cols = Cols::Of(pos.warp / 4);
@@ -186,44 +186,64 @@ cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t str
   return cudaGetLastError();
 }
 
-// Whether the Hopper backward takes this bias: above D = 128 (the wide
-// kernel and the dQ kernel, per element: common/score.cuh's AddBias; in the
-// D <= 128 kernel, whose registers are full, a bias variant spilled 0.6-1 KB
-// per thread), without a soft cap (a variant of the kernels it would need)
-// and without a deterministic dbias (its adds are float atomics; the mma.sync
-// kernels have the ordered ones).
-inline bool BwdTakesBias(const BwdParams& p, bool deterministic) {
-  return p.shape.head_dim > 128 && p.score.softcap == 0.0 &&
-         !(deterministic && p.dbias != nullptr);
+// Whether the Hopper backward takes this problem's score terms, each a
+// variant of the kernels of its own, alone:
+// - a bias above D = 128 (the wide kernel and the dQ kernel, per element:
+//   common/bias.cuh's AddBias; in the D <= 128 kernel, whose registers are
+//   full, a bias variant spilled 0.6-1 KB per thread), without a soft cap and
+//   without a deterministic dbias (its adds are float atomics; the mma.sync
+//   kernels have the ordered ones);
+// - dropout, every head dim, without a soft cap or a bias.
+// A dense mask (with its tile map) needs no variant. The mma.sync kTerms
+// kernels take every other combination (bwd/run.cuh).
+inline bool BwdTakesTerms(const BwdParams& p, bool deterministic) {
+  const bool cap = p.score.softcap != 0.0;
+  if (p.score.bias != nullptr)
+    return p.shape.head_dim > 128 && !cap && !p.dropout.enabled() &&
+           !(deterministic && p.dbias != nullptr);
+  return !(p.dropout.enabled() && cap);
 }
 
 // dK and dV, and with accumulate_dq (the fast mode) dQ added into the float32
-// accumulator; above D = 128 a bias too, with dbias (when wanted) by float
-// atomics. cudaErrorNotSupported when TMA cannot address Q or dO, or for a
-// bias the kernels do not take (BwdTakesBias): the caller runs the sm_80
-// kernel then.
+// accumulator; the score terms of BwdTakesTerms (dbias, when wanted, by
+// float atomics). cudaErrorNotSupported when TMA cannot address Q or dO, or
+// for terms the kernels do not take: the caller runs the sm_80 kernel then.
 template <typename T, int kHeadDim>
 cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t stream) {
+  // (A deterministic dbias is RunBwd's to route: the fast mode above D = 128
+  // runs without dQ here too.)
+  if (!BwdTakesTerms(args.p, /*deterministic=*/false)) return cudaErrorNotSupported;
   const bool cap = args.softcap > 0.f;
   const bool bias = args.p.score.bias != nullptr;
+  const bool dropout = args.p.dropout.enabled();
+  // The kernel of (kSoftcap, kBias, kDropout), with and without dQ.
+  auto pick = [&](auto make) {
+    return bias      ? make(std::false_type{}, std::true_type{}, std::false_type{})
+           : dropout ? make(std::false_type{}, std::false_type{}, std::true_type{})
+           : cap     ? make(std::true_type{}, std::false_type{}, std::false_type{})
+                     : make(std::false_type{}, std::false_type{}, std::false_type{});
+  };
   if constexpr (kHeadDim > 128) {
     using Traits = BwdWideTraits<kHeadDim>;
-    if (bias && cap) return cudaErrorNotSupported;
-    auto kernel = bias  ? (accumulate_dq ? BwdWideKernel<T, Traits, false, true, true>
-                                         : BwdWideKernel<T, Traits, false, false, true>)
-                  : cap ? (accumulate_dq ? BwdWideKernel<T, Traits, true, true, false>
-                                         : BwdWideKernel<T, Traits, true, false, false>)
-                        : (accumulate_dq ? BwdWideKernel<T, Traits, false, true, false>
-                                         : BwdWideKernel<T, Traits, false, false, false>);
-    return LaunchKeyBlocks<T, Traits>(args, kernel, stream);
+    return pick([&](auto cap_c, auto bias_c, auto dropout_c) {
+      constexpr bool kCap = decltype(cap_c)::value, kBias = decltype(bias_c)::value;
+      constexpr bool kDrop = decltype(dropout_c)::value;
+      auto kernel = accumulate_dq ? BwdWideKernel<T, Traits, kCap, true, kBias, kDrop>
+                                  : BwdWideKernel<T, Traits, kCap, false, kBias, kDrop>;
+      return LaunchKeyBlocks<T, Traits>(args, kernel, stream);
+    });
   } else {
     using Traits = BwdSm90Traits<kHeadDim>;
-    if (bias) return cudaErrorNotSupported;
-    auto kernel = cap ? (accumulate_dq ? BwdKernel<T, Traits, true, true>
-                                       : BwdKernel<T, Traits, true, false>)
-                      : (accumulate_dq ? BwdKernel<T, Traits, false, true>
-                                       : BwdKernel<T, Traits, false, false>);
-    return LaunchKeyBlocks<T, Traits>(args, kernel, stream);
+    return pick([&](auto cap_c, auto bias_c, auto dropout_c) {
+      constexpr bool kCap = decltype(cap_c)::value, kDrop = decltype(dropout_c)::value;
+      if constexpr (decltype(bias_c)::value) {
+        return cudaErrorNotSupported;  // BwdTakesTerms said no already
+      } else {
+        auto kernel = accumulate_dq ? BwdKernel<T, Traits, kCap, true, kDrop>
+                                    : BwdKernel<T, Traits, kCap, false, kDrop>;
+        return LaunchKeyBlocks<T, Traits>(args, kernel, stream);
+      }
+    });
   }
 }
 

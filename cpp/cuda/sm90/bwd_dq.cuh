@@ -18,11 +18,13 @@
 #include <type_traits>
 
 #include "cuda/bwd/args.h"
+#include "cuda/common/dropout.cuh"
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/fwd.cuh"
 #include "cuda/common/math.cuh"
 #include "cuda/common/score.cuh"
 #include "cuda/common/tile_scheduler.cuh"
+#include "cuda/sm90/bwd.cuh"
 #include "cuda/sm90/tile_size.h"
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
@@ -60,7 +62,9 @@ struct DqTmaArgs {
 };
 
 // The CTA's key blocks -> this warp's dQ (16 query rows x the head dim).
-template <typename T, typename Traits, bool kSoftcap, bool kBias>
+// At most one of kSoftcap, kBias, kDropout (dP becomes Z s dP before D is
+// subtracted, from keep bits drawn while the block's GEMMs run).
+template <typename T, typename Traits, bool kSoftcap, bool kBias, bool kDropout>
 __device__ __forceinline__ void DqMainloop(const DqTmaArgs& ta, const FwdBlock<T>& blk,
                                            const ThreadPos& pos,
                                            float (&dq)[Traits::kHeadDim / kMmaN][4]) {
@@ -68,6 +72,7 @@ __device__ __forceinline__ void DqMainloop(const DqTmaArgs& ta, const FwdBlock<T
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kNTiles = kBlockN / kMmaN;
   constexpr int kBlocks = Traits::kSmemCols / kSwizzleElems;  // TMA boxes per tile
+  static_assert(int{kSoftcap} + int{kBias} + int{kDropout} <= 1, "one of the terms per kernel");
   const BwdArgs& args = ta.args;
   const BwdParams& p = args.p;
 
@@ -140,6 +145,7 @@ __device__ __forceinline__ void DqMainloop(const DqTmaArgs& ta, const FwdBlock<T
   const uint32_t do_rows = sdO + warpgroup * 64 * kSwizzleBytes;
   const float scale_log2 = args.scale_log2;
   const BiasView<T> bias = kBias ? BiasView<T>::For(p, b, h) : BiasView<T>{};
+  const HeadDropout dropout = kDropout ? args.Dropout(b, h) : HeadDropout{};
 
   // Key blocks in FwdBlock::NextBlock's steps; `step` counts them.
   int64_t next = blk.template NextBlock<kBlockN>(n_begin + 1);
@@ -162,9 +168,15 @@ __device__ __forceinline__ void DqMainloop(const DqTmaArgs& ta, const FwdBlock<T
     WgmmaCommit();
     GemmKMajor<T, kHeadDim, kBlockM, kBlockN>(dp, do_rows, v_tile);
     WgmmaCommit();
+    const auto keep = [&] {  // this warp's keep bits of the block (common/dropout.cuh)
+      if constexpr (kDropout)
+        return RowKeep<kNTiles>::Draw(dropout, m0 + warp_row0, n * kBlockN, g, t);
+      else return 0;
+    }();
     WgmmaWait<0>();
     FenceRegisters(s);
     FenceRegisters(dp);
+    if constexpr (kDropout) keep.Apply(dp, args.keep_scale);
     // x = scale * s + bias (no soft cap with a bias here: LaunchDq).
     if constexpr (kBias)
       AddBias<Rows::kQueries>(s, bias, args.scale, m0 + warp_row0, n * kBlockN, g, t);
@@ -221,7 +233,7 @@ __device__ __forceinline__ void DqMainloop(const DqTmaArgs& ta, const FwdBlock<T
   }
 }
 
-template <typename T, typename Traits, bool kSoftcap, bool kBias>
+template <typename T, typename Traits, bool kSoftcap, bool kBias, bool kDropout>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     DqKernel(const __grid_constant__ DqTmaArgs ta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -231,7 +243,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       FwdBlock<T>::template Make<Traits::kBlockM, Traits::kBlockN, /*kTileMap=*/true>(
           p, QueryBlockScheduler::Get());
   float dq[Traits::kHeadDim / kMmaN][4];
-  DqMainloop<T, Traits, kSoftcap, kBias>(ta, blk, pos, dq);
+  DqMainloop<T, Traits, kSoftcap, kBias, kDropout>(ta, blk, pos, dq);
   // dQ = scale * (dS K), this warp's 16 rows.
   const int head_dim = static_cast<int>(p.shape.head_dim);
   T* dq_out = static_cast<T*>(p.dq) + p.dq_strides.offset(blk.b, 0, blk.h);
@@ -278,15 +290,14 @@ cudaError_t LaunchDq(const BwdArgs& args, cudaStream_t stream) {
       !EncodeRowsTensorMap(&ta.v_map, p.v, p.v_strides, s.batch, s.seqlen_k, s.num_heads_kv,
                            s.head_dim, Traits::kBlockN, kBf16))
     return cudaErrorNotSupported;
-  auto kernel = args.softcap > 0.f ? DqKernel<T, Traits, true, false> : DqKernel<T, Traits, false, false>;
-  if (args.p.score.bias != nullptr) {
-    // Above D = 128 and without a soft cap (BwdTakesBias): its own instantiation.
-    if constexpr (kHeadDim > 128) {
-      if (args.softcap > 0.f) return cudaErrorNotSupported;
-      kernel = DqKernel<T, Traits, false, true>;
-    } else {
-      return cudaErrorNotSupported;
-    }
+  // The terms the kernels take (BwdTakesTerms), each its own instantiation.
+  auto kernel = args.softcap > 0.f ? DqKernel<T, Traits, true, false, false>
+                                   : DqKernel<T, Traits, false, false, false>;
+  if (!BwdTakesTerms(p, /*deterministic=*/false)) return cudaErrorNotSupported;  // (LaunchDkDv)
+  if (p.score.bias != nullptr) {
+    if constexpr (kHeadDim > 128) kernel = DqKernel<T, Traits, false, true, false>;
+  } else if (p.dropout.enabled()) {
+    kernel = DqKernel<T, Traits, false, false, true>;
   }
   const cudaError_t err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);

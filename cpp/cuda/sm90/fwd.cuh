@@ -23,6 +23,7 @@
 
 #include <type_traits>
 
+#include "cuda/common/dropout.cuh"
 #include "cuda/common/epilogue_fwd.cuh"
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/fwd.cuh"
@@ -63,8 +64,8 @@ struct FwdSm90Traits {
 
 // One CTA: its tile from the scheduler, the mainloop over its key blocks,
 // the epilogue. Bias: the tile type a bias is read as (BiasTile of float32 or
-// T); the kernel runs without a bias too.
-template <typename T, typename Traits, typename Bias>
+// T); the kernel runs without a bias too. kDropout: with dropout.
+template <typename T, typename Traits, typename Bias, bool kDropout>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     FwdKernel(const __grid_constant__ FwdTmaArgs kargs) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -76,7 +77,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       args.p, QueryBlockScheduler::Get(args.order));
   float o[1][Traits::kDTiles][4], row_m[1][2], row_l[1][2];
   InitFwdState(o, row_m, row_l);
-  FwdMainloop<T, Traits, Bias>(kargs, blk, pos, o, row_m, row_l);  // K/V blocks -> O, m, l
+  FwdMainloop<T, Traits, Bias, kDropout>(kargs, blk, pos, o, row_m, row_l);  // K/V blocks -> O, m, l
+  if constexpr (kDropout)  // the kept P's 1 / (1 - rate)
+    ScaleFragment(o, static_cast<float>(args.p.dropout.keep_scale()));
   StoreOutput<T>(args.p, blk.b, blk.h, blk.m0 + pos.warp * Traits::kWarpRows, o, row_m, row_l,
                  args.scale_log2, pos.g, pos.t);        // out = O / l, lse
 #else
@@ -87,12 +90,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 // cudaErrorNotSupported when TMA cannot address Q, K or V (see
 // EncodeRowsTensorMap) or the bias (EncodeBiasTensorMap), or the bias stage
 // does not fit the bucket's shared memory or key block (a 16-bit tile's
-// boxes are 64 keys): the caller runs the sm_80 kernel then.
+// boxes are 64 keys), or for a 16-bit bias with dropout (a kernel of its own
+// that no one has measured): the caller runs the sm_80 kernel then.
 template <typename T, int kHeadDim>
 cudaError_t LaunchFwd(const FwdParams& params, cudaStream_t stream) {
   using Traits = FwdSm90Traits<kHeadDim>;
   if (params.shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
-  if (params.dropout.enabled()) return cudaErrorNotSupported;
   FwdTmaArgs kargs;
   kargs.args = MakeFwdArgs(params);
   const AttentionShape& s = params.shape;
@@ -113,12 +116,17 @@ cudaError_t LaunchFwd(const FwdParams& params, cudaStream_t stream) {
     if (has_bias && (!Bias::Fits(Traits::kSmemBytes, 1) ||
                      !EncodeBiasTensorMap(&kargs.bias_map, params.score, s, Traits::kBlockM)))
       return cudaErrorNotSupported;
-    return LaunchFwdGrid<Traits::kBlockM>(FwdKernel<T, Traits, Bias>, Traits::kThreads,
+    auto kernel = FwdKernel<T, Traits, Bias, false>;
+    if constexpr (std::is_same_v<decltype(bias_elem), float>) {  // dropout: float tiles only
+      if (params.dropout.enabled()) kernel = FwdKernel<T, Traits, Bias, true>;
+    }
+    return LaunchFwdGrid<Traits::kBlockM>(kernel, Traits::kThreads,
                                           Traits::kSmemBytes + (has_bias ? Bias::kBytes : 0),
                                           params, kargs, stream);
   };
   if (params.score.bias == nullptr || params.score.bias_type == BiasType::kAcc)
     return launch(float{});
+  if (params.dropout.enabled()) return cudaErrorNotSupported;
   if constexpr (Traits::kBlockN % 64 == 0) {  // whole 16-bit boxes of 64 keys
     return launch(T{});
   } else {

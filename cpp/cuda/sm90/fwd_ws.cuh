@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "cuda/common/copy.cuh"
+#include "cuda/common/dropout.cuh"
 #include "cuda/common/epilogue_fwd.cuh"
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/fwd.cuh"
@@ -59,8 +60,8 @@ struct FwdWsTraits {
 };
 
 // Bias: the bias's tile type (BiasTile of 64 rows, one per consumer
-// warpgroup), void without a bias.
-template <typename T, typename Traits, typename Bias>
+// warpgroup), void without a bias. kDropout: with dropout (no bias then).
+template <typename T, typename Traits, typename Bias, bool kDropout>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     FwdWsKernel(const __grid_constant__ FwdWsArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -90,8 +91,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     float o[1][Traits::kHeadDim / kMmaN][4], row_m[1][2], row_l[1][2];
     InitFwdState(o, row_m, row_l);
     if (blk.n_begin < blk.n_end)
-      FwdWsConsumerTile<T, Traits, Bias>(a, sm, blk, ping, consumer_warp, pos.lane, pos.g, pos.t, kv,
-                                   q, o, row_m, row_l);
+      FwdWsConsumerTile<T, Traits, Bias, kDropout>(a, sm, blk, ping, consumer_warp, pos.lane, pos.g,
+                                                   pos.t, kv, q, o, row_m, row_l);
+    if constexpr (kDropout)  // the kept P's 1 / (1 - rate)
+      ScaleFragment(o, static_cast<float>(a.args.p.dropout.keep_scale()));
     StoreOutput<T>(a.args.p, blk.b, blk.h, blk.m0 + consumer_warp * 16, o, row_m, row_l,
                    a.args.scale_log2, pos.g, pos.t);  // out = O / l, lse
   }
@@ -101,13 +104,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #endif
 }
 
-template <typename T, typename Traits, typename Bias>
+template <typename T, typename Traits, typename Bias, bool kDropout = false>
 cudaError_t LaunchFwdWsKernel(const FwdWsArgs& a, cudaStream_t stream) {
   constexpr int kSmemBytes = FwdWsSmem<Traits, Bias>::kBytes;
   if constexpr (kSmemBytes > kMaxSmemBytes) {
     return cudaErrorNotSupported;
   } else {
-    auto kernel = FwdWsKernel<T, Traits, Bias>;
+    auto kernel = FwdWsKernel<T, Traits, Bias, kDropout>;
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     if (err != cudaSuccess) return err;
@@ -118,8 +121,9 @@ cudaError_t LaunchFwdWsKernel(const FwdWsArgs& a, cudaStream_t stream) {
 }
 
 // cudaErrorNotSupported when TMA cannot address Q, K, V or the bias (see
-// EncodeRowsTensorMap, EncodeBiasTensorMap), the bias stages do not fit, or
-// the tiles do not fit an int: the caller runs the forward without warp
+// EncodeRowsTensorMap, EncodeBiasTensorMap), the bias stages do not fit, the
+// tiles do not fit an int, or for a bias with dropout (a kernel of its own
+// that no one has measured): the caller runs the forward without warp
 // specialization then.
 template <typename T, int kHeadDim>
 cudaError_t LaunchFwdWs(const FwdParams& params, cudaStream_t stream) {
@@ -141,6 +145,10 @@ cudaError_t LaunchFwdWs(const FwdParams& params, cudaStream_t stream) {
       !EncodeRowsTensorMap(&a.v_map, params.v, params.v_strides, s.batch, s.seqlen_k,
                            s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16))
     return cudaErrorNotSupported;
+  if (params.dropout.enabled()) {
+    if (params.score.bias != nullptr) return cudaErrorNotSupported;
+    return LaunchFwdWsKernel<T, Traits, void, /*kDropout=*/true>(a, stream);
+  }
   if (params.score.bias == nullptr) return LaunchFwdWsKernel<T, Traits, void>(a, stream);
   if (!EncodeBiasTensorMap(&a.bias_map, params.score, s, 64)) return cudaErrorNotSupported;
   return params.score.bias_type == BiasType::kAcc

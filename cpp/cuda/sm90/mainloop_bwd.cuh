@@ -30,6 +30,7 @@
 #include "cuda/bwd/preprocess.cuh"
 #include "cuda/bwd/query_steps.cuh"
 #include "cuda/common/copy.cuh"
+#include "cuda/common/dropout.cuh"
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/score.cuh"
 #include "cuda/common/softmax.cuh"
@@ -53,8 +54,11 @@ struct BwdTmaArgs {
 // kSoftcap: a template parameter rather than a branch, because ptxas
 // serializes every wgmma of the kernel when the two waits of the two paths
 // below meet in one function. kDq = false: no dQ at all (the deterministic
-// mode, whose dQ kernel runs after this one).
-template <typename T, typename Traits, bool kSoftcap, bool kDq>
+// mode, whose dQ kernel runs after this one). kDropout (no soft cap then):
+// dV takes the kept and scaled P^T, dP^T becomes Z s dP^T before D is
+// subtracted, dS^T = P^T (Z s dP^T - D) from the unscaled P^T, with keep bits
+// drawn while the step's GEMMs run.
+template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kDropout>
 __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
                                             const KeyBlockScheduler::Tile& tile,
                                             const ThreadPos& pos,
@@ -65,6 +69,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   constexpr int kQTiles = kBlockM / kMmaN;   // n-tiles of S^T (queries)
   constexpr int kDTiles = kHeadDim / kMmaN;  // n-tiles of dK, dV, dQ
   constexpr uint32_t kRow = sm90::kSwizzleBytes;
+  static_assert(!(kSoftcap && kDropout), "dropout with a soft cap: the mma.sync kernels");
   const BwdArgs& args = tma_args.args;
   const BwdParams& p = args.p;
 
@@ -172,7 +177,21 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   if constexpr (kDq) ZeroDqStagingPadding<Traits>(sDq, tid);
   const float scale_log2 = args.scale_log2;
 
+  // Dropout's keep bits of this warp's 16 keys x the kBlockM queries of step
+  // (gi, mi), drawn where the fewest registers are live: before the loop,
+  // then for the next step while this one's dK GEMM runs (drawn next to the
+  // S^T and dP^T GEMMs, with their accumulators in flight, they spilled
+  // 320 bytes at D = 128).
+  const HeadDropout dropout0 = kDropout ? args.Dropout(b, h_kv * group) : HeadDropout{};
+  auto draw_keep = [&](int64_t gi, int64_t mi) -> uint32_t {
+    if constexpr (kDropout)
+      return KeepBitsT<kQTiles, /*kSerial=*/true>(dropout0.PlusHeads(p.dropout, gi),
+                                                  n0w + key_row0, (m_begin + mi) * kBlockM, g, t);
+    else return 0;
+  };
+
   int64_t gi = 0, mi = walk.first;
+  uint32_t keep = steps > 0 ? draw_keep(gi, mi) : 0;
   for (int64_t s = 0; s < steps; ++s) {
     // No CTA barrier at the top of a step: a warpgroup that is done with
     // step s - 1 starts step s while the other's dK GEMM may still run. The
@@ -232,7 +251,14 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     uint32_t ap[kBlockM / kMmaK][4];
 #pragma unroll
     for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
-      PackA<T>(ap[ks], st[2 * ks], st[2 * ks + 1]);
+      if constexpr (kDropout) {
+        float p0[4], p1[4];
+        DroppedTileT(st[2 * ks], keep, 2 * ks, args.keep_scale, p0);
+        DroppedTileT(st[2 * ks + 1], keep, 2 * ks + 1, args.keep_scale, p1);
+        PackA<T>(ap[ks], p0, p1);
+      } else {
+        PackA<T>(ap[ks], st[2 * ks], st[2 * ks + 1]);
+      }
     }
     sm90::WgmmaFence();
     const uint64_t desc_do = sm90::SmemDescriptor(do_tile, kBlockM * kRow, sm90::kAtomBytes);
@@ -249,6 +275,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     if constexpr (!kSoftcap) {
       sm90::WgmmaWait<1>();  // dP^T (dV may still run)
       sm90::FenceRegisters(dpt);
+      if constexpr (kDropout) ApplyKeepT(dpt, keep, args.keep_scale);
       SubtractDelta(dpt, delta_s, t);
     }
     // dS^T goes through shared memory once and feeds two GEMMs from there:
@@ -311,6 +338,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     // the loop's back edge, ptxas serializes the kernel's wgmmas (C7515)
     // unless dK's first k-step zeroes instead, and that variant measured no
     // faster (NOTES.md).
+    if (kDropout && s + 1 < steps) keep = draw_keep(gi, mi);  // (gi, mi): the next step
     sm90::WgmmaWait<0>();
     sm90::FenceRegisters(dv);
     sm90::FenceRegisters(dk);

@@ -30,6 +30,7 @@
 #include "cuda/bwd/preprocess.cuh"
 #include "cuda/bwd/workspace.h"
 #include "cuda/common/copy.cuh"
+#include "cuda/common/dropout.cuh"
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/score.cuh"
 #include "cuda/common/softmax.cuh"
@@ -85,7 +86,9 @@ __device__ __forceinline__ void HalfGemm(float (&d)[kTiles][4], uint64_t desc_a,
 }
 
 // kDq = false: no dQ (the deterministic mode's dQ kernel runs after this).
-template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kBias>
+// kBias, kDropout: as mainloop_bwd.cuh's (at most one of kSoftcap, kBias,
+// kDropout; P^T goes to shared memory for dV dropped and scaled).
+template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kBias, bool kDropout>
 __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
                                                 const KeyBlockScheduler::Tile& tile,
                                                 const ThreadPos& pos,
@@ -97,6 +100,7 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
   constexpr int kHalfTiles = kHeadDim / 16;     // n-tiles of dK, dV, dQ: half the head dim
   constexpr uint32_t kRow = kSwizzleBytes;
   using Cols = HalfColumns<kHeadDim>;
+  static_assert(int{kSoftcap} + int{kBias} + int{kDropout} <= 1, "one of the terms per kernel");
   const BwdArgs& args = tma_args.args;
   const BwdParams& p = args.p;
 
@@ -194,7 +198,20 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
   // stmatrix rows: this warp's keys (lanes 8i..8i+7: matrix i).
   const int st_row = key_row0 + lane % 8 + ((lane / 8) % 2) * 8;
 
+  // Dropout's keep bits of this warp's 16 keys x the warpgroup's 32 queries
+  // of step (gi, mi): before the loop, then for the next step while this
+  // one's dV and dK GEMMs run (as mainloop_bwd.cuh).
+  const HeadDropout dropout0 = kDropout ? args.Dropout(b, h_kv * group) : HeadDropout{};
+  auto draw_keep = [&](int64_t gi, int64_t mi) -> uint32_t {
+    if constexpr (kDropout)
+      return KeepBitsT<kQTiles, /*kSerial=*/true>(dropout0.PlusHeads(p.dropout, gi),
+                                                  n0 + key_row0,
+                                                  (m_begin + mi) * kBlockM + q_col0, g, t);
+    else return 0;
+  };
+
   int64_t gi = 0, mi = walk.first;
+  uint32_t keep = steps > 0 ? draw_keep(gi, mi) : 0;
   for (int64_t s = 0; s < steps; ++s) {
     // No CTA barrier at the top (as mainloop_bwd.cuh): P^T and dS^T
     // alternate between two buffers, the loads of step s were issued after
@@ -239,6 +256,7 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
     if constexpr (!kSoftcap) {
       WgmmaWait<0>();
       FenceRegisters(dpt);
+      if constexpr (kDropout) ApplyKeepT(dpt, keep, args.keep_scale);
       SubtractDelta(dpt, delta_s, t);
     }
     if constexpr (kBias) AddDbiasT(dpt, st, p, args.batch0 + b, args.head0 + h, n0 + key_row0, m0 + q_col0, g, t);
@@ -253,8 +271,16 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
       const float(&p0)[4] = st[2 * ks];
       const float(&p1)[4] = st[2 * ks + 1];
       const uint32_t at = SwizzledOffset(st_row, q_col0 / 8 + 2 * ks + lane / 16, kBlockN);
-      StMatrixX4(sPt + p_offset + at, Pack2<T>(p0[0], p0[1]), Pack2<T>(p0[2], p0[3]),
-                 Pack2<T>(p1[0], p1[1]), Pack2<T>(p1[2], p1[3]));
+      if constexpr (kDropout) {
+        float z0[4], z1[4];
+        DroppedTileT(p0, keep, 2 * ks, args.keep_scale, z0);
+        DroppedTileT(p1, keep, 2 * ks + 1, args.keep_scale, z1);
+        StMatrixX4(sPt + p_offset + at, Pack2<T>(z0[0], z0[1]), Pack2<T>(z0[2], z0[3]),
+                   Pack2<T>(z1[0], z1[1]), Pack2<T>(z1[2], z1[3]));
+      } else {
+        StMatrixX4(sPt + p_offset + at, Pack2<T>(p0[0], p0[1]), Pack2<T>(p0[2], p0[3]),
+                   Pack2<T>(p1[0], p1[1]), Pack2<T>(p1[2], p1[3]));
+      }
       StMatrixX4(sdSt + p_offset + at, Pack2<T>(d0[0] * p0[0], d0[1] * p0[1]),
                  Pack2<T>(d0[2] * p0[2], d0[3] * p0[3]), Pack2<T>(d1[0] * p1[0], d1[1] * p1[1]),
                  Pack2<T>(d1[2] * p1[2], d1[3] * p1[3]));
@@ -321,6 +347,7 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
       }
     }
     // Finished within the step, as in mainloop_bwd.cuh (C7515 otherwise).
+    if (kDropout && s + 1 < steps) keep = draw_keep(gi, mi);  // (gi, mi): the next step
     WgmmaWait<0>();
     FenceRegisters(dv);
     FenceRegisters(dk);

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "cuda/common/copy.cuh"
+#include "cuda/common/dropout.cuh"
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/fwd.cuh"
 #include "cuda/common/score.cuh"
@@ -41,8 +42,10 @@ inline constexpr int kBiasReadBarrier = 1;
 // With a bias (args.p.score.bias), its tile of each key block comes through
 // TMA into one stage after V's (sm90/bias_tile.cuh) and is added to S before
 // the soft cap; the next block's tile is issued once both warpgroups have
-// read it.
-template <typename T, typename Traits, typename Bias>
+// read it. kDropout: P is dropped after the softmax (l sums it before), from
+// keep bits drawn while the block's S GEMM runs; the kernel scales O by
+// 1 / (1 - rate) in its epilogue.
+template <typename T, typename Traits, typename Bias, bool kDropout>
 __device__ __forceinline__ void FwdMainloop(const FwdTmaArgs& kargs, const FwdBlock<T>& blk,
                                             const ThreadPos& pos,
                                             float (&o)[1][Traits::kHeadDim / kMmaN][4],
@@ -129,6 +132,9 @@ __device__ __forceinline__ void FwdMainloop(const FwdTmaArgs& kargs, const FwdBl
   const float scale_log2 = args.scale_log2;
   const float scale = static_cast<float>(args.p.score.scale);  // with a bias (MakeFwdArgs)
   const float rescale_margin = kRescaleLog2 / scale_log2;
+  const HeadDropout dropout = kDropout ? HeadDropout::For(args.p.dropout, args.p.shape.batch,
+                                                          blk.b, blk.h)
+                                       : HeadDropout{};
 
   // Key blocks in FwdBlock::NextBlock's steps (every block without a tile
   // map); `step` counts them for the stages and the barriers' phases.
@@ -169,6 +175,12 @@ __device__ __forceinline__ void FwdMainloop(const FwdTmaArgs& kargs, const FwdBl
     sm90::WgmmaFence();
     sm90::GemmKMajor<T, kHeadDim, kBlockM, kBlockN>(s[0], q_rows, k_tile);
     sm90::WgmmaCommit();
+    // This warp's keep bits of the block, drawn while the GEMM runs.
+    const auto keep = [&] {
+      if constexpr (kDropout)
+        return RowKeep<kNTiles>::Draw(dropout, m0 + warp_row0, n * kBlockN, g, t);
+      else return 0;
+    }();
     sm90::WgmmaWait<0>();
     sm90::FenceRegisters(s[0]);
 
@@ -183,6 +195,7 @@ __device__ __forceinline__ void FwdMainloop(const FwdTmaArgs& kargs, const FwdBl
     TransformAndMask<kBlockM>(s, args.softcap, args.scale_over_cap, blk.mask, m0, m0 + warp_row0,
                               n * kBlockN, g, t, blk.template BlockClass<kBlockN>(n));
     OnlineSoftmax(s, o, row_m, row_l, scale_log2, rescale_margin);
+    if constexpr (kDropout) keep.Apply(s[0], 1.f);
 
     // ---- O += P V -----------------------------------------------------------
     // k-step ks covers keys 16ks..16ks+15: two 8-row groups, 2048 bytes into

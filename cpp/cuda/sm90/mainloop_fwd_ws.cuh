@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/common/dropout.cuh"
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/fwd.cuh"
 #include "cuda/common/score.cuh"
@@ -285,8 +286,11 @@ __device__ __forceinline__ void PackP(uint32_t (&p)[kNTiles / 2][4],
 }
 
 // One consumer warpgroup's work on one tile: O, m, l of this warp's 16 rows.
-// `kv` and `q` carry the ring positions from tile to tile.
-template <typename T, typename Traits, typename Bias>
+// `kv` and `q` carry the ring positions from tile to tile. kDropout: P is
+// dropped after the softmax (l sums it before, as on every backend), from
+// keep bits drawn while the block's S GEMM runs; the kernel scales O by
+// 1 / (1 - rate) in its epilogue.
+template <typename T, typename Traits, typename Bias, bool kDropout>
 __device__ __forceinline__ void FwdWsConsumerTile(
     const FwdWsArgs& a, const FwdWsSmem<Traits, Bias>& sm, const FwdBlock<T>& blk, const PingPong& ping,
     int consumer_warp, int lane, int g, int t, RingPos<Traits::kStages>& kv,
@@ -315,6 +319,15 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     }
   };
 
+  const HeadDropout dropout = kDropout ? HeadDropout::For(args.p.dropout, args.p.shape.batch,
+                                                          blk.b, blk.h)
+                                       : HeadDropout{};
+  // This warp's keep bits of key block n (common/dropout.cuh).
+  auto draw_keep = [&](int64_t n) {
+    if constexpr (kDropout) return RowKeep<kNTiles>::Draw(dropout, warp_row0, n * kBlockN, g, t);
+    else return 0;
+  };
+
   MbarrierWait(sm.full_q(q_stage), q.phase());
   q.Advance();
   uint32_t p[kBlockN / kMmaK][4];
@@ -329,6 +342,7 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     IssueQK<T, Traits>(s[0], q_rows, sm.k_tile(kv.stage()));
     WgmmaCommit();
     ping.PassTurn();
+    const auto keep = draw_keep(n_begin);
     WgmmaWait<0>();
     FenceRegisters(s[0]);
     release(sm.empty_k(kv.stage()));
@@ -336,6 +350,7 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     add_bias(s);
     // O is still 0: no rescale whatever the softmax says.
     ScoresToP<T, Traits>(s, row_m, row_l, alpha, args, blk, warp_row0, n_begin, g, t);
+    if constexpr (kDropout) keep.Apply(s[0], 1.f);
     PackP<T>(p, s);
   }
   RingPos<Traits::kStages> prev = kv;  // the stage of V for P
@@ -352,6 +367,7 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     WgmmaCommit();
     IssuePV<T, Traits>(o[0], p, sm.v_tile(prev.stage()));
     ping.PassTurn();
+    const auto keep = draw_keep(n);
     WgmmaWait<1>();  // S_n (O += P V may still run)
     FenceRegisters(s[0]);
     release(sm.empty_k(kv.stage()));
@@ -359,6 +375,7 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     add_bias(s);
     const bool rescale =
         ScoresToP<T, Traits>(s, row_m, row_l, alpha, args, blk, warp_row0, n, g, t);
+    if constexpr (kDropout) keep.Apply(s[0], 1.f);
     WgmmaWait<0>();  // O += P_{n-1} V_{n-1}
     FenceRegisters(o[0]);
     release(sm.empty_v(prev.stage()));

@@ -123,6 +123,14 @@ struct HeadDropout {
     return r;
   }
 
+  // The same batch element's head h + dh, for kernels that walk the heads of
+  // a GQA group (without For's divisions and loads per head).
+  JAX_FLASH_HOST_DEVICE HeadDropout PlusHeads(const DropoutParams& d, int64_t dh) const {
+    HeadDropout r = *this;
+    if (!d.broadcast_batch_and_heads) r.head_word += static_cast<uint32_t>(dh);
+    return r;
+  }
+
   // Position of (i, j) in its Philox call (see the top of this file).
   JAX_FLASH_HOST_DEVICE static uint32_t CallLane(int64_t i, int64_t j) {
     return static_cast<uint32_t>(((i & 7) << 2) | ((j & 7) >> 1));
