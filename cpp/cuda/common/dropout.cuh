@@ -12,9 +12,11 @@
 // Either way a thread makes one Philox call per 8 elements. The mask is the
 // same function of (b, h, i, j) as on the CPU (HeadDropout::Keep).
 //
-// Keep bits: bit (2 a + b) * 2 + c of a block's byte is element
-// (row + 8 a, column + 8 b + c) in the thread's own orientation, i.e.
-// s[mt][2 nb + b][2 a + c] (forward) or st[2 nb + b][2 a + c] (transposed).
+// Keep bits: a block's byte holds the thread's 8 elements, bit
+// RowBit(a, b, c) for element (row + 8 a, column + 8 b + c) in the queries x
+// keys orientation (s[mt][2 nb + b][2 a + c]), bit KeyQueryBit for the keys
+// x queries one. The compare and the packing work on whole words (KeepFlags,
+// PackFlagPairs): per 8 elements about 20 instructions besides Philox's 40.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,59 +27,76 @@
 
 namespace jax_flash::cuda {
 
-// 16-bit draw >= threshold, for both halves of a word: bits 0 (low) and 1.
-__device__ __forceinline__ uint32_t KeepPair(uint32_t word, uint32_t threshold) {
-  return ((word & 0xffffu) >= threshold ? 1u : 0u) | ((word >> 16) >= threshold ? 2u : 0u);
+// Bit of element (row + 8 a, column + 8 b + c) in a queries x keys byte.
+__host__ __device__ constexpr int RowBit(int a, int b, int c) { return 2 * (2 * b + c) + a; }
+
+// The threshold as KeepFlags compares with it.
+struct HalfThreshold {
+  uint32_t low;  // the threshold's low 15 bits, in both halves
+  uint32_t top;  // 0x80008000 when the threshold's bit 15 is clear, else 0
+  __device__ __forceinline__ explicit HalfThreshold(uint32_t threshold)
+      : low((threshold & 0x7fffu) * 0x10001u), top(threshold & 0x8000u ? 0u : 0x80008000u) {}
+};
+
+// Both 16-bit draws of `word` >= threshold, as bits 15 (low half) and 31
+// (high half); the other bits are garbage. With draw = 2^15 H + l and
+// threshold = 2^15 T + u: kept when H > T, or H = T and l >= u. The
+// difference (draw | 2^15) - u cannot borrow from the next half, and its bit
+// 15 is l >= u; the answer is the majority of that bit, H and (T = 0).
+__device__ __forceinline__ uint32_t KeepFlags(uint32_t word, HalfThreshold th) {
+  const uint32_t low_ge = (word | 0x80008000u) - th.low;
+  return (low_ge & word) | (low_ge & th.top) | (word & th.top);
 }
 
-// Keep bits of one 16 x 16 block in the queries x keys orientation: rows
-// i0 + g (+ 8), columns j0 + 2t (+ 1, + 8, + 9); i0 and j0 multiples of 16.
-__device__ __forceinline__ uint32_t KeepBitsRows(const HeadDropout& d, int64_t i0, int64_t j0,
-                                                 int g, int t) {
-  uint32_t w[4];
-  d.Call(i0 + g, j0 + 2 * t, w);
-  // Word 2 a + b holds (row + 8 a, column + 8 b + c) in half c.
-  return KeepPair(w[0], d.threshold) | (KeepPair(w[1], d.threshold) << 2) |
-         (KeepPair(w[2], d.threshold) << 4) | (KeepPair(w[3], d.threshold) << 6);
+// One byte from the flags in bit 7 of each byte of two words: bit 2 m + 1
+// from byte m of `one`, bit 2 m from byte m of `zero`; the result's bits
+// 8 and up are garbage. The multiply moves the 2-bit field at 8 m + 6 to
+// 32 + 2 m; its 16 partial products land on distinct bit pairs, so nothing
+// carries.
+__device__ __forceinline__ uint32_t PackFlagPairs(uint32_t one, uint32_t zero) {
+  const uint32_t both = ((one & 0x80808080u) | ((zero >> 1) & 0x7f7f7f7fu)) & 0xc0c0c0c0u;
+  return __umulhi(both, (1u << 26) | (1u << 20) | (1u << 14) | (1u << 8));
 }
 
-// Keep bits of one 16 x 16 block in the keys x queries orientation: rows
-// (keys) j0 + g (+ 8), columns (queries) i0 + 2t (+ 1, + 8, + 9). Bit
-// (2 a + b) * 2 + c is key j0 + g + 8 a, query i0 + 2t + c + 8 b.
-// All 32 lanes must call it together (a shuffle).
-__device__ __forceinline__ uint32_t KeepBitsTransposed(const HeadDropout& d, int64_t j0,
-                                                       int64_t i0, int g, int t) {
-  // The call of query parity c = g % 2 (dropout.h: call lane ((i % 8) << 2) |
-  // ((j % 8) >> 1)); its 8 draws are (query i0 + 2t + c + 8 qa, key
-  // j0 + 2 (g / 2) + kp + 8 kb) at word 2 qa + kb, half kp (key parity).
-  const int parity = g & 1;
+// Keep bits (bits 0..7, garbage above) of the 16 x 16 block whose call has
+// this counter, queries x keys: words 2 a + b, halves c (dropout.h).
+__device__ __forceinline__ uint32_t KeepByteRows(const uint32_t counter[4],
+                                                 const uint32_t key[2], HalfThreshold th) {
   uint32_t w[4];
-  d.Call(i0 + 2 * t + parity, j0 + g, w);
-  // Halves of my key parity stay, the others go to the lane of the other
-  // key parity, which computed the call of the other query parity.
-  const uint32_t mine = parity ? 0x7632u : 0x5410u, theirs = parity ? 0x5410u : 0x7632u;
-  const uint32_t keep0 = __byte_perm(w[0], w[1], mine), keep1 = __byte_perm(w[2], w[3], mine);
-  const uint32_t send0 = __byte_perm(w[0], w[1], theirs), send1 = __byte_perm(w[2], w[3], theirs);
-  const uint32_t got0 = __shfl_xor_sync(0xffffffffu, send0, 4);
-  const uint32_t got1 = __shfl_xor_sync(0xffffffffu, send1, 4);
-  // keepX / gotX: query half qa = X, halves kb = 0 (low), 1 (high); from my
-  // call (query parity c = parity) and the other (c = 1 - parity).
-  uint32_t bits = 0;
-  const uint32_t threshold = d.threshold;
-  const uint32_t own[2] = {keep0, keep1}, other[2] = {got0, got1};
-#pragma unroll
-  for (int qa = 0; qa < 2; ++qa) {
-#pragma unroll
-    for (int kb = 0; kb < 2; ++kb) {
-      // Element (key + 8 kb, query + c + 8 qa) -> bit (2 kb + qa) * 2 + c.
-      const uint32_t mine_draw = (own[qa] >> (16 * kb)) & 0xffffu;
-      const uint32_t other_draw = (other[qa] >> (16 * kb)) & 0xffffu;
-      const int base = (2 * kb + qa) * 2;
-      bits |= (mine_draw >= threshold ? 1u : 0u) << (base + parity);
-      bits |= (other_draw >= threshold ? 1u : 0u) << (base + 1 - parity);
-    }
-  }
-  return bits;
+  philox::Philox4x32(counter, key, w);
+  // Bit 7 of byte 2 b + c: the flag of (a, b, c).
+  const uint32_t a0 = __byte_perm(KeepFlags(w[0], th), KeepFlags(w[1], th), 0x7531);
+  const uint32_t a1 = __byte_perm(KeepFlags(w[2], th), KeepFlags(w[3], th), 0x7531);
+  return PackFlagPairs(a1, a0);
+}
+
+// Bit of element (key + 8 kb, query + c + 8 qa) in a keys x queries byte.
+__host__ __device__ constexpr int KeyQueryBit(int qa, int kb, int c) {
+  return 2 * (2 * qa + kb) + c;
+}
+
+// Keep bits (bits 0..7, garbage above) of a 16 x 16 block in the keys x
+// queries orientation: rows (keys) j0 + g (+ 8), columns (queries) i0 + 2t
+// (+ 1, + 8, + 9). The thread computes the call of query parity g % 2,
+// whose counter is given: (query i0 + 2t + c + 8 qa, key j0 + 2 (g / 2) +
+// kp + 8 kb) at word 2 qa + kb, half kp (key parity). It keeps the halves
+// of its key parity and swaps the others with the thread of the other key
+// parity (lane ^ 4), which computed the call of the other query parity. All
+// 32 lanes must call it together (a shuffle).
+__device__ __forceinline__ uint32_t KeepByteTransposed(const uint32_t counter[4],
+                                                       const uint32_t key[2], HalfThreshold th,
+                                                       int parity) {
+  uint32_t w[4];
+  philox::Philox4x32(counter, key, w);
+  // Bytes (mine, mine, theirs, theirs) of words (2 qa, 2 qa + 1): the flag of
+  // half kp sits in bit 7 of byte 2 kp + 1.
+  const uint32_t split = parity ? 0x5173u : 0x7351u;
+  const uint32_t q0 = __byte_perm(KeepFlags(w[0], th), KeepFlags(w[1], th), split);
+  const uint32_t q1 = __byte_perm(KeepFlags(w[2], th), KeepFlags(w[3], th), split);
+  // Byte 2 qa + kb: mine (query parity `parity`) and the partner's.
+  const uint32_t mine = __byte_perm(q0, q1, 0x5410), theirs = __byte_perm(q0, q1, 0x7632);
+  const uint32_t got = __shfl_xor_sync(0xffffffffu, theirs, 4);
+  return parity ? PackFlagPairs(mine, got) : PackFlagPairs(got, mine);
 }
 
 // Queries x keys orientation, a warp's kMT m-tiles (rows row0 + 16 mt ..) x
@@ -88,11 +107,14 @@ template <int kMT, int kNTiles>
 __device__ __forceinline__ void DropoutRows(float (&x)[kMT][kNTiles][4], const HeadDropout& d,
                                             int64_t row0, int64_t n0, int g, int t, float scale) {
   static_assert(kNTiles % 2 == 0, "dropout works on 16-column blocks");
+  const HalfThreshold th(d.threshold);
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
+  for (int mt = 0; mt < kMT; ++mt) {
+    uint32_t counter[4];
+    d.Counter(row0 + 16 * mt + g, n0 + 2 * t, counter);
 #pragma unroll
-    for (int nb = 0; nb < kNTiles / 2; ++nb) {
-      const uint32_t bits = KeepBitsRows(d, row0 + 16 * mt, n0 + 16 * nb, g, t);
+    for (int nb = 0; nb < kNTiles / 2; ++nb, ++counter[0]) {
+      const uint32_t bits = KeepByteRows(counter, d.key, th);
 #pragma unroll
       for (int a = 0; a < 2; ++a)
 #pragma unroll
@@ -100,9 +122,10 @@ __device__ __forceinline__ void DropoutRows(float (&x)[kMT][kNTiles][4], const H
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             float& e = x[mt][2 * nb + b][2 * a + c];
-            e = (bits >> ((2 * a + b) * 2 + c)) & 1u ? e * scale : 0.f;
+            e = (bits >> RowBit(a, b, c)) & 1u ? e * scale : 0.f;
           }
     }
+  }
 }
 
 // The keep bits of one warp's 16 rows x kNTiles n-tiles (queries x keys),
@@ -118,11 +141,20 @@ struct RowKeep {
 
   __device__ __forceinline__ static RowKeep Draw(const HeadDropout& d, int64_t row0, int64_t n0,
                                                  int g, int t) {
-    RowKeep k{0};
+    uint32_t counter[4];
+    d.Counter(row0 + g, n0 + 2 * t, counter);
+    const HalfThreshold th(d.threshold);
+    // Each block's byte enters at the top and the earlier ones move down
+    // (a funnel shift per word), so that block nb ends at byte
+    // 8 - kBlocks + nb without a variable shift.
+    uint32_t lo = 0, hi = 0;
 #pragma unroll 1
-    for (int nb = 0; nb < kBlocks; ++nb)
-      k.bits |= static_cast<uint64_t>(KeepBitsRows(d, row0, n0 + 16 * nb, g, t)) << (8 * nb);
-    return k;
+    for (int nb = 0; nb < kBlocks; ++nb, ++counter[0]) {
+      const uint32_t byte = KeepByteRows(counter, d.key, th);
+      lo = __funnelshift_r(lo, hi, 8);
+      hi = __funnelshift_r(hi, byte, 8);
+    }
+    return RowKeep{((static_cast<uint64_t>(hi) << 32) | lo) >> (8 * (8 - kBlocks))};
   }
 
   // x = kept ? x * scale : 0.
@@ -136,7 +168,7 @@ struct RowKeep {
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             float& e = x[2 * nb + b][2 * a + c];
-            const bool kept = (bits >> (8 * nb + (2 * a + b) * 2 + c)) & 1u;
+            const bool kept = (bits >> (8 * nb + RowBit(a, b, c))) & 1u;
             e = kept ? e * scale : 0.f;
           }
   }
@@ -169,16 +201,19 @@ __device__ __forceinline__ void DropoutRowsPair(float (&x)[kNTiles][4], float (&
                                                 const HeadDropout& d, int64_t row0, int64_t n0,
                                                 int g, int t) {
   static_assert(kNTiles % 2 == 0, "dropout works on 16-column blocks");
+  uint32_t counter[4];
+  d.Counter(row0 + g, n0 + 2 * t, counter);
+  const HalfThreshold th(d.threshold);
 #pragma unroll
-  for (int nb = 0; nb < kNTiles / 2; ++nb) {
-    const uint32_t bits = KeepBitsRows(d, row0, n0 + 16 * nb, g, t);
+  for (int nb = 0; nb < kNTiles / 2; ++nb, ++counter[0]) {
+    const uint32_t bits = KeepByteRows(counter, d.key, th);
 #pragma unroll
     for (int a = 0; a < 2; ++a)
 #pragma unroll
       for (int b = 0; b < 2; ++b)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const bool kept = (bits >> ((2 * a + b) * 2 + c)) & 1u;
+          const bool kept = (bits >> RowBit(a, b, c)) & 1u;
           float& ex = x[2 * nb + b][2 * a + c];
           float& ey = y[2 * nb + b][2 * a + c];
           ex = kept ? ex : 0.f;
@@ -196,16 +231,21 @@ template <int kQTiles, bool kSerial = false>
 __device__ __forceinline__ uint32_t KeepBitsT(const HeadDropout& d, int64_t key0, int64_t m0,
                                               int g, int t) {
   static_assert(kQTiles % 2 == 0 && kQTiles <= 8, "up to 4 blocks of 16 queries in 32 bits");
+  constexpr int kBlocks = kQTiles / 2;
+  uint32_t counter[4];
+  d.Counter(m0 + 2 * t + (g & 1), key0 + g, counter);
+  const HalfThreshold th(d.threshold);
+  // Block nb ends at byte 4 - kBlocks + nb (see RowKeep::Draw).
   uint32_t bits = 0;
-#pragma unroll(kSerial ? 1 : kQTiles / 2)
-  for (int nb = 0; nb < kQTiles / 2; ++nb)
-    bits |= KeepBitsTransposed(d, key0, m0 + 16 * nb, g, t) << (8 * nb);
-  return bits;
+#pragma unroll(kSerial ? 1 : kBlocks)
+  for (int nb = 0; nb < kBlocks; ++nb, ++counter[1])
+    bits = __funnelshift_r(bits, KeepByteTransposed(counter, d.key, th, g & 1), 8);
+  return bits >> (8 * (4 - kBlocks));
 }
 
 // Kept(bits) of one element of a keys x queries fragment (see ApplyKeepT).
 __device__ __forceinline__ bool KeptT(uint32_t bits, int nt, int r) {
-  return (bits >> (8 * (nt / 2) + (2 * (r / 2) + nt % 2) * 2 + r % 2)) & 1u;
+  return (bits >> (8 * (nt / 2) + KeyQueryBit(nt % 2, r / 2, r % 2))) & 1u;
 }
 
 // n-tile nt of a keys x queries fragment, dropped and scaled into y (the
@@ -217,8 +257,8 @@ __device__ __forceinline__ void DroppedTileT(const float (&x)[4], uint32_t bits,
 }
 
 // x[nt][r] = kept ? x * scale : 0 over keys x queries fragments; element
-// st[2 nb + qb][2 kb + c] is bit (2 kb + qb) * 2 + c of byte nb. (Note the
-// transposed roles: r / 2 = key half kb, nt % 2 = query half qb.)
+// st[2 nb + qa][2 kb + c] is bit KeyQueryBit(qa, kb, c) of byte nb. (Note
+// the transposed roles: r / 2 = key half kb, nt % 2 = query half qa.)
 template <int kQTiles>
 __device__ __forceinline__ void ApplyKeepT(float (&x)[kQTiles][4], uint32_t bits, float scale) {
 #pragma unroll

@@ -139,11 +139,20 @@ struct HeadDropout {
     return static_cast<int>((((i >> 3) & 1) * 2 + ((j >> 3) & 1)) * 2 + (j & 1));
   }
 
+  // The counter of the call that holds element (i, j) of this chunk. Word 0
+  // counts 16-column blocks and word 1 16-row blocks, so a kernel walking
+  // blocks steps them instead of recomputing the counter.
+  JAX_FLASH_HOST_DEVICE void Counter(int64_t i, int64_t j, uint32_t counter[4]) const {
+    counter[0] = static_cast<uint32_t>(j >> 4) + col_block;
+    counter[1] = static_cast<uint32_t>(i >> 4) + row_block;
+    counter[2] = (CallLane(i, j) << 24) | head_word;
+    counter[3] = batch_word;
+  }
+
   // The 8 draws of the call that holds element (i, j) of this chunk, as 4 words.
   JAX_FLASH_HOST_DEVICE void Call(int64_t i, int64_t j, uint32_t words[4]) const {
-    const uint32_t counter[4] = {static_cast<uint32_t>(j >> 4) + col_block,
-                                 static_cast<uint32_t>(i >> 4) + row_block,
-                                 (CallLane(i, j) << 24) | head_word, batch_word};
+    uint32_t counter[4];
+    Counter(i, j, counter);
     philox::Philox4x32(counter, key, words);
   }
 
