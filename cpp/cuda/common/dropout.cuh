@@ -99,6 +99,23 @@ __device__ __forceinline__ uint32_t KeepByteTransposed(const uint32_t counter[4]
   return parity ? PackFlagPairs(mine, got) : PackFlagPairs(got, mine);
 }
 
+// x = kept ? x * scale : 0 over block nb of a queries x keys fragment, its
+// keep bits at bit `shift` of `bits` on (a byte, or RowKeep's 64-bit word:
+// the shift stays in the word's own width).
+template <int kNTiles, typename Bits>
+__device__ __forceinline__ void ApplyKeepBlock(float (&x)[kNTiles][4], int nb, Bits bits,
+                                               int shift, float scale) {
+#pragma unroll
+  for (int a = 0; a < 2; ++a)
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float& e = x[2 * nb + b][2 * a + c];
+        e = (bits >> (shift + RowBit(a, b, c))) & 1u ? e * scale : 0.f;
+      }
+}
+
 // Queries x keys orientation, a warp's kMT m-tiles (rows row0 + 16 mt ..) x
 // kNTiles n-tiles (keys n0 ..): x = kept ? x * scale : 0. The forwards pass
 // scale 1 (their 1 / (1 - rate) goes into the epilogue, one multiply per
@@ -114,16 +131,7 @@ __device__ __forceinline__ void DropoutRows(float (&x)[kMT][kNTiles][4], const H
     d.Counter(row0 + 16 * mt + g, n0 + 2 * t, counter);
 #pragma unroll
     for (int nb = 0; nb < kNTiles / 2; ++nb, ++counter[0]) {
-      const uint32_t bits = KeepByteRows(counter, d.key, th);
-#pragma unroll
-      for (int a = 0; a < 2; ++a)
-#pragma unroll
-        for (int b = 0; b < 2; ++b)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            float& e = x[mt][2 * nb + b][2 * a + c];
-            e = (bits >> RowBit(a, b, c)) & 1u ? e * scale : 0.f;
-          }
+      ApplyKeepBlock(x[mt], nb, KeepByteRows(counter, d.key, th), 0, scale);
     }
   }
 }
@@ -160,17 +168,7 @@ struct RowKeep {
   // x = kept ? x * scale : 0.
   __device__ __forceinline__ void Apply(float (&x)[kNTiles][4], float scale) const {
 #pragma unroll
-    for (int nb = 0; nb < kBlocks; ++nb)
-#pragma unroll
-      for (int a = 0; a < 2; ++a)
-#pragma unroll
-        for (int b = 0; b < 2; ++b)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            float& e = x[2 * nb + b][2 * a + c];
-            const bool kept = (bits >> (8 * nb + RowBit(a, b, c))) & 1u;
-            e = kept ? e * scale : 0.f;
-          }
+    for (int nb = 0; nb < kBlocks; ++nb) ApplyKeepBlock(x, nb, bits, 8 * nb, scale);
   }
 };
 
