@@ -166,3 +166,29 @@ def test_same_mask_on_both_platforms(backend, broadcast, dtype, kv_heads):
     return np.asarray(recovered_mask(out))
 
   np.testing.assert_array_equal(keep_on("cpu"), keep_on("gpu"))
+
+
+def test_same_mask_over_many_tiles_per_sm(backend):
+  """More tiles than an H100 has SMs (256, two key blocks each): the
+  persistent Hopper forward walks several tiles per CTA, its rings carrying
+  on from tile to tile, and the mask is still the CPU's, bit for bit. Half
+  the keys at a time take one-hot values (head_dim 128 < Sk)."""
+  if backend != "gpu":
+    pytest.skip("needs a GPU")
+  batch, seqlen_q, seqlen_k, heads, dim = 4, 1024, 256, 8, 128
+  rng = np.random.default_rng(9)
+  q = jnp.asarray(0.3 * rng.standard_normal((batch, seqlen_q, heads, dim)), jnp.bfloat16)
+  k = jnp.asarray(0.3 * rng.standard_normal((batch, seqlen_k, 2, dim)), jnp.bfloat16)
+  key = jax.random.key(10)
+
+  def keep_on(platform, half):
+    device = jax.devices(platform)[0]
+    eye = jnp.zeros((seqlen_k, dim)).at[half * dim:(half + 1) * dim].set(jnp.eye(dim))
+    v = jnp.broadcast_to(eye[None, :, None, :], (batch, seqlen_k, 2, dim)).astype(jnp.bfloat16)
+    args = [jax.device_put(x, device) for x in (q, k, v)]
+    out = jax.jit(lambda q, k, v: jax_flash.flash_attention(
+        q, k, v, dropout_rate=RATE, dropout_rng=key))(*args)
+    return np.asarray(recovered_mask(out))
+
+  for half in (0, 1):
+    np.testing.assert_array_equal(keep_on("cpu", half), keep_on("gpu", half))

@@ -221,6 +221,11 @@ inline void AddFeatureCases(std::vector<Case>* cases) {
       c = Case{2, 200, 333, 4, 2, D}; c.dropout = kRate; c.causal = true; c.det = det;
       cases->push_back(c);
     }
+  // Dropout over more tiles than an H100 has SMs (256): the persistent
+  // warp-specialized forward walks several per CTA, many key blocks each,
+  // causal and GQA.
+  c = Case{4, 1024, 1024, 8, 8, 64}; c.dropout = kRate; cases->push_back(c);
+  c = Case{4, 1024, 1536, 8, 2, 128}; c.dropout = kRate; c.causal = true; cases->push_back(c);
 }
 
 // The tile map of segment ids (cells of 128 x 128 positions: empty ones
