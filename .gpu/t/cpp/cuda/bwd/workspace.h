@@ -1,0 +1,173 @@
+// The backward's workspace: its layout, and the chunks a problem too large
+// for one dQ accumulator runs in.
+//
+// The workspace is an extra result of the custom call, sized when the call is
+// lowered by cuda::BwdWorkspaceBytes (launch.h), a function of the shape
+// alone; from its start:
+//   delta     D = rowsum(dO * O), (B, Hq, Sq) accumulation type   every family
+//   lse2      lse in log2 units, (B, Hq, Sq) float32 of a chunk   tensor cores
+//   dq_accum  float32 dQ (DqAccumLayout) of a chunk, fast mode    tensor cores
+// each starting at a multiple of 256 bytes.
+//
+// Host and device: the kernels address the dQ accumulator through
+// DqAccumLayout, the launchers size and split the workspace with the rest.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "jax_flash/params.h"
+
+namespace jax_flash::cuda {
+
+// Parts of the workspace start at multiples of this from its base.
+inline constexpr size_t kWorkspacePartAlignment = 256;
+
+inline size_t RoundUp(size_t n, size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// Bytes of delta, (B, Hq, Sq) elements of acc_bytes each.
+inline size_t DeltaBytes(const AttentionShape& s, size_t acc_bytes) {
+  return RoundUp(static_cast<size_t>(s.batch * s.num_heads_q * s.seqlen_q) * acc_bytes,
+                 kWorkspacePartAlignment);
+}
+
+// The float32 dQ accumulator of the fast backward. Each (batch, query head)
+// has its kCols columns as two halves, [half][query][kCols / 2 + 8
+// floats]: a row of a half is padded by 32 bytes. So a block of queries of
+// one half is one contiguous range, which the Hopper kernel adds with a
+// single bulk reduction from a shared staging tile with the same padded rows
+// (whose padding keeps its fragment stores free of bank conflicts).
+//
+// Above 64 the halves cover the head dim rounded up to whole 64-column
+// blocks: the Hopper kernel's dQ GEMMs read whole blocks of K, so a head dim
+// of 96 has halves of 64 columns, the second one half padding.
+template <int kHeadDim>
+struct DqAccumLayout {
+  static constexpr int kCols = kHeadDim > 64 ? (kHeadDim + 63) / 64 * 64 : kHeadDim;
+  static constexpr int kHalf = kCols / 2;            // columns per half
+  static constexpr int kHalfRowFloats = kHalf + 8;   // a half-row and its padding
+  static constexpr int kRowFloats = 2 * kHalfRowFloats;  // floats per query row
+  // Element (query i, column col) of the accumulator of (batch, head) bh.
+  __host__ __device__ static int64_t Index(int64_t bh, int64_t seqlen_q, int64_t i, int col) {
+    const int half = col >= kHalf;
+    return ((bh * 2 + half) * seqlen_q + i) * kHalfRowFloats + (col - half * kHalf);
+  }
+  // The first element of half `half`'s row i of (batch, head) bh.
+  __host__ __device__ static int64_t HalfRow(int64_t bh, int64_t seqlen_q, int half, int64_t i) {
+    return ((bh * 2 + half) * seqlen_q + i) * kHalfRowFloats;
+  }
+};
+
+// The tensor-core kernels' part: [lse2: rows floats, padded to 256 bytes]
+// [dq_accum: rows x DqAccumLayout::kRowFloats floats, fast mode only],
+// rows = B * Hq * Sq of the chunk below.
+inline size_t Lse2Bytes(const AttentionShape& shape) {
+  const size_t rows = static_cast<size_t>(shape.batch * shape.num_heads_q * shape.seqlen_q);
+  return (rows * sizeof(float) + 255) / 256 * 256;
+}
+
+// The fast (atomic) backward accumulates dQ in float32, 4 bytes per element
+// of q (and 16 floats of padding per row): about a quarter of q, k, v, dout,
+// out and the gradients together. A problem
+// whose accumulator would exceed kMaxDqAccumBytes runs as consecutive chunks,
+// runs of whole batch elements or else runs of KV heads (with their query
+// heads) of one batch element, that reuse one accumulator of at most that
+// size. Peak memory then stays near the inputs + outputs + gradients at long
+// sequences, and every chunk is still large enough to fill the GPU.
+// tests/gpu/run.sh also builds the kernel check with a tiny limit so that its
+// small cases run chunked too.
+#ifdef JAX_FLASH_MAX_DQ_ACCUM_BYTES
+inline constexpr size_t kMaxDqAccumBytes = JAX_FLASH_MAX_DQ_ACCUM_BYTES;
+#else
+inline constexpr size_t kMaxDqAccumBytes = size_t{64} << 20;
+#endif
+
+struct BwdChunk {
+  int64_t batches;   // batch elements per chunk (all of them: no chunking)
+  int64_t kv_heads;  // KV heads per chunk; < num_heads_kv only when batches == 1
+};
+
+template <int kHeadDim>
+BwdChunk ChunkFor(const AttentionShape& shape) {
+  if (shape.batch == 0 || shape.num_heads_kv == 0 || shape.seqlen_q == 0)
+    return {shape.batch, shape.num_heads_kv};
+  const size_t per_kv_head = sizeof(float) * DqAccumLayout<kHeadDim>::kRowFloats *
+                             static_cast<size_t>(shape.seqlen_q) *
+                             static_cast<size_t>(shape.group_size());
+  const size_t per_batch = per_kv_head * static_cast<size_t>(shape.num_heads_kv);
+  if (per_batch * static_cast<size_t>(shape.batch) <= kMaxDqAccumBytes)
+    return {shape.batch, shape.num_heads_kv};
+  if (per_batch <= kMaxDqAccumBytes)
+    return {static_cast<int64_t>(kMaxDqAccumBytes / per_batch), shape.num_heads_kv};
+  const int64_t heads = static_cast<int64_t>(kMaxDqAccumBytes / per_kv_head);
+  return {1, heads > 0 ? heads : 1};
+}
+
+// The shape of chunk (b0, hk0) of `chunk`, clipped at the problem's edges.
+inline AttentionShape ChunkShape(const AttentionShape& shape, const BwdChunk& chunk, int64_t b0,
+                                 int64_t hk0) {
+  AttentionShape s = shape;
+  s.batch = std::min(chunk.batches, shape.batch - b0);
+  s.num_heads_kv = std::min(chunk.kv_heads, shape.num_heads_kv - hk0);
+  s.num_heads_q = s.num_heads_kv * shape.group_size();
+  return s;
+}
+
+// The same problem restricted to batch elements [b0, b0 + sub.batch) and KV
+// heads [hk0, hk0 + sub.num_heads_kv): every pointer moved to the chunk's
+// first element, strides kept. lse and delta are (B, Hq, Sq) rows; a chunk
+// is either whole batch elements or one batch element, so its rows are
+// contiguous there too.
+template <typename T>
+BwdParams ChunkParams(const BwdParams& p, const AttentionShape& sub, int64_t b0, int64_t hk0) {
+  BwdParams c = p;
+  c.shape = sub;
+  const int64_t hq0 = hk0 * p.shape.group_size();
+  c.q = static_cast<const T*>(p.q) + p.q_strides.offset(b0, 0, hq0);
+  c.k = static_cast<const T*>(p.k) + p.k_strides.offset(b0, 0, hk0);
+  c.v = static_cast<const T*>(p.v) + p.v_strides.offset(b0, 0, hk0);
+  c.out = static_cast<T*>(p.out) + p.out_strides.offset(b0, 0, hq0);
+  c.dout = static_cast<const T*>(p.dout) + p.dout_strides.offset(b0, 0, hq0);
+  c.dq = static_cast<T*>(p.dq) + p.dq_strides.offset(b0, 0, hq0);
+  c.dk = static_cast<T*>(p.dk) + p.dk_strides.offset(b0, 0, hk0);
+  c.dv = static_cast<T*>(p.dv) + p.dv_strides.offset(b0, 0, hk0);
+  const int64_t row0 = (b0 * p.shape.num_heads_q + hq0) * p.shape.seqlen_q;
+  c.lse = static_cast<float*>(p.lse) + row0;
+  c.delta = static_cast<float*>(p.delta) + row0;
+  MaskParams& m = c.mask;
+  if (m.q_seqlens != nullptr) m.q_seqlens += b0;
+  if (m.kv_seqlens != nullptr) m.kv_seqlens += b0;
+  if (m.q_segment_ids != nullptr) m.q_segment_ids += b0 * p.shape.seqlen_q;
+  if (m.kv_segment_ids != nullptr) m.kv_segment_ids += b0 * p.shape.seqlen_k;
+  // Broadcast dims have stride 0. Dropout keeps the whole problem's indices
+  // through BwdArgs (its batch0, head0).
+  if (m.dense != nullptr) m.dense += b0 * m.dense_strides.batch + hq0 * m.dense_strides.head;
+  if (m.tile_map != nullptr)
+    m.tile_map += b0 * m.tile_map_strides.batch + hq0 * m.tile_map_strides.head;
+  // The bias likewise; dbias stays whole (the kernels index it with the
+  // whole problem's batch and head, BwdArgs::batch0 and head0).
+  if (c.score.bias != nullptr) {
+    // The accumulation type: float64 for float64 inputs, else float32.
+    const int64_t bytes = BiasElementBytes(p.score.bias_type, std::is_same_v<T, double> ? 8 : 4);
+    c.score.bias = static_cast<const char*>(p.score.bias) +
+                   (b0 * p.score.bias_strides.batch + hq0 * p.score.bias_strides.head) * bytes;
+  }
+  return c;
+}
+
+// Bytes of lse2 and dq_accum for the bucket's kernels. The fast mode takes
+// the larger of its own layout and the deterministic one's: on Hopper it runs
+// the deterministic structure above D = 128 (bwd/run.cuh, SeparateDq), and
+// the size is fixed before the GPU is known.
+template <int kHeadDim>
+size_t Lse2AndDqAccumBytes(const AttentionShape& shape, bool deterministic) {
+  if (deterministic) return Lse2Bytes(shape);
+  const AttentionShape chunk = ChunkShape(shape, ChunkFor<kHeadDim>(shape), 0, 0);
+  const size_t rows = static_cast<size_t>(chunk.batch * chunk.num_heads_q * chunk.seqlen_q);
+  const size_t fast = Lse2Bytes(chunk) + sizeof(float) * rows * DqAccumLayout<kHeadDim>::kRowFloats;
+  return fast > Lse2Bytes(shape) ? fast : Lse2Bytes(shape);
+}
+
+}  // namespace jax_flash::cuda

@@ -1,0 +1,61 @@
+// The forward's epilogue, both tensor-core arch paths: out = O / l and
+// lse = m + log(l) from a warp's O, m and l (common/fwd.cuh).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/common/fragment.cuh"
+#include "cuda/common/fwd.cuh"
+#include "jax_flash/math.h"
+#include "jax_flash/params.h"
+
+namespace jax_flash::cuda {
+
+// out = O / l and lse = m + log(l) for the warp's rows from row0 on.
+template <typename T, int kMT, int kDTiles>
+__device__ __forceinline__ void StoreOutput(const FwdParams& p, int64_t b, int64_t h,
+                                            int64_t row0, const float (&o)[kMT][kDTiles][4],
+                                            const float (&row_m)[kMT][2],
+                                            const float (&row_l)[kMT][2], float scale_log2, int g,
+                                            int t) {
+  const int64_t seqlen_q = p.shape.seqlen_q;
+  const int head_dim = static_cast<int>(p.shape.head_dim);
+  T* out = static_cast<T*>(p.out) + p.out_strides.offset(b, 0, h);
+  float* lse = static_cast<float*>(p.lse) + (b * p.shape.num_heads_q + h) * seqlen_q;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float l = row_l[mt][hr];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      // l == 0 only for rows that see no key: out = 0, lse = -inf. A NaN
+      // logit makes l NaN, which reaches out and lse (jax.nn semantics).
+      // Such a row writes 0 outright: its O may hold 0 x NaN from a NaN in
+      // a value row it cannot see.
+      const bool sees_nothing = l == 0.f;
+      const float inv_l = 1.f / l;
+      const int64_t i = row0 + mt * 16 + g + hr * 8;
+      if (i < seqlen_q) {
+        if (t == 0) {
+          lse[i] = sees_nothing ? -INFINITY : (row_m[mt][hr] * scale_log2 + __log2f(l)) * kLn2;
+        }
+        T* out_row = out + i * p.out_strides.row;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          const int col = dt * 8 + 2 * t;
+          if (col < head_dim) {
+            *reinterpret_cast<uint32_t*>(out_row + col) =
+                sees_nothing ? 0u
+                             : Pack2<T>(o[mt][dt][2 * hr] * inv_l, o[mt][dt][2 * hr + 1] * inv_l);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace jax_flash::cuda

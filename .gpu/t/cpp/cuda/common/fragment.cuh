@@ -1,0 +1,84 @@
+// The register fragments of the tensor-core kernels and their conversions.
+//
+// Layouts (PTX ISA, mma.m16n8k16 with 16-bit inputs), g = lane / 4,
+// t = lane % 4:
+//   A 16x16 (row-major): a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)
+//   B 16x8  (k x n):     b0 (k 2t..2t+1, n g)  b1 (k 2t+8.., n g)
+//   C 16x8  (float):     c0,c1 (g, 2t..2t+1)  c2,c3 (g+8, 2t..2t+1)
+// A C fragment of two neighbouring n-tiles is therefore exactly the A
+// fragment of one 16-wide k-step, which is why P and dS never leave
+// registers between the two GEMMs that use them. A warp's part of a wgmma
+// accumulator (sm90/wgmma.cuh) has the C layout too, so everything written
+// against it (score policies, softmax, epilogues) serves both arch paths.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace jax_flash::cuda {
+
+// Which way a warp's score fragment runs: rows are queries and columns keys
+// (S: the forwards and the deterministic dQ kernel), or rows are keys and
+// columns queries (S^T: the dK/dV kernels, whose P^T and dS^T are then the A
+// operands of dV += P^T dO and dK += dS^T Q).
+enum class Rows { kQueries, kKeys };
+
+inline constexpr int kMmaM = 16;  // mma.m16n8k16 tile
+inline constexpr int kMmaN = 8;
+inline constexpr int kMmaK = 16;
+
+// A thread's place in its CTA, its warp and the fragments: g = lane / 4 (the
+// row in an 8-row group), t = lane % 4 (the column pair). Computed once per
+// kernel and handed to its mainloop and epilogue (computing the indices again
+// in each changed the register allocation of the mma.sync forward).
+struct ThreadPos {
+  int tid, warp, lane, g, t;
+  __device__ __forceinline__ static ThreadPos Here() {
+    ThreadPos pos;
+    pos.tid = threadIdx.x;
+    pos.warp = pos.tid / 32;
+    pos.lane = pos.tid % 32;
+    pos.g = pos.lane / 4;
+    pos.t = pos.lane % 4;
+    return pos;
+  }
+};
+
+// Two floats -> one register of two 16-bit values (low half = first).
+template <typename T>
+__device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
+  uint32_t r;
+  if constexpr (std::is_same_v<T, __half>) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    r = *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    r = *reinterpret_cast<uint32_t*>(&h);
+  }
+  return r;
+}
+
+// The 16-bit A fragment (16 x 16) of one k-step from two 8-column tiles of
+// float accumulators (the C layout): how a result (P, dS) becomes the A
+// operand of the next MMA without going through shared memory.
+template <typename T>
+__device__ __forceinline__ void PackA(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = Pack2<T>(c0[0], c0[1]);
+  a[1] = Pack2<T>(c0[2], c0[3]);
+  a[2] = Pack2<T>(c1[0], c1[1]);
+  a[3] = Pack2<T>(c1[2], c1[3]);
+}
+
+template <typename T>
+__device__ __forceinline__ float ToFloat(T x) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(x);
+  } else {
+    return __bfloat162float(x);
+  }
+}
+
+}  // namespace jax_flash::cuda

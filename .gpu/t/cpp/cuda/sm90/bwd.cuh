@@ -1,0 +1,250 @@
+// FlashAttention backward dK/dV and dQ for Hopper (sm_90a): the algorithm
+// of sm80/bwd_dkdv.cuh's DkDvKernel with its five GEMMs on warpgroup MMAs
+// (wgmma.cuh). The kernel is its tile scheduler (common/tile_scheduler.cuh:
+// key blocks outermost), mainloop (sm90/mainloop_bwd.cuh) and epilogues
+// (common/epilogue_bwd.cuh for dK and dV, sm90/epilogue_bwd.cuh for dQ).
+//
+// Work partition: one CTA per (block of 128 keys, KV head, batch), two
+// warpgroups of 64 keys each; the CTA walks (query head of the GQA group,
+// block of 64 queries) steps.
+//
+// dQ leaves through shared memory and the TMA unit's bulk reduce-add into the
+// float32 accumulator: warpgroup w adds columns [w D/2, (w+1) D/2) of the
+// step's 64 queries, summed over all 128 keys of the CTA (so both
+// warpgroups' dS^T must be written first: a CTA barrier), as one bulk
+// reduction of a contiguous range (DqAccumLayout). That barrier in the middle
+// of the step is the only one: the next step's loads are issued right after
+// it, and dS^T alternates between two buffers, so a warpgroup goes on into
+// the next step while the other still finishes this one.
+//
+// What each piece was worth (H100, bf16, D = 128, S = 16k, kernel alone,
+// TFLOP/s): float atomics of every warpgroup's own keys' full-width dQ 266;
+// the column split with one bulk reduction per row 340, per warpgroup and
+// step 363 (no dQ output at all: 559); descriptors moved by offsets instead
+// of rebuilt per k-step 389; TMA instead of 256 threads' cp.async for Q and
+// dO 403; no CTA barrier at the top of the step 474.
+//
+// Above D = 128 (BwdWideTraits, sm90/mainloop_bwd_wide.cuh) the CTA owns 64
+// keys and the warpgroups split the head dim instead of the keys. Either
+// kernel runs without dQ (kDq = false) in the deterministic mode, whose dQ
+// kernel (sm90/bwd_dq.cuh) follows.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/bwd/args.h"
+#include "cuda/bwd/workspace.h"
+#include "cuda/common/epilogue_bwd.cuh"
+#include "cuda/common/fragment.cuh"
+#include "cuda/common/tile_scheduler.cuh"
+#include "cuda/sm90/epilogue_bwd.cuh"
+#include "cuda/sm90/mainloop_bwd.cuh"
+#include "cuda/sm90/mainloop_bwd_wide.cuh"
+#include "cuda/sm90/tile_size.h"
+#include "cuda/sm90/tma.cuh"
+#include "cuda/sm90/wgmma.cuh"
+#include "jax_flash/math.h"
+
+namespace jax_flash::cuda::sm90 {
+
+template <int kHeadDim_>
+struct BwdSm90Traits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr BwdTile kTile = BwdTileSize(kHeadDim);  // sm90/tile_size.h
+  static constexpr int kBlockN = kTile.block_n;  // keys per CTA: 2 warpgroups x 64
+  static constexpr int kBlockM = kTile.block_m;  // queries per step
+  static constexpr int kThreads = kTile.threads;
+  static constexpr int kStages = kTile.stages;
+  // Tiles hold whole 64-column blocks (a head dim of 96 leaves half of its
+  // second block zero).
+  static constexpr int kSmemCols = (kHeadDim + 63) / 64 * 64;
+  static constexpr int kKvBytes = kBlockN * kSmemCols * 2;  // K or V
+  static constexpr int kQBytes = kBlockM * kSmemCols * 2;   // one stage of Q or dO
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;   // dS^T, [key][query]
+  static constexpr int kDsBuffers = 2;  // step s writes buffer s % 2
+  static constexpr int kStatBytes = kBlockM * 4;           // one stage of lse2 or delta
+  // One warpgroup's float32 dQ part, kBlockM x kDqCols, rows padded as the
+  // accumulator's (DqAccumLayout): a half-warp's fragment stores then hit 32
+  // different banks.
+  static constexpr int kDqCols = DqAccumLayout<kHeadDim>::kHalf;
+  static constexpr int kDqRowBytes = DqAccumLayout<kHeadDim>::kHalfRowFloats * 4;
+  static constexpr int kDqPartBytes = kBlockM * kDqRowBytes;
+  static constexpr int kSmemBytes = 2 * kKvBytes + 2 * kStages * kQBytes + kDsBuffers * kDsBytes +
+                                    2 * kDqPartBytes + 2 * kStages * kStatBytes +
+                                    kStages * 8 + sm90::kAtomBytes;
+  static_assert(kBlockN == 2 * 64 && kBlockM == 64 && kThreads == 2 * 128,
+                "two warpgroups of 64 keys, 64 queries per step");
+  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128,
+                "two warpgroups of 64 keys hold dK and dV up to D = 128 (bwd_wide.cuh above)");
+  static_assert(kDqCols % 64 == 0 || kSmemCols == kHeadDim, "a dQ part of whole column blocks");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
+};
+
+// One CTA: its key block from the scheduler, the mainloop over its steps
+// (adding dQ as it goes), the dK/dV epilogue.
+template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kDropout>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    BwdKernel(const __grid_constant__ BwdTmaArgs tma_args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const ThreadPos pos = ThreadPos::Here();
+  const KeyBlockScheduler::Tile tile = KeyBlockOutermostScheduler::Get();
+  float dk[Traits::kHeadDim / kMmaN][4], dv[Traits::kHeadDim / kMmaN][4];
+  BwdMainloop<T, Traits, kSoftcap, kDq, kDropout>(tma_args, tile, pos, dk, dv);  // steps -> dK, dV (+ dQ)
+  const int warpgroup = pos.warp / 4, wg_warp = pos.warp % 4;
+  // This warp's 16 keys: its warpgroup's 64, its quarter of them.
+  const int64_t key0 = tile.n_block * Traits::kBlockN + warpgroup * 64 + wg_warp * 16;
+  StoreDkDv<T>(tma_args.args.p, tile.b, tile.h_kv, key0, 0, dk, dv, tma_args.args.scale, pos.g,
+               pos.t);
+  if constexpr (kDq) DrainDqReductions(pos.tid % 128);
+#else
+  __trap();  // built without sm_90a; the dispatch never launches it then
+#endif
+}
+
+// Above D = 128: 64 keys per CTA, warpgroup w holds the head-dim half w of
+// their dK and dV and computes S^T / dP^T for half of a step's 64 queries
+// (sm90/mainloop_bwd_wide.cuh).
+template <int kHeadDim_>
+struct BwdWideTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr BwdTile kTile = BwdTileSize(kHeadDim);  // sm90/tile_size.h
+  static constexpr int kBlockN = kTile.block_n;  // keys per CTA
+  static constexpr int kBlockM = kTile.block_m;  // queries per step
+  static constexpr int kThreads = kTile.threads;
+  static constexpr int kStages = kTile.stages;
+  static constexpr int kSmemCols = kHeadDim;
+  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // K or V
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // one stage of Q or dO
+  static constexpr int kPBytes = kBlockN * kBlockM * 2;    // P^T or dS^T, [key][query]
+  static constexpr int kPBuffers = 2;  // step s writes buffer s % 2
+  static constexpr int kStatBytes = kBlockM * 4;           // one stage of lse2 or delta
+  static constexpr int kSmemBytes = 2 * kKvBytes + 2 * kStages * kQBytes +
+                                    2 * kPBuffers * kPBytes + 2 * kStages * kStatBytes +
+                                    kStages * 8 + kAtomBytes;
+  static_assert(kBlockN == 64 && kBlockM == 64 && kThreads == 2 * 128,
+                "64 keys, 64 queries per step (32 per warpgroup), two warpgroups");
+  static_assert(kHeadDim % 64 == 0 && kHeadDim > 128, "whole 64-column blocks, above D = 128");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
+};
+
+template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kBias, bool kDropout>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    BwdWideKernel(const __grid_constant__ BwdTmaArgs tma_args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const ThreadPos pos = ThreadPos::Here();
+  const KeyBlockScheduler::Tile tile = KeyBlockOutermostScheduler::Get();
+  constexpr int kHalfTiles = Traits::kHeadDim / 16;
+  float dk[kHalfTiles][4], dv[kHalfTiles][4];
+  BwdWideMainloop<T, Traits, kSoftcap, kDq, kBias, kDropout>(tma_args, tile, pos, dk, dv);
+  // This warp's 16 keys x its warpgroup's half of the head dim, as pieces.
+  using Cols = HalfColumns<Traits::kHeadDim>;
+  const Cols cols = Cols::Of(pos.warp / 4);
+  const int64_t key0 = tile.n_block * Traits::kBlockN + (pos.warp % 4) * 16;
+  const BwdParams& p = tma_args.args.p;
+  const float scale = tma_args.args.scale;
+  using Full = const float(&)[Cols::kFullTiles][4];
+  StoreDkDv<T>(p, tile.b, tile.h_kv, key0, cols.full, reinterpret_cast<Full>(dk[0]),
+               reinterpret_cast<Full>(dv[0]), scale, pos.g, pos.t);
+  if constexpr (Cols::kPartTiles > 0) {
+    using Part = const float(&)[Cols::kPartTiles][4];
+    StoreDkDv<T>(p, tile.b, tile.h_kv, key0, cols.part,
+                 reinterpret_cast<Part>(dk[Cols::kFullTiles]),
+                 reinterpret_cast<Part>(dv[Cols::kFullTiles]), scale, pos.g, pos.t);
+  }
+#else
+  __trap();  // built without sm_90a; the dispatch never launches it then
+#endif
+}
+
+// Launches a dK/dV kernel over KeyBlockOutermostScheduler's tiles, with Q and
+// dO through TMA in boxes of Traits::kBlockM rows. cudaErrorNotSupported when
+// TMA cannot address them (see EncodeRowsTensorMap).
+template <typename T, typename Traits, typename Kernel>
+cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t stream) {
+  const AttentionShape& shape = args.p.shape;
+  const int64_t n_blocks = CeilDiv(shape.seqlen_k, Traits::kBlockN);
+  if (n_blocks == 0) return cudaSuccess;
+  if (n_blocks > KeyBlockOutermostScheduler::kMaxBlocks) return cudaErrorInvalidConfiguration;
+  BwdTmaArgs tma_args;
+  tma_args.args = args;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  if (!EncodeRowsTensorMap(&tma_args.q_map, args.p.q, args.p.q_strides, shape.batch,
+                           shape.seqlen_q, shape.num_heads_q, shape.head_dim, Traits::kBlockM,
+                           kBf16) ||
+      !EncodeRowsTensorMap(&tma_args.dout_map, args.p.dout, args.p.dout_strides, shape.batch,
+                           shape.seqlen_q, shape.num_heads_q, shape.head_dim, Traits::kBlockM,
+                           kBf16))
+    return cudaErrorNotSupported;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Traits::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<KeyBlockOutermostScheduler::Grid(n_blocks, shape), Traits::kThreads,
+           Traits::kSmemBytes, stream>>>(tma_args);
+  return cudaGetLastError();
+}
+
+// Whether the Hopper backward takes this problem's score terms, each a
+// variant of the kernels of its own, alone:
+// - a bias above D = 128 (the wide kernel and the dQ kernel, per element:
+//   common/bias.cuh's AddBias; in the D <= 128 kernel, whose registers are
+//   full, a bias variant spilled 0.6-1 KB per thread), without a soft cap and
+//   without a deterministic dbias (its adds are float atomics; the mma.sync
+//   kernels have the ordered ones);
+// - dropout, every head dim, without a soft cap or a bias.
+// A dense mask (with its tile map) needs no variant. The mma.sync kTerms
+// kernels take every other combination (bwd/run.cuh).
+inline bool BwdTakesTerms(const BwdParams& p, bool deterministic) {
+  const bool cap = p.score.softcap != 0.0;
+  if (p.score.bias != nullptr)
+    return p.shape.head_dim > 128 && !cap && !p.dropout.enabled() &&
+           !(deterministic && p.dbias != nullptr);
+  return !(p.dropout.enabled() && cap);
+}
+
+// dK and dV, and with accumulate_dq (the fast mode) dQ added into the float32
+// accumulator; the score terms of BwdTakesTerms (dbias, when wanted, by
+// float atomics). cudaErrorNotSupported when TMA cannot address Q or dO, or
+// for terms the kernels do not take: the caller runs the sm_80 kernel then.
+template <typename T, int kHeadDim>
+cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t stream) {
+  // (A deterministic dbias is RunBwd's to route: the fast mode above D = 128
+  // runs without dQ here too.)
+  if (!BwdTakesTerms(args.p, /*deterministic=*/false)) return cudaErrorNotSupported;
+  const bool cap = args.softcap > 0.f;
+  const bool bias = args.p.score.bias != nullptr;
+  const bool dropout = args.p.dropout.enabled();
+  // The kernel of (kSoftcap, kBias, kDropout), with and without dQ.
+  auto pick = [&](auto make) {
+    return bias      ? make(std::false_type{}, std::true_type{}, std::false_type{})
+           : dropout ? make(std::false_type{}, std::false_type{}, std::true_type{})
+           : cap     ? make(std::true_type{}, std::false_type{}, std::false_type{})
+                     : make(std::false_type{}, std::false_type{}, std::false_type{});
+  };
+  if constexpr (kHeadDim > 128) {
+    using Traits = BwdWideTraits<kHeadDim>;
+    return pick([&](auto cap_c, auto bias_c, auto dropout_c) {
+      constexpr bool kCap = decltype(cap_c)::value, kBias = decltype(bias_c)::value;
+      constexpr bool kDrop = decltype(dropout_c)::value;
+      auto kernel = accumulate_dq ? BwdWideKernel<T, Traits, kCap, true, kBias, kDrop>
+                                  : BwdWideKernel<T, Traits, kCap, false, kBias, kDrop>;
+      return LaunchKeyBlocks<T, Traits>(args, kernel, stream);
+    });
+  } else {
+    using Traits = BwdSm90Traits<kHeadDim>;
+    return pick([&](auto cap_c, auto bias_c, auto dropout_c) {
+      constexpr bool kCap = decltype(cap_c)::value, kDrop = decltype(dropout_c)::value;
+      if constexpr (decltype(bias_c)::value) {
+        return cudaErrorNotSupported;  // BwdTakesTerms said no already
+      } else {
+        auto kernel = accumulate_dq ? BwdKernel<T, Traits, kCap, true, kDrop>
+                                    : BwdKernel<T, Traits, kCap, false, kDrop>;
+        return LaunchKeyBlocks<T, Traits>(args, kernel, stream);
+      }
+    });
+  }
+}
+
+}  // namespace jax_flash::cuda::sm90

@@ -1,0 +1,159 @@
+// The warp-specialized FlashAttention forward for Hopper (sm_90a), after
+// FlashAttention-3: a producer warpgroup loading Q, K and V with TMA into a
+// ring of shared-memory stages, two consumer warpgroups (64 query rows each)
+// running both GEMMs on wgmma with the softmax in between, ping-ponged
+// against each other and overlapping their own next S GEMM with this block's
+// softmax (sm90/mainloop_fwd_ws.cuh); a persistent grid walking the tiles
+// (sm90/scheduler_persistent.cuh); the common epilogue (out = O / l, lse).
+//
+// Registers: __launch_bounds__(384, 1) caps every thread at 168; setmaxnreg
+// then lowers the producer warpgroup's to producer_regs and raises the
+// consumers' to consumer_regs (sm90/tile_size.h), so the consumers can hold
+// O, the next S and the current P at once.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/common/copy.cuh"
+#include "cuda/common/dropout.cuh"
+#include "cuda/common/epilogue_fwd.cuh"
+#include "cuda/common/fragment.cuh"
+#include "cuda/common/fwd.cuh"
+#include "cuda/sm90/bias_tile.cuh"
+#include "cuda/sm90/mainloop_fwd_ws.cuh"
+#include "cuda/sm90/pipeline.cuh"
+#include "cuda/sm90/scheduler_persistent.cuh"
+#include "cuda/sm90/tile_size.h"
+#include "cuda/sm90/tma.cuh"
+#include "cuda/sm90/wgmma.cuh"
+#include "jax_flash/params.h"
+
+namespace jax_flash::cuda::sm90 {
+
+template <int kHeadDim_>
+struct FwdWsTraits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr FwdWsTile kTile = FwdWsTileSize(kHeadDim);  // sm90/tile_size.h
+  static constexpr int kBlockM = kTile.block_m;
+  static constexpr int kBlockN = kTile.block_n;
+  static constexpr int kStages = kTile.stages;
+  static constexpr int kQStages = kTile.q_stages;
+  static constexpr int kConsumerWarpgroups = kBlockM / 64;
+  static constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;  // one Q stage
+  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // one K or V stage
+  // + one swizzle period so that the tiles can start 1024-byte aligned.
+  static constexpr int kBarrierBytes = 16 * kQStages + 32 * kStages + 32;  // FwdWsSmem
+  static constexpr int kSmemBytes =
+      kQStages * kQBytes + 2 * kStages * kKvBytes + kBarrierBytes + kAtomBytes;
+  static_assert(kConsumerWarpgroups == 2, "ping-pong of two consumer warpgroups");
+  static_assert(kHeadDim % kSwizzleElems == 0, "head dim must be a multiple of 64");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "TMA boxes and wgmma N");
+  static_assert(kQStages == 1 || kQStages == 2, "Q buffers");
+  static_assert(kTile.producer_regs * 128 + kTile.consumer_regs * 128 * kConsumerWarpgroups <=
+                    65536, "register file");
+  static_assert(kSmemBytes <= kMaxSmemBytes, "shared memory per block");
+};
+
+// Bias: the bias's tile type (BiasTile of 64 rows, one per consumer
+// warpgroup), void without a bias. kDropout: with dropout (no bias then).
+template <typename T, typename Traits, typename Bias, bool kDropout>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    FwdWsKernel(const __grid_constant__ FwdWsArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  const FwdWsSmem<Traits, Bias> sm = FwdWsSmem<Traits, Bias>::Carve(SmemAddr(smem_raw));
+  const ThreadPos pos = ThreadPos::Here();
+  if (pos.tid == 0) sm.Init();
+  __syncthreads();  // the barriers are initialized before anyone uses them
+
+  if (pos.warp < 4) {  // producer warpgroup
+    SetMaxRegsDec<Traits::kTile.producer_regs>();
+    if (pos.tid == 0) FwdWsProducer<T, Traits, Bias>(a, sm);
+    return;
+  }
+  SetMaxRegsInc<Traits::kTile.consumer_regs>();
+  const int consumer_warp = pos.warp - 4;
+  const PingPong ping{consumer_warp / 4};
+  RingPos<Traits::kStages> kv;
+  RingPos<Traits::kQStages> q;
+  ping.Start();
+  for (int index = blockIdx.x; index < a.sched.tiles; index += gridDim.x) {
+    const QueryBlockScheduler::Tile tile = PersistentScheduler::Get(a.sched, index);
+    FwdBlock<T> blk =
+        FwdBlock<T>::template Make<Traits::kBlockM, Traits::kBlockN, /*kTileMap=*/true>(a.args.p,
+                                                                                         tile);
+    blk.mask.dense = nullptr;  // a dense mask runs on sm90/fwd.cuh (RunFwd)
+    float o[1][Traits::kHeadDim / kMmaN][4], row_m[1][2], row_l[1][2];
+    InitFwdState(o, row_m, row_l);
+    if (blk.n_begin < blk.n_end)
+      FwdWsConsumerTile<T, Traits, Bias, kDropout>(a, sm, blk, ping, consumer_warp, pos.lane, pos.g,
+                                                   pos.t, kv, q, o, row_m, row_l);
+    if constexpr (kDropout)  // the kept P's 1 / (1 - rate)
+      ScaleFragment(o, static_cast<float>(a.args.p.dropout.keep_scale()));
+    StoreOutput<T>(a.args.p, blk.b, blk.h, blk.m0 + consumer_warp * 16, o, row_m, row_l,
+                   a.args.scale_log2, pos.g, pos.t);  // out = O / l, lse
+  }
+  ping.Finish();
+#else
+  __trap();  // built without sm_90a; the dispatch never launches it then
+#endif
+}
+
+template <typename T, typename Traits, typename Bias, bool kDropout = false>
+cudaError_t LaunchFwdWsKernel(const FwdWsArgs& a, cudaStream_t stream) {
+  constexpr int kSmemBytes = FwdWsSmem<Traits, Bias>::kBytes;
+  if constexpr (kSmemBytes > kMaxSmemBytes) {
+    return cudaErrorNotSupported;
+  } else {
+    auto kernel = FwdWsKernel<T, Traits, Bias, kDropout>;
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (err != cudaSuccess) return err;
+    kernel<<<PersistentScheduler::Grid(a.sched, SmCount()), Traits::kThreads, kSmemBytes, stream>>>(
+        a);
+    return cudaGetLastError();
+  }
+}
+
+// cudaErrorNotSupported when TMA cannot address Q, K, V or the bias (see
+// EncodeRowsTensorMap, EncodeBiasTensorMap), the bias stages do not fit, the
+// tiles do not fit an int, or for a bias with dropout (a kernel of its own
+// that no one has measured): the caller runs the forward without warp
+// specialization then.
+template <typename T, int kHeadDim>
+cudaError_t LaunchFwdWs(const FwdParams& params, cudaStream_t stream) {
+  using Traits = FwdWsTraits<kHeadDim>;
+  const AttentionShape& s = params.shape;
+  if (s.head_dim > kHeadDim) return cudaErrorInvalidValue;
+  const int64_t m_blocks = CeilDiv(s.seqlen_q, Traits::kBlockM);
+  if (m_blocks == 0 || s.num_heads_q == 0 || s.batch == 0) return cudaSuccess;
+  FwdWsArgs a;
+  a.args = MakeFwdArgs(params);
+  if (!PersistentScheduler::MakeArgs(m_blocks, s, a.args.order, &a.sched) ||
+      s.seqlen_k > INT32_MAX)
+    return cudaErrorNotSupported;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  if (!EncodeRowsTensorMap(&a.q_map, params.q, params.q_strides, s.batch, s.seqlen_q,
+                           s.num_heads_q, s.head_dim, Traits::kBlockM, kBf16) ||
+      !EncodeRowsTensorMap(&a.k_map, params.k, params.k_strides, s.batch, s.seqlen_k,
+                           s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16) ||
+      !EncodeRowsTensorMap(&a.v_map, params.v, params.v_strides, s.batch, s.seqlen_k,
+                           s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16))
+    return cudaErrorNotSupported;
+  if (params.dropout.enabled()) {
+    if (params.score.bias != nullptr) return cudaErrorNotSupported;
+    return LaunchFwdWsKernel<T, Traits, void, /*kDropout=*/true>(a, stream);
+  }
+  if (params.score.bias == nullptr) return LaunchFwdWsKernel<T, Traits, void>(a, stream);
+  if (!EncodeBiasTensorMap(&a.bias_map, params.score, s, 64)) return cudaErrorNotSupported;
+  return params.score.bias_type == BiasType::kAcc
+             ? LaunchFwdWsKernel<T, Traits, BiasTile<64, Traits::kBlockN, float>>(a, stream)
+             : LaunchFwdWsKernel<T, Traits, BiasTile<64, Traits::kBlockN, T>>(a, stream);
+}
+
+}  // namespace jax_flash::cuda::sm90

@@ -1,0 +1,348 @@
+// The Hopper backward's mainloop: the CTA's (query head of the GQA group,
+// block of kBlockM queries) steps, producing this warp's dK and dV (16 keys x
+// the head dim) and adding each step's dQ through the epilogue of
+// sm90/epilogue_bwd.cuh. A warp-specialized pipeline (a producer warpgroup for
+// the loads, FA3-style) replaces this function alone: the scheduler and the
+// epilogues stay.
+//
+// Q and dO come through TMA (tma.cuh), lse2 and D through cp.async,
+// double-buffered, all completing on the stage's mbarrier. Per warpgroup
+// and step:
+//   S^T  = K_w Q^T,  dP^T = V_w dO^T   SS, both operands K-major (64 x 64)
+//   P^T, dS^T in registers (common/softmax.cuh, common/score.cuh)
+//   dV  += P^T dO (RS: P^T from registers), dK += dS^T Q (SS), B MN-major
+//   dQ part = dS K                      SS: dS^T through shared memory as an
+//                                        M-major A (and as dK's K-major A),
+//                                        K as an MN-major B
+// The GEMMs are issued as five commit groups so that P^T and the dV GEMM
+// overlap dP^T, and the dQ epilogue overlaps the dK GEMM. The one CTA
+// barrier of a step is in its middle (dQ needs both warpgroups' dS^T); the
+// next step's loads are issued right after it, and dS^T alternates between
+// two buffers, so a warpgroup goes on into the next step while the other
+// still finishes this one.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/bwd/args.h"
+#include "cuda/bwd/preprocess.cuh"
+#include "cuda/bwd/query_steps.cuh"
+#include "cuda/common/copy.cuh"
+#include "cuda/common/dropout.cuh"
+#include "cuda/common/fragment.cuh"
+#include "cuda/common/score.cuh"
+#include "cuda/common/softmax.cuh"
+#include "cuda/common/tile_scheduler.cuh"
+#include "cuda/common/views.cuh"
+#include "cuda/sm90/copy.cuh"
+#include "cuda/sm90/epilogue_bwd.cuh"
+#include "cuda/sm90/tma.cuh"
+#include "cuda/sm90/wgmma.cuh"
+
+namespace jax_flash::cuda::sm90 {
+
+// The kernel's parameters: Q and dO come through TMA (tma.cuh), in boxes
+// of 64 columns x kBlockM rows.
+struct BwdTmaArgs {
+  BwdArgs args;
+  CUtensorMap q_map;
+  CUtensorMap dout_map;
+};
+
+// kSoftcap: a template parameter rather than a branch, because ptxas
+// serializes every wgmma of the kernel when the two waits of the two paths
+// below meet in one function. kDq = false: no dQ at all (the deterministic
+// mode, whose dQ kernel runs after this one). kDropout (no soft cap then):
+// dV takes the kept and scaled P^T, dP^T becomes Z s dP^T before D is
+// subtracted, dS^T = P^T (Z s dP^T - D) from the unscaled P^T, with keep bits
+// drawn while the step's GEMMs run.
+template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kDropout>
+__device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
+                                            const KeyBlockScheduler::Tile& tile,
+                                            const ThreadPos& pos,
+                                            float (&dk)[Traits::kHeadDim / kMmaN][4],
+                                            float (&dv)[Traits::kHeadDim / kMmaN][4]) {
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kQTiles = kBlockM / kMmaN;   // n-tiles of S^T (queries)
+  constexpr int kDTiles = kHeadDim / kMmaN;  // n-tiles of dK, dV, dQ
+  constexpr uint32_t kRow = sm90::kSwizzleBytes;
+  static_assert(!(kSoftcap && kDropout), "dropout with a soft cap: the mma.sync kernels");
+  const BwdArgs& args = tma_args.args;
+  const BwdParams& p = args.p;
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (SmemAddr(smem_raw) + sm90::kAtomBytes - 1) & ~(sm90::kAtomBytes - 1);
+  const uint32_t sK = base;
+  const uint32_t sV = sK + Traits::kKvBytes;
+  const uint32_t sQ = sV + Traits::kKvBytes;              // [kStages]
+  const uint32_t sdO = sQ + Traits::kStages * Traits::kQBytes;   // [kStages]
+  const uint32_t sdS = sdO + Traits::kStages * Traits::kQBytes;
+  const uint32_t sDq = sdS + Traits::kDsBuffers * Traits::kDsBytes;  // [2 warpgroups]
+  float* sLse = reinterpret_cast<float*>(smem_raw + (sDq + 2 * Traits::kDqPartBytes -
+                                                     SmemAddr(smem_raw)));
+  float* sDelta = sLse + Traits::kStages * kBlockM;
+  // One mbarrier per stage: its phase completes when the stage's Q and dO
+  // tiles (TMA bytes) and lse2 and D (the cp.async arrivals of the threads
+  // that load them) are in.
+  const uint32_t full_bar = SmemAddr(sDelta + Traits::kStages * kBlockM);
+
+  const int tid = pos.tid, warp = pos.warp, lane = pos.lane, g = pos.g, t = pos.t;
+  const int warpgroup = warp / 4, wg_warp = warp % 4, wg_tid = tid % 128;
+  const int64_t h_kv = tile.h_kv, b = tile.b, n_block = tile.n_block;
+  const int64_t n0 = n_block * kBlockN;
+  const int64_t n0w = n0 + warpgroup * 64;  // this warpgroup's first key
+  const int64_t seqlen_q = p.shape.seqlen_q, seqlen_k = p.shape.seqlen_k;
+  const int64_t num_heads_q = p.shape.num_heads_q;
+  const int64_t group = p.shape.group_size();
+  const int head_dim = static_cast<int>(p.shape.head_dim);
+  // The group's first head's mask; a dense mask's view moves to the step's
+  // head below (a dense mask comes here with a tile map: BwdPath).
+  BatchMask mask = BatchMask::For(p.mask, b, h_kv * group, seqlen_q, seqlen_k);
+  const uint8_t* const dense0 = mask.dense;
+
+  const GmemRows<T> k = GmemRows<T>::Head(p.k, p.k_strides, b, h_kv, seqlen_k, head_dim);
+  const GmemRows<T> v = GmemRows<T>::Head(p.v, p.v_strides, b, h_kv, seqlen_k, head_dim);
+
+  const QuerySteps<kBlockN, kBlockM> walk = QuerySteps<kBlockN, kBlockM>::Make(mask, n0, group);
+  const int64_t m_begin = walk.m_begin, steps = walk.count;
+
+  // A step's loads, all onto the stage's mbarrier: Q and dO through TMA
+  // (thread 0; rows past seqlen_q and columns past head_dim arrive as
+  // zeros), lse2 and D with cp.async (threads 0..2 kBlockM - 1).
+  constexpr int kStatThreads = 2 * kBlockM;  // LoadRowStats
+  auto issue = [&](int64_t gi, int64_t mi, int stage) {
+    const int64_t h = h_kv * group + gi;
+    const int64_t m0 = (m_begin + mi) * kBlockM;
+    if (tid == 0) {
+      const uint32_t bar = full_bar + 8 * stage;
+      sm90::MbarrierArriveExpectTx(bar, 2 * Traits::kQBytes);
+#pragma unroll
+      for (int block = 0; block < Traits::kSmemCols / 64; ++block) {
+        const uint32_t offset = stage * Traits::kQBytes + block * kBlockM * kRow;
+        sm90::TmaLoadBox(sQ + offset, &tma_args.q_map, block * 64, static_cast<int>(m0),
+                         static_cast<int>(h), static_cast<int>(b), bar);
+        sm90::TmaLoadBox(sdO + offset, &tma_args.dout_map, block * 64, static_cast<int>(m0),
+                         static_cast<int>(h), static_cast<int>(b), bar);
+      }
+    }
+    LoadRowStats<kBlockM>(args, (b * num_heads_q + h) * seqlen_q, m0, seqlen_q,
+                          sLse + stage * kBlockM, sDelta + stage * kBlockM, tid);
+    if (tid < kStatThreads) sm90::CpAsyncArriveOn(full_bar + 8 * stage);
+  };
+
+  // All kSmemCols columns, so that those past the head dim are zeros: the dQ
+  // GEMM of a head dim of 96 reads K's second column block whole.
+  LoadSwizzledTile<T, kBlockN, Traits::kSmemCols, Traits::kThreads>(sK, k, n0, tid);
+  LoadSwizzledTile<T, kBlockN, Traits::kSmemCols, Traits::kThreads>(sV, v, n0, tid);
+  CpAsyncCommit();
+  if (tid == 0) {
+    for (int stage = 0; stage < Traits::kStages; ++stage)
+      sm90::MbarrierInit(full_bar + 8 * stage, 1 + kStatThreads);
+    sm90::FenceBarrierInit();
+  }
+  __syncthreads();  // the barriers are initialized before anyone uses them
+  if (steps > 0) issue(0, walk.first, 0);
+  CpAsyncWait<0>();  // K and V, published to all threads and to wgmma here
+  sm90::FenceProxyAsync();
+  __syncthreads();
+
+  // dK = dV = 0 (here rather than in the kernel: the same place as before the
+  // mainloop was split out, which kept the code closest to it).
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) { dk[dt][r] = 0.f; dv[dt][r] = 0.f; }
+
+  // This warpgroup's 64 keys: row 64 * warpgroup of every column block.
+  const uint32_t k_rows = sK + warpgroup * 64 * kRow;
+  const uint32_t v_rows = sV + warpgroup * 64 * kRow;
+  const uint32_t ds_rows = sdS + warpgroup * 64 * kRow;
+  const int key_row0 = wg_warp * 16;  // this warp's first key within the warpgroup
+  // This warpgroup's dQ columns: dq_col0.., in K's column block dq_col0 / 64
+  // (an MN-major B may start inside a swizzled row: the swizzle is applied to
+  // the address, as for the k-steps of a K-major operand).
+  constexpr int kDqCols = Traits::kDqCols;
+  const int dq_col0 = warpgroup * kDqCols;
+  const uint32_t dq_k_cols = sK + (dq_col0 / 64) * kBlockN * kRow + (dq_col0 % 64) * 2;
+  const uint32_t dq_part = sDq + warpgroup * Traits::kDqPartBytes;
+  // Descriptors of the tiles that stay put (the k-steps add offsets): dS^T
+  // as dQ's M-major A (all 128 keys) and as dK's K-major A (this warpgroup's
+  // rows), K's dQ columns as dQ's MN-major B.
+  const uint64_t desc_ds = sm90::SmemDescriptor(sdS, kBlockN * kRow, sm90::kAtomBytes);
+  const uint64_t desc_dst = sm90::SmemDescriptor(ds_rows, 0, sm90::kAtomBytes);
+  const uint64_t desc_kt = sm90::SmemDescriptor(dq_k_cols, kBlockN * kRow, sm90::kAtomBytes);
+  if constexpr (kDq) ZeroDqStagingPadding<Traits>(sDq, tid);
+  const float scale_log2 = args.scale_log2;
+
+  // Dropout's keep bits of this warp's 16 keys x the kBlockM queries of step
+  // (gi, mi), drawn where the fewest registers are live: before the loop,
+  // then for the next step while this one's dK GEMM runs (drawn next to the
+  // S^T and dP^T GEMMs, with their accumulators in flight, they spilled
+  // 320 bytes at D = 128).
+  const HeadDropout dropout0 = kDropout ? args.Dropout(b, h_kv * group) : HeadDropout{};
+  auto draw_keep = [&](int64_t gi, int64_t mi) -> uint32_t {
+    if constexpr (kDropout)
+      return KeepBitsT<kQTiles, /*kSerial=*/true>(dropout0.PlusHeads(p.dropout, gi),
+                                                  n0w + key_row0, (m_begin + mi) * kBlockM, g, t);
+    else return 0;
+  };
+
+  int64_t gi = 0, mi = walk.first;
+  uint32_t keep = steps > 0 ? draw_keep(gi, mi) : 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    // No CTA barrier at the top of a step: a warpgroup that is done with
+    // step s - 1 starts step s while the other's dK GEMM may still run. The
+    // loads of step s were issued after the middle barrier of step s - 1,
+    // when both warpgroups were done with the stage; dS^T alternates
+    // between two buffers so that this step's writes miss the other
+    // warpgroup's dQ GEMM of step s - 1.
+    const int stage = static_cast<int>(s & 1);
+    const uint32_t ds_offset = static_cast<uint32_t>(s & 1) * Traits::kDsBytes;
+    const int64_t h = h_kv * group + gi;
+    const int64_t m0 = (m_begin + mi) * kBlockM;
+    const CellClass cls = walk.Class(mi);
+    if (dense0 != nullptr) mask.dense = dense0 + gi * p.mask.dense_strides.head;
+    walk.Advance(gi, mi);  // (gi, mi) is now the next step
+    // The stage's k-th use completes its barrier's phase k (parity k % 2).
+    sm90::MbarrierWait(full_bar + 8 * stage, static_cast<uint32_t>((s / Traits::kStages) & 1));
+    const uint32_t q_tile = sQ + stage * Traits::kQBytes;
+    const uint32_t do_tile = sdO + stage * Traits::kQBytes;
+    const float* lse2_s = sLse + stage * kBlockM;
+    const float* delta_s = sDelta + stage * kBlockM;
+
+    // ---- S^T = K_w Q^T, dP^T = V_w dO^T (64 keys x 64 queries) ------------
+    // Two commit groups, so that P^T (and the dV GEMM) can go ahead while
+    // dP^T is still being computed. Group order below: S^T, dP^T, dV, dQ, dK;
+    // each wait names how many of the latest may still run.
+    float st[kQTiles][4], dpt[kQTiles][4];
+    sm90::WgmmaFence();
+    // Without dQ, the compiler keeps every k-step's descriptor of K and V live
+    // across the loop and spills them (D = 128: 104 bytes; 36 left, the dS^T
+    // store addresses, loaded once per step); from bases it cannot hoist
+    // (Opaque) they are recomputed in the loop instead.
+    const uint32_t k_at = kDq ? k_rows : sm90::Opaque(k_rows);
+    const uint32_t v_at = kDq ? v_rows : sm90::Opaque(v_rows);
+    sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(st, k_at, q_tile);
+    sm90::WgmmaCommit();
+    sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(dpt, v_at, do_tile);
+    sm90::WgmmaCommit();
+
+    // ---- P^T (common/softmax.cuh) -------------------------------------------
+    // With softcap, d x / d s needs x, which P overwrites: wait for dP^T too
+    // and fold that factor in now.
+    if constexpr (kSoftcap) {
+      sm90::WgmmaWait<0>();
+      sm90::FenceRegisters(st);
+      sm90::FenceRegisters(dpt);
+      SoftcapAndSubtractDelta(st, dpt, delta_s, args.softcap, args.scale_over_cap,
+                              args.inv_softcap, t);
+    } else {
+      sm90::WgmmaWait<1>();
+      sm90::FenceRegisters(st);
+    }
+    ExpScoresT(st, lse2_s, scale_log2, t);
+    MaskTile<Rows::kKeys>(st, mask, cls, m0, m0 + kBlockM, n0w, n0w + 64, n0w + key_row0, m0, g,
+                          t, 0.f);
+
+    // ---- dV += P^T dO: P^T from registers (RS), B = dO MN-major ------------
+    uint32_t ap[kBlockM / kMmaK][4];
+#pragma unroll
+    for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
+      if constexpr (kDropout) {
+        float p0[4], p1[4];
+        DroppedTileT(st[2 * ks], keep, 2 * ks, args.keep_scale, p0);
+        DroppedTileT(st[2 * ks + 1], keep, 2 * ks + 1, args.keep_scale, p1);
+        PackA<T>(ap[ks], p0, p1);
+      } else {
+        PackA<T>(ap[ks], st[2 * ks], st[2 * ks + 1]);
+      }
+    }
+    sm90::WgmmaFence();
+    const uint64_t desc_do = sm90::SmemDescriptor(do_tile, kBlockM * kRow, sm90::kAtomBytes);
+#pragma unroll
+    for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
+      // k-step ks = queries 16ks..16ks+15: two 8-row groups of the dO tile.
+      sm90::WgmmaRSColumns<T, kHeadDim>(dv, ap[ks],
+                                        sm90::DescriptorPlus(desc_do, ks * 2 * sm90::kAtomBytes),
+                                        kBlockM * kRow, 1);
+    }
+    sm90::WgmmaCommit();
+
+    // ---- dS^T = P^T (dP^T - D) dx, to shared memory -------------------------
+    if constexpr (!kSoftcap) {
+      sm90::WgmmaWait<1>();  // dP^T (dV may still run)
+      sm90::FenceRegisters(dpt);
+      if constexpr (kDropout) ApplyKeepT(dpt, keep, args.keep_scale);
+      SubtractDelta(dpt, delta_s, t);
+    }
+    // dS^T goes through shared memory once and feeds two GEMMs from there:
+    // dK as a K-major A (rows = keys), dQ as an M-major A (transposed).
+    // One stmatrix per 16 queries: matrices (keys g, g + 8) x (queries
+    // 16ks + 0..7, 16ks + 8..15) of this warp's 16 keys; lane l addresses
+    // row l % 8 of matrix l / 8 in the swizzled [key][query] tile.
+    const int st_row = warpgroup * 64 + key_row0 + lane % 8 + ((lane / 8) % 2) * 8;
+#pragma unroll
+    for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
+      const float(&d0)[4] = dpt[2 * ks];
+      const float(&d1)[4] = dpt[2 * ks + 1];
+      const float(&p0)[4] = st[2 * ks];
+      const float(&p1)[4] = st[2 * ks + 1];
+      sm90::StMatrixX4(sdS + ds_offset + sm90::SwizzledOffset(st_row, 2 * ks + lane / 16, kBlockN),
+                       Pack2<T>(d0[0] * p0[0], d0[1] * p0[1]), Pack2<T>(d0[2] * p0[2], d0[3] * p0[3]),
+                       Pack2<T>(d1[0] * p1[0], d1[1] * p1[1]), Pack2<T>(d1[2] * p1[2], d1[3] * p1[3]));
+    }
+    if constexpr (kDq) WaitDqStagingRead(wg_tid);
+    sm90::FenceProxyAsync();
+    // dQ reads the other warpgroup's dS^T rows too; and both warpgroups are
+    // done with step s - 1, so its stage takes step s + 1's loads.
+    __syncthreads();
+    if (s + 1 < steps) issue(gi, mi, stage ^ 1);
+
+    // dQ part: 64 queries x kDqCols columns, reduced over the CTA's keys, out
+    // through the epilogue (sm90/epilogue_bwd.cuh) while dK runs.
+    float dq[kDq ? kDqCols / kMmaN : 1][4];
+    if constexpr (kDq) {
+      sm90::WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / kMmaK; ++kk) {
+        // k-step kk = keys 16kk..16kk+15: rows of dS^T and of K.
+        const uint32_t step = kk * 2 * sm90::kAtomBytes;
+        sm90::WgmmaSS<T, 1, 1>(dq, sm90::DescriptorPlus(desc_ds, ds_offset + step),
+                               sm90::DescriptorPlus(desc_kt, step), kk > 0);
+      }
+      sm90::WgmmaCommit();
+    }
+    {
+      // ---- dK += dS^T Q: A = dS^T K-major, B = Q MN-major -------------------
+      if constexpr (!kDq) sm90::WgmmaFence();
+      const uint64_t desc_q = sm90::SmemDescriptor(q_tile, kBlockM * kRow, sm90::kAtomBytes);
+#pragma unroll
+      for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
+        sm90::WgmmaSSColumns<T, kHeadDim>(dk, sm90::DescriptorPlus(desc_dst, ds_offset + ks * 32),
+                                          sm90::DescriptorPlus(desc_q, ks * 2 * sm90::kAtomBytes),
+                                          kBlockM * kRow, 1);
+      }
+      sm90::WgmmaCommit();
+    }
+    if constexpr (kDq) {
+      sm90::WgmmaWait<1>();  // dQ (and dV) done; dK may still run
+      sm90::FenceRegisters(dq);
+      ReduceDqPart<Traits>(dq, dq_part, args.dq_accum, b * num_heads_q + h, seqlen_q, m0,
+                           warpgroup, wg_warp, wg_tid, g, t);
+    }
+    // dK is finished within its step although its inputs (this stage, this
+    // dS^T buffer) are not rewritten before step s + 2: left in flight across
+    // the loop's back edge, ptxas serializes the kernel's wgmmas (C7515)
+    // unless dK's first k-step zeroes instead, and that variant measured no
+    // faster (NOTES.md).
+    if (kDropout && s + 1 < steps) keep = draw_keep(gi, mi);  // (gi, mi): the next step
+    sm90::WgmmaWait<0>();
+    sm90::FenceRegisters(dv);
+    sm90::FenceRegisters(dk);
+  }
+}
+
+}  // namespace jax_flash::cuda::sm90

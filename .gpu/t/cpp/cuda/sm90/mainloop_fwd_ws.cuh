@@ -1,0 +1,396 @@
+// The warp-specialized Hopper forward's mainloop (FlashAttention-3's
+// structure, our code): the producer's loads and the consumers' GEMMs and
+// softmax for one tile of kBlockM query rows, all K/V blocks of its key range.
+//
+// Producer (one thread of warpgroup 0): per tile, Q by TMA once into a ring
+// of kQStages buffers, then K and V of every block into the ring of kStages
+// stages (sm90/pipeline.cuh), each behind its stage's empty barrier. With two
+// Q buffers the next tile's Q is loaded as soon as this tile's last K/V load
+// is issued, not after the consumers' last S GEMM of this tile: at tile
+// boundaries the consumers then find Q there.
+//
+// Consumers (warpgroups 1.., 64 query rows each, all reading the same K/V
+// stages), per tile, with P of block n - 1 kept in registers:
+//   S_0 = Q K_0^T; P_0 = softmax(S_0)
+//   for n = 1..: issue S_n = Q K_n^T, issue O += P_{n-1} V_{n-1};
+//                wait S_n; release K_n; softmax(S_n) (O untouched);
+//                wait O;   release V_{n-1}; O *= alpha if the max moved
+//   O += P_last V_last
+// so the tensor cores run this warpgroup's O += P V under its own softmax
+// (intra-warpgroup overlap). Between the two warpgroups, named barriers hand
+// the right to issue GEMMs back and forth (ping-pong): one issues its pair
+// of GEMMs, then lets the other issue while it does its softmax, so one's
+// softmax overlaps the other's GEMMs.
+//
+// A bias comes as tiles through TMA (sm90/bias_tile.cuh: float32, or the
+// inputs' 16-bit type), one stage per consumer warpgroup (its 64 rows; 2 x 32
+// KiB of float32 at kBlockN = 128, half that in 16 bits), loaded
+// by the producer after K and released by that warpgroup alone, so neither
+// waits for the other's reads. Its ring advances with the K/V ring (one use
+// per key block), so the K/V ring's count gives its phase.
+//
+// Every score policy is common/score.cuh's (TransformAndMask), the softmax
+// common/softmax.cuh's, the epilogue common/epilogue_fwd.cuh's: the semantics
+// (masks, soft cap, NaN, rows that see nothing) are the other kernels'.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/common/dropout.cuh"
+#include "cuda/common/fragment.cuh"
+#include "cuda/common/fwd.cuh"
+#include "cuda/common/score.cuh"
+#include "cuda/common/softmax.cuh"
+#include "cuda/sm90/bias_tile.cuh"
+#include "cuda/sm90/pipeline.cuh"
+#include "cuda/sm90/scheduler_persistent.cuh"
+#include "cuda/sm90/tma.cuh"
+#include "cuda/sm90/wgmma.cuh"
+
+namespace jax_flash::cuda::sm90 {
+
+// The kernel's parameters: Q, K and V through TMA in boxes of 64 columns x
+// kBlockM (Q) or kBlockN (K, V) rows; with a bias, its map in boxes of 64
+// rows (one consumer warpgroup's).
+struct FwdWsArgs {
+  FwdArgs args;
+  CUtensorMap q_map, k_map, v_map;
+  CUtensorMap bias_map;
+  PersistentScheduler::Args sched;
+};
+
+// Shared-memory addresses: Q (kBlockM rows), the K and V rings, with a bias
+// (Bias: its tile type, void without) its two warpgroup stages, the barriers.
+template <typename Traits, typename Bias>
+struct FwdWsSmem {
+  static constexpr int kBytes = Traits::kSmemBytes + Traits::kConsumerWarpgroups * kBiasTileBytes<Bias>;
+  uint32_t q, k, v;  // tiles, 1024-byte aligned
+  uint32_t bias;     // one Bias tile per consumer warpgroup
+  // per Q stage full_q, empty_q, then per K/V stage full_k, empty_k, full_v,
+  // empty_v, then per consumer warpgroup full_bias, empty_bias:
+  // Traits::kBarrierBytes = 16 * kQStages + 32 * kStages + 32.
+  uint32_t bars;
+  static constexpr int kKvBars = 16 * Traits::kQStages;
+  static constexpr int kBiasBars = kKvBars + 32 * Traits::kStages;
+  __device__ __forceinline__ uint32_t full_q(int s) const { return bars + 16 * s; }
+  __device__ __forceinline__ uint32_t empty_q(int s) const { return bars + 8 + 16 * s; }
+  __device__ __forceinline__ uint32_t q_tile(int s) const { return q + s * Traits::kQBytes; }
+  __device__ __forceinline__ uint32_t full_k(int s) const { return bars + kKvBars + 32 * s; }
+  __device__ __forceinline__ uint32_t empty_k(int s) const { return bars + kKvBars + 8 + 32 * s; }
+  __device__ __forceinline__ uint32_t full_v(int s) const { return bars + kKvBars + 16 + 32 * s; }
+  __device__ __forceinline__ uint32_t empty_v(int s) const { return bars + kKvBars + 24 + 32 * s; }
+  __device__ __forceinline__ uint32_t k_tile(int s) const { return k + s * Traits::kKvBytes; }
+  __device__ __forceinline__ uint32_t v_tile(int s) const { return v + s * Traits::kKvBytes; }
+  __device__ __forceinline__ uint32_t full_bias(int wg) const { return bars + kBiasBars + 16 * wg; }
+  __device__ __forceinline__ uint32_t empty_bias(int wg) const {
+    return bars + kBiasBars + 8 + 16 * wg;
+  }
+  __device__ __forceinline__ uint32_t bias_tile(int wg) const {
+    return bias + wg * kBiasTileBytes<Bias>;
+  }
+
+  __device__ __forceinline__ static FwdWsSmem Carve(uint32_t smem_raw) {
+    FwdWsSmem r;
+    r.q = (smem_raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
+    r.k = r.q + Traits::kQStages * Traits::kQBytes;
+    r.v = r.k + Traits::kStages * Traits::kKvBytes;
+    r.bias = r.v + Traits::kStages * Traits::kKvBytes;
+    r.bars = r.bias + Traits::kConsumerWarpgroups * kBiasTileBytes<Bias>;
+    return r;
+  }
+
+  // Thread 0, before the CTA barrier that precedes the role split.
+  __device__ __forceinline__ void Init() const {
+    for (int s = 0; s < Traits::kQStages; ++s) {
+      MbarrierInit(full_q(s), 1);
+      MbarrierInit(empty_q(s), Traits::kConsumerWarps);
+    }
+    for (int s = 0; s < Traits::kStages; ++s) {
+      MbarrierInit(full_k(s), 1);
+      MbarrierInit(empty_k(s), Traits::kConsumerWarps);
+      MbarrierInit(full_v(s), 1);
+      MbarrierInit(empty_v(s), Traits::kConsumerWarps);
+    }
+    for (int wg = 0; wg < Traits::kConsumerWarpgroups; ++wg) {
+      MbarrierInit(full_bias(wg), 1);
+      MbarrierInit(empty_bias(wg), 4);  // the warpgroup's warps
+    }
+    FenceBarrierInit();
+  }
+};
+
+// ---- producer ------------------------------------------------------------------
+
+// One thread: every load of every tile of this CTA, in the consumers' order.
+// Bias: the bias's tile type (void without a bias): its own instantiation
+// of the kernel, so that the plain one keeps its registers.
+template <typename T, typename Traits, typename Bias>
+__device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSmem<Traits, Bias>& sm) {
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  constexpr int kColBlocks = Traits::kHeadDim / kSwizzleElems;
+  const FwdParams& p = a.args.p;
+  const int group = static_cast<int>(p.shape.group_size());
+  RingPos<Traits::kStages> kv;
+  RingPos<Traits::kQStages> q;
+  for (int index = blockIdx.x; index < a.sched.tiles; index += gridDim.x) {
+    const QueryBlockScheduler::Tile tile = PersistentScheduler::Get(a.sched, index);
+    FwdBlock<T> blk =
+        FwdBlock<T>::template Make<kBlockM, kBlockN, /*kTileMap=*/true>(p, tile);
+    blk.mask.dense = nullptr;  // a dense mask runs on sm90/fwd.cuh (RunFwd)
+    if (blk.n_begin >= blk.n_end) continue;  // the consumers skip it too
+    const int b = static_cast<int>(tile.b), h = static_cast<int>(tile.h), h_kv = h / group;
+    // Q: after both consumer warpgroups' last S GEMM of the tile that used
+    // this buffer before (the previous tile with one buffer).
+    MbarrierWait(sm.empty_q(q.stage()), q.phase() ^ 1);
+    MbarrierArriveExpectTx(sm.full_q(q.stage()), Traits::kQBytes);
+#pragma unroll
+    for (int cb = 0; cb < kColBlocks; ++cb)
+      TmaLoadBox(sm.q_tile(q.stage()) + cb * kBlockM * kSwizzleBytes, &a.q_map,
+                 cb * kSwizzleElems, static_cast<int>(blk.m0), h, b, sm.full_q(q.stage()));
+    q.Advance();
+    // The key blocks the consumers step through (FwdBlock::NextBlock).
+    for (int64_t n = blk.n_begin; n < blk.n_end;
+         n = blk.template NextBlock<kBlockN>(n + 1)) {
+      const int row = static_cast<int>(n * kBlockN);
+      MbarrierWait(sm.empty_k(kv.stage()), kv.phase() ^ 1);
+      MbarrierArriveExpectTx(sm.full_k(kv.stage()), Traits::kKvBytes);
+#pragma unroll
+      for (int cb = 0; cb < kColBlocks; ++cb)
+        TmaLoadBox(sm.k_tile(kv.stage()) + cb * kBlockN * kSwizzleBytes, &a.k_map,
+                   cb * kSwizzleElems, row, h_kv, b, sm.full_k(kv.stage()));
+      if constexpr (!std::is_void_v<Bias>) {  // each warpgroup's rows, once it has read the last
+        for (int wg = 0; wg < Traits::kConsumerWarpgroups; ++wg) {
+          MbarrierWait(sm.empty_bias(wg), (kv.count & 1) ^ 1);
+          Bias::Load(sm.bias_tile(wg), &a.bias_map, p.score, row, static_cast<int>(blk.m0) + 64 * wg,
+                     h, b, sm.full_bias(wg));
+        }
+      }
+      MbarrierWait(sm.empty_v(kv.stage()), kv.phase() ^ 1);
+      MbarrierArriveExpectTx(sm.full_v(kv.stage()), Traits::kKvBytes);
+#pragma unroll
+      for (int cb = 0; cb < kColBlocks; ++cb)
+        TmaLoadBox(sm.v_tile(kv.stage()) + cb * kBlockN * kSwizzleBytes, &a.v_map,
+                   cb * kSwizzleElems, row, h_kv, b, sm.full_v(kv.stage()));
+      kv.Advance();
+    }
+  }
+}
+
+// ---- consumers -----------------------------------------------------------------
+
+// Ping-pong between the two consumer warpgroups: warpgroup w waits on named
+// barrier kPingBarrier + w before issuing its GEMMs and, once they are
+// issued, arrives on the other's. Every warpgroup passes the same number of
+// issue points per tile (they share the tile's key blocks), so the arrivals
+// pair up; warpgroup 1 arrives once up front (warpgroup 0 goes first) and
+// warpgroup 0 takes that extra arrival back at the end.
+inline constexpr int kPingBarrier = 1;  // ids 1 and 2 (0 is __syncthreads')
+inline constexpr int kPingThreads = 256;
+
+struct PingPong {
+  int wg;  // consumer warpgroup, 0 or 1
+  __device__ __forceinline__ void Start() const {
+    if (wg == 1) NamedBarrierArrive(kPingBarrier + 0, kPingThreads);
+  }
+  // Immediate barrier ids (a branch on the warp-uniform wg): as registers,
+  // ptxas spilled the two ids at D=128 and reloaded them before every turn.
+  __device__ __forceinline__ void WaitTurn() const {
+    if (wg == 0)
+      asm volatile("bar.sync %0, %1;\n" ::"n"(kPingBarrier + 0), "n"(kPingThreads) : "memory");
+    else
+      asm volatile("bar.sync %0, %1;\n" ::"n"(kPingBarrier + 1), "n"(kPingThreads) : "memory");
+  }
+  __device__ __forceinline__ void PassTurn() const {
+    if (wg == 0)
+      asm volatile("bar.arrive %0, %1;\n" ::"n"(kPingBarrier + 1), "n"(kPingThreads) : "memory");
+    else
+      asm volatile("bar.arrive %0, %1;\n" ::"n"(kPingBarrier + 0), "n"(kPingThreads) : "memory");
+  }
+  __device__ __forceinline__ void Finish() const {
+    if (wg == 0) NamedBarrierSync(kPingBarrier + 0, kPingThreads);
+  }
+};
+
+// A descriptor the compiler must treat as new on every use, so that the
+// k-steps' descriptors (base + a constant) are formed next to their wgmmas
+// instead of being hoisted out of the loop as 16 live registers per GEMM,
+// which the consumers do not have to spare (they spilled).
+__device__ __forceinline__ uint64_t OpaqueDescriptor(uint32_t addr, uint32_t leading_bytes) {
+  uint64_t desc = SmemDescriptor(addr, leading_bytes, kAtomBytes);
+  asm volatile("" : "+l"(desc));
+  return desc;
+}
+
+// S = Q K^T (this warpgroup's 64 rows x kBlockN keys), both operands K-major
+// swizzled tiles (GemmKMajor's k-steps from two base descriptors). Not
+// committed.
+template <typename T, typename Traits>
+__device__ __forceinline__ void IssueQK(float (&s)[Traits::kBlockN / kMmaN][4], uint32_t q_rows,
+                                        uint32_t k_tile) {
+  const uint64_t desc_q = OpaqueDescriptor(q_rows, 0);
+  const uint64_t desc_k = OpaqueDescriptor(k_tile, 0);
+#pragma unroll
+  for (int kk = 0; kk < Traits::kHeadDim / kMmaK; ++kk) {
+    // k-step kk: column block kk / 4, 32 bytes per step inside its rows.
+    const uint32_t block = kk / 4, step_bytes = (kk % 4) * 32;
+    WgmmaSS<T, 0>(s, DescriptorPlus(desc_q, block * Traits::kBlockM * kSwizzleBytes + step_bytes),
+                  DescriptorPlus(desc_k, block * Traits::kBlockN * kSwizzleBytes + step_bytes),
+                  kk > 0);
+  }
+}
+
+// O += P V for one block: P (this warpgroup's 64 rows x kBlockN keys) from
+// registers, V (kBlockN x kHeadDim, MN-major) from shared memory. Issued and
+// committed, not waited for; the caller fences O (FenceRegisters) before the
+// wgmma.fence that opens the group: an instruction that defines O between
+// that fence and these wgmmas makes ptxas serialize every wgmma (C7513).
+template <typename T, typename Traits>
+__device__ __forceinline__ void IssuePV(float (&o)[Traits::kHeadDim / kMmaN][4],
+                                        const uint32_t (&p)[Traits::kBlockN / kMmaK][4],
+                                        uint32_t v_tile) {
+  const uint64_t desc_v = OpaqueDescriptor(v_tile, Traits::kBlockN * kSwizzleBytes);
+#pragma unroll
+  for (int ks = 0; ks < Traits::kBlockN / kMmaK; ++ks) {
+    // k-step ks = keys 16ks..16ks+15: two 8-row groups into every column block.
+    WgmmaRS<T, 1>(o, p[ks], DescriptorPlus(desc_v, ks * 2 * kAtomBytes), 1);
+  }
+  WgmmaCommit();
+}
+
+// Soft cap and mask (score.cuh) and the softmax of key block n: S becomes P
+// (float). Returns whether O must be rescaled by alpha.
+template <typename T, typename Traits>
+__device__ __forceinline__ bool ScoresToP(float (&s)[1][Traits::kBlockN / kMmaN][4],
+                                          float (&row_m)[1][2], float (&row_l)[1][2],
+                                          float (&alpha)[1][2], const FwdArgs& args,
+                                          const FwdBlock<T>& blk, int64_t warp_row0, int64_t n,
+                                          int g, int t) {
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  TransformAndMask<kBlockM>(s, args.softcap, args.scale_over_cap, blk.mask, blk.m0, warp_row0,
+                            n * kBlockN, g, t, blk.template BlockClass<kBlockN>(n));
+  return OnlineSoftmaxDeferRescale(s, row_m, row_l, alpha, args.scale_log2,
+                                   kRescaleLog2 / args.scale_log2);
+}
+
+// P packed to 16 bits as the A operand of O += P V (k-step ks: keys
+// 16ks..16ks+15). Only once the previous O += P V, which reads p, is done.
+template <typename T, int kNTiles>
+__device__ __forceinline__ void PackP(uint32_t (&p)[kNTiles / 2][4],
+                                      const float (&s)[1][kNTiles][4]) {
+#pragma unroll
+  for (int ks = 0; ks < kNTiles / 2; ++ks) PackA<T>(p[ks], s[0][2 * ks], s[0][2 * ks + 1]);
+}
+
+// One consumer warpgroup's work on one tile: O, m, l of this warp's 16 rows.
+// `kv` and `q` carry the ring positions from tile to tile. kDropout: P is
+// dropped after the softmax (l sums it before, as on every backend), from
+// keep bits drawn while the block's S GEMM runs; the kernel scales O by
+// 1 / (1 - rate) in its epilogue.
+template <typename T, typename Traits, typename Bias, bool kDropout>
+__device__ __forceinline__ void FwdWsConsumerTile(
+    const FwdWsArgs& a, const FwdWsSmem<Traits, Bias>& sm, const FwdBlock<T>& blk, const PingPong& ping,
+    int consumer_warp, int lane, int g, int t, RingPos<Traits::kStages>& kv,
+    RingPos<Traits::kQStages>& q,
+    float (&o)[1][Traits::kHeadDim / kMmaN][4], float (&row_m)[1][2], float (&row_l)[1][2]) {
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kNTiles = kBlockN / kMmaN;
+  const FwdArgs& args = a.args;
+  const int64_t m0 = blk.m0, n_begin = blk.n_begin, n_end = blk.n_end;
+  const int64_t warp_row0 = m0 + consumer_warp * 16;
+  // This warpgroup's 64 rows of Q: row 64 * wg of every column block.
+  const int q_stage = q.stage();
+  const uint32_t q_rows = sm.q_tile(q_stage) + ping.wg * 64 * kSwizzleBytes;
+  // One arrival per warp on an empty barrier, once the warpgroup's wait for
+  // the GEMMs that read the stage has returned.
+  auto release = [&](uint32_t bar) {
+    if (lane == 0) ArriveBarrier(bar);
+  };
+  // With a bias: x = scale * S + bias for the block whose K stage is kv's.
+  auto add_bias = [&](float (&s)[1][kNTiles][4]) {
+    if constexpr (!std::is_void_v<Bias>) {
+      MbarrierWait(sm.full_bias(ping.wg), kv.count & 1);
+      Bias::Add(s[0], sm.bias_tile(ping.wg), (consumer_warp % 4) * 16,
+                static_cast<float>(args.p.score.scale), g, t);
+      release(sm.empty_bias(ping.wg));
+    }
+  };
+
+  const HeadDropout dropout = kDropout ? HeadDropout::For(args.p.dropout, args.p.shape.batch,
+                                                          blk.b, blk.h)
+                                       : HeadDropout{};
+  // This warp's keep bits of key block n (common/dropout.cuh).
+  auto draw_keep = [&](int64_t n) {
+    if constexpr (kDropout) return RowKeep<kNTiles>::Draw(dropout, warp_row0, n * kBlockN, g, t);
+    else return 0;
+  };
+
+  MbarrierWait(sm.full_q(q_stage), q.phase());
+  q.Advance();
+  uint32_t p[kBlockN / kMmaK][4];
+  float alpha[1][2];
+  // The key block after the current one (the producer's order).
+  int64_t next = blk.template NextBlock<kBlockN>(n_begin + 1);
+  {
+    MbarrierWait(sm.full_k(kv.stage()), kv.phase());
+    float s[1][kNTiles][4];
+    ping.WaitTurn();
+    WgmmaFence();
+    IssueQK<T, Traits>(s[0], q_rows, sm.k_tile(kv.stage()));
+    WgmmaCommit();
+    ping.PassTurn();
+    const auto keep = draw_keep(n_begin);
+    WgmmaWait<0>();
+    FenceRegisters(s[0]);
+    release(sm.empty_k(kv.stage()));
+    if (next == n_end) release(sm.empty_q(q_stage));
+    add_bias(s);
+    // O is still 0: no rescale whatever the softmax says.
+    ScoresToP<T, Traits>(s, row_m, row_l, alpha, args, blk, warp_row0, n_begin, g, t);
+    if constexpr (kDropout) keep.Apply(s[0], 1.f);
+    PackP<T>(p, s);
+  }
+  RingPos<Traits::kStages> prev = kv;  // the stage of V for P
+  kv.Advance();
+  for (int64_t n = next; n < n_end; n = next) {
+    next = blk.template NextBlock<kBlockN>(n + 1);
+    MbarrierWait(sm.full_k(kv.stage()), kv.phase());
+    MbarrierWait(sm.full_v(prev.stage()), prev.phase());
+    float s[1][kNTiles][4];
+    ping.WaitTurn();
+    FenceRegisters(o[0]);
+    WgmmaFence();
+    IssueQK<T, Traits>(s[0], q_rows, sm.k_tile(kv.stage()));
+    WgmmaCommit();
+    IssuePV<T, Traits>(o[0], p, sm.v_tile(prev.stage()));
+    ping.PassTurn();
+    const auto keep = draw_keep(n);
+    WgmmaWait<1>();  // S_n (O += P V may still run)
+    FenceRegisters(s[0]);
+    release(sm.empty_k(kv.stage()));
+    if (next == n_end) release(sm.empty_q(q_stage));
+    add_bias(s);
+    const bool rescale =
+        ScoresToP<T, Traits>(s, row_m, row_l, alpha, args, blk, warp_row0, n, g, t);
+    if constexpr (kDropout) keep.Apply(s[0], 1.f);
+    WgmmaWait<0>();  // O += P_{n-1} V_{n-1}
+    FenceRegisters(o[0]);
+    release(sm.empty_v(prev.stage()));
+    if (rescale) RescaleO(o, alpha);
+    PackP<T>(p, s);
+    prev = kv;
+    kv.Advance();
+  }
+  MbarrierWait(sm.full_v(prev.stage()), prev.phase());
+  FenceRegisters(o[0]);
+  WgmmaFence();
+  IssuePV<T, Traits>(o[0], p, sm.v_tile(prev.stage()));
+  WgmmaWait<0>();
+  FenceRegisters(o[0]);
+  release(sm.empty_v(prev.stage()));
+}
+
+}  // namespace jax_flash::cuda::sm90

@@ -1,0 +1,105 @@
+// A persistent tile scheduler for the warp-specialized Hopper forward: one CTA
+// per SM (at most one per tile), each walking the tiles blockIdx.x,
+// blockIdx.x + gridDim.x, ... of one fixed order, so a CTA's next tile is
+// loaded while it still finishes the last one.
+//
+// The order: (batch, q head) pairs are cut into sections whose K and V fit
+// in a share of L2 together, sections one after the other; inside a section
+// query blocks go from the last to the first (with a causal mask the last
+// see the most keys: longest first, the short ones fill the tail), and for
+// each query block every (batch, head) of the section. The CTAs running at a
+// time then share the K/V of a few heads instead of streaming every head's.
+// Pairs go heads fastest, or batch fastest where a bias broadcasts over the
+// batch (TileOrder::kBatchInner): the batch's CTAs then read each bias tile
+// together, once from DRAM.
+// Static (no atomic work counter: that needs a buffer reset per launch).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "cuda/common/tile_scheduler.cuh"
+#include "jax_flash/math.h"
+#include "jax_flash/params.h"
+
+namespace jax_flash::cuda::sm90 {
+
+struct PersistentScheduler {
+  // The share of L2 (bytes) one section's K and V may take (FA3 uses 32 MB on
+  // 50 MB H100 L2).
+  static constexpr int64_t kSectionBytes = 32ll << 20;
+
+  // Per-launch constants (plain ints: the tile count is checked to fit).
+  struct Args {
+    int m_blocks;       // query blocks per (batch, head)
+    int heads;          // q heads
+    int pairs;          // batch * heads
+    int section_pairs;  // (batch, head) pairs per section
+    int tiles;          // m_blocks * pairs
+    int batch;          // > 0: pairs batch fastest (b = pair % batch), else heads fastest
+  };
+
+  // False when the tile count does not fit an int.
+  static bool MakeArgs(int64_t m_blocks, const AttentionShape& s, TileOrder order, Args* a) {
+    const int64_t pairs = s.batch * s.num_heads_q;
+    if (m_blocks * pairs > INT32_MAX) return false;
+    // K and V bytes per q head: a GQA group shares them.
+    const int64_t kv_bytes = 2 * s.seqlen_k * s.head_dim * 2 / s.group_size();
+    int64_t section = kv_bytes > 0 ? kSectionBytes / kv_bytes : pairs;
+    section = section < 1 ? 1 : (section > pairs ? pairs : section);
+    a->m_blocks = static_cast<int>(m_blocks);
+    a->heads = static_cast<int>(s.num_heads_q);
+    a->pairs = static_cast<int>(pairs);
+    a->section_pairs = static_cast<int>(section);
+    a->tiles = static_cast<int>(m_blocks * pairs);
+    a->batch = order == TileOrder::kBatchInner ? static_cast<int>(s.batch) : 0;
+    return true;
+  }
+
+  static dim3 Grid(const Args& a, int sms) {
+    return dim3(static_cast<unsigned>(a.tiles < sms ? a.tiles : sms));
+  }
+
+  // Tile `index` of the order above; index < a.tiles.
+  __device__ __forceinline__ static QueryBlockScheduler::Tile Get(const Args& a, int index) {
+    const int per_section = a.m_blocks * a.section_pairs;
+    const int section = index / per_section;
+    const int r = index - section * per_section;
+    const int first_pair = section * a.section_pairs;
+    // The last section may hold fewer pairs; every earlier one is full.
+    const int rest = a.pairs - first_pair;
+    const int n_pairs = rest < a.section_pairs ? rest : a.section_pairs;
+    const int m_index = r / n_pairs;
+    const int pair = first_pair + (r - m_index * n_pairs);
+    QueryBlockScheduler::Tile tile;
+    tile.m_block = a.m_blocks - 1 - m_index;
+    if (a.batch > 0) {
+      tile.h = pair / a.batch;
+      tile.b = pair - static_cast<int>(tile.h) * a.batch;
+    } else {
+      tile.b = pair / a.heads;
+      tile.h = pair - static_cast<int>(tile.b) * a.heads;
+    }
+    return tile;
+  }
+};
+
+// The number of SMs of the current device (queried once per device).
+inline int SmCount() {
+  constexpr int kCachedDevices = 64;
+  static std::atomic<int> cache[kCachedDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 1;
+  if (device >= 0 && device < kCachedDevices && cache[device].load(std::memory_order_relaxed) > 0)
+    return cache[device].load(std::memory_order_relaxed);
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      sms < 1)
+    return 1;
+  if (device >= 0 && device < kCachedDevices) cache[device].store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
+}  // namespace jax_flash::cuda::sm90

@@ -1,0 +1,141 @@
+// Tile shapes of the wgmma kernels (sm_90a), one row per head-dim bucket
+// compiled for a direction (jax_flash/_supported.py, CUDA_SM90_FWD_BUCKETS
+// and CUDA_SM90_BWD_BUCKETS); measurements and what was tried:
+// cpp/cuda/NOTES.md. The kernels' traits derive the shared-memory layout from
+// these. A bucket without a row gives zeros, which the traits'
+// static_asserts reject at compile time.
+#pragma once
+
+namespace jax_flash::cuda::sm90 {
+
+// Forward: query rows per CTA (two warpgroups of 64; every warp then owns 16
+// rows, one m-tile of the common fragment code), keys per K/V block, threads,
+// K/V stages, and whether Q, K and V come through TMA (one thread issues a
+// tile; with cp.async every thread keeps the addresses of its share of the
+// next K/V tiles, which at D = 256 alone cost ~80 registers and spilled). O
+// takes head_dim / 2 registers per thread and S block_n / 2: above D = 128
+// the key block shrinks so that both fit in 255 (FA3's D = 256 tile is
+// 128 x 80 too), and Q + the K/V stages in 227 KiB of shared memory.
+struct FwdTile {
+  int block_m, block_n, threads, stages;
+  bool tma;
+};
+
+// Backward (dK/dV and the fast mode's dQ): keys per CTA (two warpgroups of
+// 64; above D = 128 64 keys, the warpgroups splitting the head dim), queries
+// per step, threads, Q/dO/lse/D stages.
+struct BwdTile {
+  int block_n, block_m, threads, stages;
+};
+
+// The warp-specialized forward (sm90/fwd_ws.cuh): query rows per tile (one
+// consumer warpgroup per 64), keys per K/V block, K/V stages of the ring,
+// registers per thread of the producer warpgroup and of the consumers after
+// setmaxnreg (producer_regs * 128 + consumer_regs * block_m * 2 <= 65536),
+// Q buffers (2: the next tile's Q loads while this tile's last blocks run,
+// instead of after its last S GEMM, off the consumers' path at tile starts).
+// FA3 uses 128 x 176 at D=128 (128 x 128 causal) and 192 x 192 at D=64.
+struct FwdWsTile {
+  int block_m, block_n, stages, producer_regs, consumer_regs;
+  int q_stages = 1;
+};
+
+// Deterministic dQ (the forward's structure: S and dP, then dQ += dS K):
+// query rows per CTA (two warpgroups of 64), keys per K/V block, threads,
+// K/V stages. dQ takes head_dim / 2 registers per thread, S and dP
+// block_n / 2 each.
+struct DqTile {
+  int block_m, block_n, threads, stages;
+};
+
+struct Sm90Tiles {
+  int head_dim;
+  FwdTile fwd;
+  BwdTile bwd;
+  DqTile dq;
+};
+
+// ptxas -v, sm_90a: see NOTES.md.
+inline constexpr Sm90Tiles kTiles[] = {
+    // head_dim, fwd {BM, BN, threads, stages, TMA}, bwd {BN, BM, threads, stages},
+    // dq {BM, BN, threads, stages}
+    {64, {128, 128, 256, 2, false}, {128, 64, 256, 2}, {128, 64, 256, 2}},
+    {96, {128, 128, 256, 2, true}, {128, 64, 256, 2}, {128, 64, 256, 2}},
+    {128, {128, 128, 256, 2, false}, {128, 64, 256, 2}, {128, 64, 256, 2}},
+    {192, {128, 96, 256, 2, true}, {64, 64, 256, 2}, {128, 64, 256, 2}},
+    {256, {128, 64, 256, 2, true}, {64, 64, 256, 2}, {128, 32, 256, 2}},
+};
+
+// Tuning hook (tests/gpu/tc_run.sh variants), as sm80/tile_size.h's: with
+// -DJAX_FLASH_TUNE_SM90_D=<bucket>, each of
+// -DJAX_FLASH_TUNE_SM90_{FWD_BN,FWD_STAGES,FWD_TMA,BWD_BN,BWD_BM,DQ_BN}=<n> replaces that
+// field of the bucket's row.
+constexpr Sm90Tiles Tuned(Sm90Tiles t) {
+#ifdef JAX_FLASH_TUNE_SM90_D
+  if (t.head_dim != JAX_FLASH_TUNE_SM90_D) return t;
+#ifdef JAX_FLASH_TUNE_SM90_FWD_BN
+  t.fwd.block_n = JAX_FLASH_TUNE_SM90_FWD_BN;
+#endif
+#ifdef JAX_FLASH_TUNE_SM90_FWD_STAGES
+  t.fwd.stages = JAX_FLASH_TUNE_SM90_FWD_STAGES;
+#endif
+#ifdef JAX_FLASH_TUNE_SM90_FWD_TMA
+  t.fwd.tma = JAX_FLASH_TUNE_SM90_FWD_TMA;
+#endif
+#ifdef JAX_FLASH_TUNE_SM90_BWD_BN
+  t.bwd.block_n = JAX_FLASH_TUNE_SM90_BWD_BN;
+#endif
+#ifdef JAX_FLASH_TUNE_SM90_BWD_BM
+  t.bwd.block_m = JAX_FLASH_TUNE_SM90_BWD_BM;
+#endif
+#ifdef JAX_FLASH_TUNE_SM90_DQ_BN
+  t.dq.block_n = JAX_FLASH_TUNE_SM90_DQ_BN;
+#endif
+#endif
+  return t;
+}
+
+constexpr Sm90Tiles TilesFor(int head_dim) {
+  for (const Sm90Tiles& t : kTiles)
+    if (t.head_dim == head_dim) return Tuned(t);
+  return Sm90Tiles{};
+}
+constexpr FwdTile FwdTileSize(int head_dim) { return TilesFor(head_dim).fwd; }
+constexpr BwdTile BwdTileSize(int head_dim) { return TilesFor(head_dim).bwd; }
+constexpr DqTile DqTileSize(int head_dim) { return TilesFor(head_dim).dq; }
+
+// Tuning hook (tests/gpu/fwd_ws_run.sh): with -DJAX_FLASH_TUNE_D=<bucket>,
+// -DJAX_FLASH_TUNE_WS_STAGES=<n>, -DJAX_FLASH_TUNE_WS_BN=<64 or 128>
+// and -DJAX_FLASH_TUNE_WS_QSTAGES=<1 or 2> replace that field of the
+// bucket's warp-specialized forward tile.
+constexpr FwdWsTile FwdWsTileSize(int head_dim) {
+  FwdWsTile t = head_dim <= 64 ? FwdWsTile{128, 128, 4, 24, 240} : FwdWsTile{128, 128, 2, 24, 240};
+#ifdef JAX_FLASH_TUNE_D
+  if (head_dim != JAX_FLASH_TUNE_D) return t;
+#ifdef JAX_FLASH_TUNE_WS_STAGES
+  t.stages = JAX_FLASH_TUNE_WS_STAGES;
+#endif
+#ifdef JAX_FLASH_TUNE_WS_BN
+  t.block_n = JAX_FLASH_TUNE_WS_BN;
+#endif
+#ifdef JAX_FLASH_TUNE_WS_QSTAGES
+  t.q_stages = JAX_FLASH_TUNE_WS_QSTAGES;
+#endif
+#endif
+  return t;
+}
+
+// Whether every block of every sm90 kernel of this bucket lies inside one
+// cell of kCell x kCell positions (the tile map's and the block mask's,
+// mask.h): a block-sparse mask reaches these kernels through the tile map
+// only then (cuda/dispatch.cu), since they skip its empty cells but test no
+// cell inside a block.
+constexpr bool TilesInCells(int head_dim, int cell) {
+  auto in = [cell](int n) { return n > 0 && cell % n == 0; };
+  const Sm90Tiles t = TilesFor(head_dim);
+  const FwdWsTile w = FwdWsTileSize(head_dim);
+  return in(t.fwd.block_m) && in(t.fwd.block_n) && in(w.block_m) && in(w.block_n) &&
+         in(t.bwd.block_n) && in(t.bwd.block_m) && in(t.dq.block_m) && in(t.dq.block_n);
+}
+
+}  // namespace jax_flash::cuda::sm90

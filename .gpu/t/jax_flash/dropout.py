@@ -1,0 +1,97 @@
+"""The kernels' dropout mask in JAX, bit for bit (cpp/include/jax_flash/dropout.h).
+
+Element (b, h, i, j) is kept when its 16-bit draw is at least the rate's
+16-bit threshold. A Philox-4x32-10 call gives 8 draws, those of the elements
+(16 I + r + 8 a, 16 J + 2 p + c + 8 b) for a, b, c in {0, 1}: counter words
+{J, I, (4 r + p) << 24 | head, batch}, draw (a, b, c) = half c of word 2 a + b.
+The blockwise JAX formulation (blockwise.py) needs the very mask the kernels
+drew, so this mirrors dropout.h exactly. Only uint32 arithmetic: the high
+half of a 32 x 32-bit product is assembled from 16-bit halves, so it works
+with x64 off.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+_MUL = (np.uint32(0xD2511F53), np.uint32(0xCD9E8D57))
+_WEYL = (np.uint32(0x9E3779B9), np.uint32(0xBB67AE85))
+_ROUNDS = 10
+_LOW16 = np.uint32(0xFFFF)
+DRAW_RANGE = 1 << 16  # DropoutParams::kDrawRange
+TILE = 16  # a call's draws lie in one 16 x 16 block of (i, j)
+
+
+def threshold(rate: float) -> int:
+  """Kept when the 16-bit draw is >= this (DropoutParams::threshold)."""
+  t = rate * DRAW_RANGE + 0.5
+  return DRAW_RANGE - 1 if t >= DRAW_RANGE - 1 else int(t)
+
+
+def keep_scale(rate: float) -> float:
+  """Kept elements are scaled by this (DropoutParams::keep_scale)."""
+  return DRAW_RANGE / (DRAW_RANGE - threshold(rate))
+
+
+def _mul_hi_lo(a: np.uint32, b):
+  """(high, low) 32-bit words of the 64-bit product of constant a and uint32 b."""
+  a_hi, a_lo = np.uint32(int(a) >> 16), np.uint32(int(a) & 0xFFFF)
+  b_hi, b_lo = b >> 16, b & _LOW16
+  lo_lo, hi_lo, lo_hi, hi_hi = b_lo * a_lo, b_lo * a_hi, b_hi * a_lo, b_hi * a_hi
+  # Every partial product is < 2^32; the middle column's carry fits too.
+  middle = (lo_lo >> 16) + (hi_lo & _LOW16) + (lo_hi & _LOW16)
+  hi = hi_hi + (hi_lo >> 16) + (lo_hi >> 16) + (middle >> 16)
+  return hi, b * a
+
+
+def philox4x32(counter, key):
+  """Philox-4x32-10 of four uint32 counter words and two key words (broadcasting)."""
+  c0, c1, c2, c3 = counter
+  k0, k1 = key
+  for _ in range(_ROUNDS):
+    hi0, lo0 = _mul_hi_lo(_MUL[0], c0)
+    hi1, lo1 = _mul_hi_lo(_MUL[1], c2)
+    c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    k0, k1 = k0 + _WEYL[0], k1 + _WEYL[1]
+  return c0, c1, c2, c3
+
+
+def keep_mask(keys, rate: float, broadcast: bool, batch: int, num_heads: int, seqlen_q: int,
+              j0, num_cols: int, *, row0=0, batch_offset=0, head_offset=0):
+  """Kept elements (B, Hq, seqlen_q, num_cols) of rows row0 + i, key columns j0 + j.
+
+  keys: uint32 (Bkey, 2), Bkey dividing the batch; row0, j0 and num_cols
+  multiples of 16; batch_offset and head_offset are the global indices of
+  batch element and head 0 (a shard's). Row, column and offsets may be
+  traced. One Philox call per 8 elements, as the kernels.
+  """
+  period = batch // keys.shape[0]
+  b = np.arange(batch)
+  key = keys[b // period]  # (B, 2)
+  # Axes of a call: (B, H, I, r, J, p).
+  k0, k1 = (key[:, w].reshape(batch, 1, 1, 1, 1, 1) for w in (0, 1))
+  num_i, num_j = -(-seqlen_q // TILE), num_cols // TILE
+  zero = jnp.zeros((), jnp.uint32)
+  as_word = lambda x: jnp.asarray(x).astype(jnp.uint32)
+  batch_word = zero if broadcast else (as_word(b % period) + as_word(batch_offset)).reshape(
+      batch, 1, 1, 1, 1, 1)
+  head_word = zero if broadcast else (jnp.arange(num_heads, dtype=jnp.uint32) +
+                                      as_word(head_offset)).reshape(1, num_heads, 1, 1, 1, 1)
+  row_tile = ((as_word(row0) >> 4) + jnp.arange(num_i, dtype=jnp.uint32)).reshape(
+      1, 1, num_i, 1, 1, 1)
+  r = jnp.arange(8, dtype=jnp.uint32).reshape(1, 1, 1, 8, 1, 1)
+  col_tile = ((as_word(j0) >> 4) +
+              jnp.arange(num_j, dtype=jnp.uint32)).reshape(1, 1, 1, 1, num_j, 1)
+  p = jnp.arange(4, dtype=jnp.uint32).reshape(1, 1, 1, 1, 1, 4)
+  lane_and_head = (((r << 2) | p) << 24) | head_word
+  shape = (batch, num_heads, num_i, 8, num_j, 4)
+  words = philox4x32([jnp.broadcast_to(c, shape) for c in (col_tile, row_tile, lane_and_head,
+                                                            batch_word)], (k0, k1))
+  # Draw (a, b, c) of a call is half c of word 2 a + b.
+  words = jnp.stack(words, axis=-1).reshape(shape + (2, 2))  # (..., a, b)
+  draws = jnp.stack([words & _LOW16, words >> 16], axis=-1)  # (..., a, b, c)
+  # (B, H, I, r, J, p, a, b, c) -> rows 16 I + 8 a + r, columns 16 J + 8 b + 2 p + c.
+  draws = jnp.transpose(draws, (0, 1, 2, 6, 3, 4, 7, 5, 8))
+  draws = draws.reshape(batch, num_heads, num_i * TILE, num_cols)[:, :, :seqlen_q]
+  return draws >= np.uint32(threshold(rate))

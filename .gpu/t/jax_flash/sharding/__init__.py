@@ -1,0 +1,1 @@
+"""Many devices: sharding rules for the primitives, and ring attention."""

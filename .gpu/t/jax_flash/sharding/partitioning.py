@@ -1,0 +1,310 @@
+"""Sharding rules for the attention primitives: every device runs its own shard.
+
+Without a rule XLA treats a custom call as opaque and gathers its operands
+onto every device. Here each primitive lowers through
+``jax.experimental.custom_partitioning``: a Shardy rule (for propagation)
+and a ``partition`` callback that picks the local problem and lowers the
+kernel on each device's shard.
+
+Each operand and result dimension has a *role*:
+  b batch, s query sequence, t key sequence, h query heads, k key/value
+  heads, d head dim, None anything else (a broadcast dim, a key's words).
+The plan shards b, h (with k when the key/value heads split evenly, else
+k/v stay whole: multi-query attention) and s; t and d are never sharded
+(a kernel needs every key of its rows; ring attention covers a sharded key
+sequence). A local call differs from its slice of the whole problem only in
+where it sits, which the offsets operand (mask.h's Offset) tells the kernel:
+query position (causal, window, lengths, dropout rows) and global batch and
+head indices (dropout). Results lacking a sharded role are sums over it
+(dK, dV over query rows and heads of a group; a broadcast bias's gradient),
+so they are reduced with psum. Shardings the plan cannot use are resharded
+(gathered) with a one-time warning that names them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import warnings
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax._src import dispatch
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.interpreters import mlir
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+Role = str | None
+
+# Offsets operand entries (cpp/include/jax_flash/mask.h, enum Offset).
+QUERY_POSITION, KEY_POSITION, BATCH_OFFSET, HEAD_OFFSET = range(4)
+NUM_OFFSETS = 4
+
+
+class ShardingFallbackWarning(UserWarning):
+  """A jax_flash primitive got shardings it cannot run locally and gathers."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """What the partitioner needs to know about one primitive call (static).
+
+  operand_roles / result_roles: one role per dimension of each array.
+  offsets_index: the operand that holds the offsets (absent when shape (0,)).
+  needs_positions: the result depends on query positions (causal, window,
+    lengths, dropout), so a sequence shard must be told its position.
+  needs_ids: dropout: shards must be told their global batch and head.
+  batch_shardable: False when per-example dropout keys (vmap over keys) make
+    a batch shard's keys depend on its place; then the batch stays whole.
+  position_multiple: a sequence shard's query position must be a multiple
+    of this (16 with dropout: whole blocks of draws, dropout.h).
+  """
+  name: str
+  operand_names: tuple[str, ...]
+  operand_roles: tuple[tuple[Role, ...], ...]
+  result_roles: tuple[tuple[Role, ...], ...]
+  offsets_index: int
+  needs_positions: bool
+  needs_ids: bool
+  batch_shardable: bool = True
+  position_multiple: int = 1
+
+  def size(self, shapes, role: str) -> int:
+    """The size of a role's dimension (1 if no operand has it)."""
+    for shape, roles in zip(shapes, self.operand_roles):
+      if role in roles:
+        return shape[roles.index(role)]
+    return 1
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """Mesh axes per sharded role. kv_heads is a prefix of heads: the key/value
+  heads split over it, and the query heads of one key/value head over the
+  rest (all of heads when they split evenly; none with one key/value head)."""
+  batch: tuple[str, ...] = ()
+  heads: tuple[str, ...] = ()
+  seq: tuple[str, ...] = ()
+  kv_heads: tuple[str, ...] = ()
+
+  def axes(self, role: Role) -> tuple[str, ...]:
+    return {"b": self.batch, "s": self.seq, "h": self.heads, "k": self.kv_heads}.get(role, ())
+
+
+def _axes(entry) -> tuple[str, ...]:
+  if entry is None:
+    return ()
+  return tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
+
+
+def _dims_axes(sharding, ndim: int) -> list[tuple[str, ...]] | None:
+  """Mesh axes sharding each dim, or None for a sharding without a spec."""
+  spec = sharding if isinstance(sharding, P) else getattr(sharding, "spec", None)
+  if spec is None:
+    return None if sharding is not None else [()] * ndim
+  entries = list(spec) + [None] * (ndim - len(spec))
+  return [_axes(e) for e in entries[:ndim]]
+
+
+def _spec(dims_axes: Sequence[tuple[str, ...]]) -> P:
+  return P(*(None if not a else a[0] if len(a) == 1 else tuple(a) for a in dims_axes))
+
+
+def _make_plan(layout: Layout, mesh, shapes, shardings) -> _Plan:
+  """The shardings every device can run on its own shard, from the operands'."""
+  incoming = [_dims_axes(s, len(shape)) for s, shape in zip(shardings, shapes)]
+  used: set[str] = set()
+
+  def candidates(role):
+    for dims, roles in zip(incoming, layout.operand_roles):
+      if dims is None:
+        continue
+      for axes, r in zip(dims, roles):
+        if r == role and axes and not used.intersection(axes):
+          yield axes
+
+  def pick(roles, fits):
+    for role in roles:
+      for axes in candidates(role):
+        n = math.prod(mesh.shape[a] for a in axes)
+        if fits(n):
+          used.update(axes)
+          return axes
+    return ()
+
+  num_heads, num_kv_heads = layout.size(shapes, "h"), layout.size(shapes, "k")
+
+  def kv_prefix(axes):
+    """The prefix of the heads' axes that key/value heads split over, or None.
+
+    Each device needs whole key/value heads whose query heads it holds:
+    either the key/value heads split like the query heads, or each device's
+    query heads belong to one key/value head (the prefix splits the
+    key/value heads one per device, the rest splits their groups).
+    """
+    sizes = [mesh.shape[a] for a in axes]
+    if num_kv_heads % math.prod(sizes) == 0:
+      return axes
+    for p in range(len(axes)):
+      if math.prod(sizes[:p]) == num_kv_heads:
+        return axes[:p]
+    return None
+
+  batch = pick("b", lambda n: layout.size(shapes, "b") % n == 0) if layout.batch_shardable else ()
+  heads = pick("hk", lambda n: num_heads % n == 0)
+  kv_heads = kv_prefix(heads) if heads else ()
+  if kv_heads is None:
+    used.difference_update(heads)
+    heads, kv_heads = (), ()
+  seqlen = layout.size(shapes, "s")
+  seq = pick("s", lambda n: seqlen % n == 0 and (seqlen // n) % layout.position_multiple == 0)
+  return _Plan(batch=batch, heads=heads, seq=seq, kv_heads=kv_heads)
+
+
+def _planned_specs(plan: _Plan, roles_list) -> list[P]:
+  return [_spec([plan.axes(r) for r in roles]) for roles in roles_list]
+
+
+_warned: set[str] = set()
+
+
+def _warn_gathers(layout: Layout, shapes, shardings, specs) -> None:
+  """One warning per distinct set of operands the plan reshards with communication."""
+  moved = []
+  for name, shape, sharding, spec in zip(layout.operand_names, shapes, shardings, specs):
+    have = _dims_axes(sharding, len(shape))
+    want = _dims_axes(spec, len(shape))
+    if have is None:
+      if not sharding.is_fully_replicated:
+        moved.append(f"{name} (sharding {sharding}) -> {spec}")
+    elif any(h and h != w for h, w in zip(have, want)):
+      moved.append(f"{name} {_spec(have)} -> {spec}")
+  if not moved:
+    return
+  message = (f"jax_flash: {layout.name} cannot run on these shardings without communication, "
+             f"so XLA gathers {'; '.join(moved)}. Each device runs its own shard when inputs "
+             "are sharded over batch dims and/or heads (key/value heads with their query "
+             "heads), or queries over the sequence with keys and values whole; a sharded key "
+             "sequence needs jax_flash.ring_attention (see README, 'Many GPUs').")
+  if message not in _warned:
+    _warned.add(message)
+    warnings.warn(message, ShardingFallbackWarning, stacklevel=2)
+
+
+def _local_fn(local_prim, layout: Layout, params: dict, plan: _Plan, local_shapes):
+  """Runs on each device's shard: offsets for its place, the kernel, sums."""
+  query_rows = layout.size(local_shapes, "s")
+  batch = layout.size(local_shapes, "b")
+  heads = layout.size(local_shapes, "h")
+  shifts = {QUERY_POSITION: (plan.seq, query_rows)} if layout.needs_positions else {}
+  if layout.needs_ids:
+    shifts.update({BATCH_OFFSET: (plan.batch, batch), HEAD_OFFSET: (plan.heads, heads)})
+  shifts = {i: v for i, v in shifts.items() if v[0]}
+
+  def index(axes):
+    return jax.lax.axis_index(axes if len(axes) > 1 else axes[0])
+
+  def fn(*args):
+    args = list(args)
+    if shifts:
+      offsets = args[layout.offsets_index]
+      offsets = jnp.zeros((NUM_OFFSETS,), jnp.int32) if offsets.shape == (0,) else offsets
+      for i, (axes, size) in shifts.items():
+        offsets = offsets.at[i].add(index(axes).astype(jnp.int32) * size)
+      args[layout.offsets_index] = offsets
+    results = local_prim.bind(*args, **params)
+    summed = []
+    for result, roles in zip(results, layout.result_roles):
+      missing = [a for role in ("b", "h", "s") for a in plan.axes(role)
+                 if not any(a in plan.axes(r) for r in roles)]
+      if missing and result.size and jnp.issubdtype(result.dtype, jnp.floating):
+        result = jax.lax.psum(result, tuple(missing))
+      summed.append(result)
+    return tuple(summed)
+
+  return fn
+
+
+def _result_shardings(layout, mesh, plan):
+  return tuple(NamedSharding(mesh, s) for s in _planned_specs(plan, layout.result_roles))
+
+
+def _infer(local_prim, layout, params, mesh, arg_shapes, result_shape):
+  del local_prim, params, result_shape
+  plan = _make_plan(layout, mesh, [a.shape for a in arg_shapes], [a.sharding for a in arg_shapes])
+  return _result_shardings(layout, mesh, plan)
+
+
+def _partition(local_prim, layout, params, mesh, arg_shapes, result_shape):
+  del result_shape
+  shapes = [a.shape for a in arg_shapes]
+  shardings = [a.sharding for a in arg_shapes]
+  plan = _make_plan(layout, mesh, shapes, shardings)
+  specs = _planned_specs(plan, layout.operand_roles)
+  _warn_gathers(layout, shapes, shardings, specs)
+  arg_shardings = tuple(NamedSharding(mesh, s) for s in specs)
+  local_shapes = [s.shard_shape(shape) for s, shape in zip(arg_shardings, shapes)]
+  fn = _local_fn(local_prim, layout, dict(params), plan, local_shapes)
+  return mesh, fn, _result_shardings(layout, mesh, plan), arg_shardings
+
+
+def _shardy_rule(local_prim, layout, params, mesh, operand_types, result_types):
+  """The Einsum-like rule Shardy propagates with: one factor per role.
+
+  Query heads are the compound factor (g r) of key/value heads g and the
+  group r, so that a sharding of the heads goes to g, splitting query and
+  key/value heads together (with one key/value head, h and g are apart).
+  """
+  del local_prim, params, mesh, result_types
+  shapes = [tuple(t.shape) for t in operand_types]
+  num_heads, num_kv_heads = layout.size(shapes, "h"), layout.size(shapes, "k")
+  group = num_heads // num_kv_heads if num_kv_heads else 1
+  compound = group > 1 and num_kv_heads > 1  # (Shardy allows no factor of size 1 in one)
+  factors = {"b": "b", "s": "s", "t": "t", "d": "d", "k": "g",
+             "h": "(g r)" if compound else "h" if group > 1 else "g"}
+  fresh = iter(f"x{i}" for i in range(10_000))
+
+  def mapping(roles):
+    return " ".join(factors[r] if r else next(fresh) for r in roles)
+
+  rule = (", ".join(map(mapping, layout.operand_roles)) + " -> " +
+          ", ".join(map(mapping, layout.result_roles)))
+  return rule, ({"r": group} if compound else {})
+
+
+def _local_call(local_prim, layout, params, *args):
+  del layout
+  return tuple(local_prim.bind(*args, **dict(params)))
+
+
+_partitioned_call = custom_partitioning(_local_call, static_argnums=(0, 1, 2))
+_partitioned_call.def_partition(partition=_partition, infer_sharding_from_operands=_infer,
+                                sharding_rule=_shardy_rule)
+
+
+def sharded_lowering(prim, local_prim, layout_of: Callable[..., Layout]):
+  """A lowering rule for `prim`, whose kernel is `local_prim`.
+
+  `layout_of(avals_in, params)` describes the call (see Layout). The
+  primitive lowers to the custom-partitioned call of `local_prim`, which on
+  one device (or inside shard_map) is `local_prim` itself.
+  """
+  # The partitioner needs the device assignment while lowering; jax hands it
+  # over only for primitives that say so (custom_partitioning's own does,
+  # but it is hidden inside this lowering rule). No public API says this.
+  dispatch.prim_requires_devices_during_lowering.add(prim)
+
+  def rule(ctx, *args, **params):
+    if ctx.module_context.lowering_parameters.for_export:
+      # jax.export cannot serialize custom_partitioning (its callbacks are
+      # Python): an exported sharded program has no rule, so XLA gathers.
+      return mlir.lower_fun(lambda *a: local_prim.bind(*a, **params),
+                            multiple_results=True)(ctx, *args)
+    layout = layout_of(ctx.avals_in, params)
+    static = tuple(sorted(params.items()))
+    call = functools.partial(_partitioned_call, local_prim, layout, static)
+    return mlir.lower_fun(lambda *a: call(*a), multiple_results=True)(ctx, *args)
+
+  return rule

@@ -1,0 +1,101 @@
+// The timing modes of tc_kernel_check: forward, backward and deterministic
+// backward of the tensor-core kernels, through the launch API
+// (cpp/cuda/launch.h), bf16 or fp16, at the FA3 paper's shapes (B * S = 16k
+// tokens, H * D = 2048). cudaEvents, the median of many after warm-up
+// (check::TimeMs); FLOPs as the FlashAttention papers count them (the
+// backward 2.5 x the forward, causal half).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "check_util.h"
+#include "cuda/dispatch.h"
+#include "cuda/launch.h"
+#include "jax_flash/params.h"
+
+inline void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once = false,
+                  float softcap = 0.f, bool fwd_only = false) {
+  using namespace jax_flash;  // BwdParams, AttentionShape, cuda::
+  using Dev = check::DeviceBytes;
+  if (check::RoutesAsTuring()) bf16 = false;  // as tc_kernel_check.cu's RunCase
+  const size_t n = (size_t)B * S * H * D;
+  Dev q(n * 2), k(n * 2), v(n * 2), o(n * 2), lse((size_t)B * H * S * 4), dout(n * 2), dq(n * 2), dk(n * 2),
+      dv(n * 2);
+  std::vector<uint16_t> h(n); std::mt19937 rng(1); std::normal_distribution<float> nd;
+  for (auto& x : h) x = check::ToBits(nd(rng), bf16);
+  for (Dev* d : {&q, &k, &v, &dout}) CHECK_CUDA(cudaMemcpy(d->p(), h.data(), n * 2, cudaMemcpyHostToDevice));
+  BwdParams p;
+  p.shape = AttentionShape{B, S, S, H, H, D};
+  p.mask.causal = causal;
+  p.score.scale = 1.0 / std::sqrt((double)D);
+  p.score.softcap = softcap;
+  p.q = q.p(); p.k = k.p(); p.v = v.p(); p.out = o.p(); p.lse = lse.p(); p.dout = dout.p(); p.dq = dq.p(); p.dk = dk.p();
+  p.dv = dv.p();
+  check::SetContiguousStrides(&p);
+  const cuda::DType dtype = check::DType16(bf16);
+  Dev ws(cuda::BwdWorkspaceBytes(p.shape, dtype, false));
+  const double flops = 4.0 * B * H * (double)S * S * D * (causal ? 0.5 : 1.0);
+  if (once) {  // one launch of each, for a profiler
+    CHECK_CUDA(cuda::LaunchFwd(p, dtype, nullptr));
+    CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), false, nullptr));
+    CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), true, nullptr));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    return;
+  }
+  float tf = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchFwd(p, dtype, nullptr)); }, 20);
+  if (fwd_only) {
+    std::printf("BENCH %s B%d S%d H%d D%d %s%s: fwd %.3f ms %.0f TF/s\n", bf16 ? "bf16" : "fp16", B,
+                S, H, D, causal ? "causal" : "full", softcap > 0 ? " cap" : "", tf,
+                flops / tf * 1e-9);
+    return;
+  }
+  float tb = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), false, nullptr)); }, 10);
+  float td = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), true, nullptr)); }, 5);
+  std::printf("BENCH %s B%d S%d H%d D%d %s%s: fwd %.3f ms %.0f TF/s | bwd %.3f ms %.0f TF/s | bwd-det %.3f ms %.0f TF/s\n",
+              bf16 ? "bf16" : "fp16", B, S, H, D, causal ? "causal" : "full", softcap > 0 ? " cap" : "", tf, flops / tf * 1e-9, tb,
+              2.5 * flops / tb * 1e-9, td, 2.5 * flops / td * 1e-9);
+}
+
+// Runs `mode` if it is a timing mode: bench, bench_fp16, bench_cap,
+// bench_fwd, bench_d, or bench1 / prof with D S causal (argv[2..4]); false
+// for any other mode, bench1 and prof without their three numbers included.
+inline bool RunBenchMode(const std::string& mode, int argc, char** argv) {
+  if ((mode == "bench1" || mode == "prof") && argc == 5) {  // one shape: bench1 D S causal
+    const int D = std::atoi(argv[2]), S = std::atoi(argv[3]);
+    Bench(16384 / S, S, 2048 / D, D, std::atoi(argv[4]) != 0, true, mode == "prof");
+    return true;
+  }
+  if (mode == "bench" || mode == "bench_fp16") {
+    for (int D : {64, 128})
+      for (int S : {4096, 16384})
+        for (bool causal : {false, true}) Bench(16384 / S, S, 2048 / D, D, causal, mode == "bench");
+    return true;
+  }
+  if (mode == "bench_cap") {  // the bench shapes with a soft cap (its own Hopper bwd kernels)
+    for (int D : {64, 128})
+      for (int S : {4096, 16384})
+        for (bool causal : {false, true}) Bench(16384 / S, S, 2048 / D, D, causal, true, false, 30.f);
+    return true;
+  }
+  if (mode == "bench_fwd") {  // forward only, FA3 shapes (B * S = 16k, H * D = 2048), S 1k-16k
+    for (int D : {64, 128})
+      for (bool causal : {false, true})
+        for (int S : {1024, 2048, 4096, 8192, 16384})
+          Bench(16384 / S, S, 2048 / D, D, causal, true, false, 0.f, true);
+    return true;
+  }
+  if (mode == "bench_d") {  // the other buckets, bf16, the FA3 shapes (H = 2048 / D rounded down)
+    Bench(4, 4096, 64, 32, false, true);
+    for (int D : {96, 192, 256})
+      for (int S : {4096, 16384})
+        for (bool causal : {false, true}) Bench(16384 / S, S, 2048 / D, D, causal, true);
+    return true;
+  }
+  return false;
+}
