@@ -1,1 +1,0 @@
-"""Many devices: sharding rules for the primitives, and ring attention."""
