@@ -86,13 +86,6 @@ cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool determini
   return LaunchDqConvert<T, kHeadDim>(args, rows, stream);
 }
 
-// Whether the fast mode runs the deterministic structure (dK/dV without dQ,
-// then the dQ kernel over query blocks) instead of adding dQ with atomics in
-// the dK/dV kernel: on Hopper above D = 128, where it is the faster of the
-// two (H100, bf16, S 4k-16k: 295-367 TFLOP/s against 238-279 for the atomic
-// dQ of mainloop_bwd_wide.cuh; cpp/cuda/NOTES.md).
-constexpr bool SeparateDq(int arch, int head_dim) { return arch == 90 && head_dim > 128; }
-
 template <int kArch, typename T, int kHeadDim, bool kTerms>
 cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
                    cudaStream_t stream) {
@@ -140,7 +133,9 @@ cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
       return cudaErrorInvalidValue;
   }
   const BwdChunk chunk = ChunkFor<kHeadDim>(shape);
-  if (deterministic || SeparateDq(kArch, kHeadDim))
+  // The fast mode on Hopper runs the deterministic structure where
+  // sm90::SeparateDq says it is the faster.
+  if (deterministic || (kArch == 90 && sm90::SeparateDq(kHeadDim, params.dropout.enabled())))
     return RunBwdChunk<kArch, T, kHeadDim, kTerms>(params, workspace, /*deterministic=*/true,
                                                    shape.batch, 0, 0, stream);
   if (chunk.batches >= shape.batch && chunk.kv_heads >= shape.num_heads_kv)

@@ -204,10 +204,26 @@ inline bool BwdTakesTerms(const BwdParams& p, bool deterministic) {
   return !(p.dropout.enabled() && cap);
 }
 
+// Whether the fast mode runs the deterministic structure (dK/dV without dQ,
+// then the dQ kernel over query blocks) instead of adding dQ with atomics in
+// the dK/dV kernel, for bucket kHeadDim:
+// - above D = 128, where it is the faster of the two (H100, bf16, S 4k-16k:
+//   295-367 TFLOP/s against 238-279 for the atomic dQ of
+//   mainloop_bwd_wide.cuh; cpp/cuda/NOTES.md);
+// - at D = 128 with dropout, where the kernel with dQ spills 284 bytes (32
+//   without dropout) and the separate structure, though it draws the keep
+//   bits twice, was 2-14% faster at every shape measured (H100, bf16, f+b,
+//   S 1k-8k, causal and not; NOTES_score_terms.md).
+// The dK/dV kernels with dQ are not built for these.
+constexpr bool SeparateDq(int head_dim, bool dropout) {
+  return head_dim > 128 || (head_dim == 128 && dropout);
+}
+
 // dK and dV, and with accumulate_dq (the fast mode) dQ added into the float32
 // accumulator; the score terms of BwdTakesTerms (dbias, when wanted, by
 // float atomics). cudaErrorNotSupported when TMA cannot address Q or dO, or
 // for terms the kernels do not take: the caller runs the sm_80 kernel then.
+// cudaErrorInvalidValue for accumulate_dq where SeparateDq (no such kernel).
 template <typename T, int kHeadDim>
 cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t stream) {
   // (A deterministic dbias is RunBwd's to route: the fast mode above D = 128
@@ -228,9 +244,10 @@ cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t str
     return pick([&](auto cap_c, auto bias_c, auto dropout_c) {
       constexpr bool kCap = decltype(cap_c)::value, kBias = decltype(bias_c)::value;
       constexpr bool kDrop = decltype(dropout_c)::value;
-      auto kernel = accumulate_dq ? BwdWideKernel<T, Traits, kCap, true, kBias, kDrop>
-                                  : BwdWideKernel<T, Traits, kCap, false, kBias, kDrop>;
-      return LaunchKeyBlocks<T, Traits>(args, kernel, stream);
+      static_assert(SeparateDq(kHeadDim, kDrop), "the wide kernels run without dQ");
+      if (accumulate_dq) return cudaErrorInvalidValue;
+      return LaunchKeyBlocks<T, Traits>(args, BwdWideKernel<T, Traits, kCap, false, kBias, kDrop>,
+                                        stream);
     });
   } else {
     using Traits = BwdSm90Traits<kHeadDim>;
@@ -239,9 +256,14 @@ cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t str
       if constexpr (decltype(bias_c)::value) {
         return cudaErrorNotSupported;  // BwdTakesTerms said no already
       } else {
-        auto kernel = accumulate_dq ? BwdKernel<T, Traits, kCap, true, kDrop>
-                                    : BwdKernel<T, Traits, kCap, false, kDrop>;
-        return LaunchKeyBlocks<T, Traits>(args, kernel, stream);
+        if constexpr (SeparateDq(kHeadDim, kDrop)) {
+          if (accumulate_dq) return cudaErrorInvalidValue;
+          return LaunchKeyBlocks<T, Traits>(args, BwdKernel<T, Traits, kCap, false, kDrop>, stream);
+        } else {
+          auto kernel = accumulate_dq ? BwdKernel<T, Traits, kCap, true, kDrop>
+                                      : BwdKernel<T, Traits, kCap, false, kDrop>;
+          return LaunchKeyBlocks<T, Traits>(args, kernel, stream);
+        }
       }
     });
   }
