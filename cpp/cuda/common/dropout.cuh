@@ -205,18 +205,8 @@ __device__ __forceinline__ void DropoutRowsPair(float (&x)[kNTiles][4], float (&
 #pragma unroll
   for (int nb = 0; nb < kNTiles / 2; ++nb, ++counter[0]) {
     const uint32_t bits = KeepByteRows(counter, d.key, th);
-#pragma unroll
-    for (int a = 0; a < 2; ++a)
-#pragma unroll
-      for (int b = 0; b < 2; ++b)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const bool kept = (bits >> RowBit(a, b, c)) & 1u;
-          float& ex = x[2 * nb + b][2 * a + c];
-          float& ey = y[2 * nb + b][2 * a + c];
-          ex = kept ? ex : 0.f;
-          ey = kept ? ey : 0.f;
-        }
+    ApplyKeepBlock(x, nb, bits, 0, 1.f);  // (x * 1 is x: the compiler drops the multiply)
+    ApplyKeepBlock(y, nb, bits, 0, 1.f);
   }
 }
 

@@ -25,9 +25,9 @@
 // dO 403; no CTA barrier at the top of the step 474.
 //
 // Above D = 128 (BwdWideTraits, sm90/mainloop_bwd_wide.cuh) the CTA owns 64
-// keys and the warpgroups split the head dim instead of the keys. Either
-// kernel runs without dQ (kDq = false) in the deterministic mode, whose dQ
-// kernel (sm90/bwd_dq.cuh) follows.
+// keys and the warpgroups split the head dim instead of the keys; it has no
+// dQ. The dQ kernel (sm90/bwd_dq.cuh) follows the dK/dV kernel without dQ
+// (kDq = false) in the deterministic mode and wherever SeparateDq says so.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -130,7 +130,7 @@ struct BwdWideTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
 
-template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kBias, bool kDropout>
+template <typename T, typename Traits, bool kSoftcap, bool kBias, bool kDropout>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     BwdWideKernel(const __grid_constant__ BwdTmaArgs tma_args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const KeyBlockScheduler::Tile tile = KeyBlockOutermostScheduler::Get();
   constexpr int kHalfTiles = Traits::kHeadDim / 16;
   float dk[kHalfTiles][4], dv[kHalfTiles][4];
-  BwdWideMainloop<T, Traits, kSoftcap, kDq, kBias, kDropout>(tma_args, tile, pos, dk, dv);
+  BwdWideMainloop<T, Traits, kSoftcap, kBias, kDropout>(tma_args, tile, pos, dk, dv);
   // This warp's 16 keys x its warpgroup's half of the head dim, as pieces.
   using Cols = HalfColumns<Traits::kHeadDim>;
   const Cols cols = Cols::Of(pos.warp / 4);
@@ -246,7 +246,7 @@ cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t str
       constexpr bool kDrop = decltype(dropout_c)::value;
       static_assert(SeparateDq(kHeadDim, kDrop), "the wide kernels run without dQ");
       if (accumulate_dq) return cudaErrorInvalidValue;
-      return LaunchKeyBlocks<T, Traits>(args, BwdWideKernel<T, Traits, kCap, false, kBias, kDrop>,
+      return LaunchKeyBlocks<T, Traits>(args, BwdWideKernel<T, Traits, kCap, kBias, kDrop>,
                                         stream);
     });
   } else {

@@ -7,12 +7,12 @@
 //   P^T_w, dS^T_w in registers          (common/softmax.cuh, common/score.cuh)
 //     -> shared memory ([key][query] swizzled tiles, both warpgroups' halves)
 //   -- CTA barrier --
-//   dQ_w  = dS K_w                       SS: dS^T M-major, K's columns MN-major
 //   dV_w += P^T dO_w, dK_w += dS^T Q_w   SS: P^T / dS^T K-major, B MN-major
-// where X_w is the warpgroup's half of X's columns. dQ is added with float2
-// atomics into the float32 accumulator (bwd/workspace.h): a staging tile for
-// the TMA unit's bulk reduction, as the D <= 128 kernel has, does not fit in
-// shared memory next to K, V and two Q/dO stages at D = 256.
+// where X_w is the warpgroup's half of X's columns. dQ comes from the dQ
+// kernel (sm90/bwd_dq.cuh) in both modes: it was faster than adding dQ here
+// with float2 atomics (sm90::SeparateDq; a staging tile for the TMA unit's
+// bulk reduction, as the D <= 128 kernel has, does not fit in shared memory
+// next to K, V and two Q/dO stages at D = 256).
 //
 // A half of 96 columns (D = 192) crosses a 64-column block of the tiles, and a
 // wgmma's MN-major B covers whole blocks: it is computed as a 64-column piece
@@ -85,10 +85,9 @@ __device__ __forceinline__ void HalfGemm(float (&d)[kTiles][4], uint64_t desc_a,
   }
 }
 
-// kDq = false: no dQ (the deterministic mode's dQ kernel runs after this).
 // kBias, kDropout: as mainloop_bwd.cuh's (at most one of kSoftcap, kBias,
 // kDropout; P^T goes to shared memory for dV dropped and scaled).
-template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kBias, bool kDropout>
+template <typename T, typename Traits, bool kSoftcap, bool kBias, bool kDropout>
 __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
                                                 const KeyBlockScheduler::Tile& tile,
                                                 const ThreadPos& pos,
@@ -183,14 +182,9 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
   const int q_col0 = warpgroup * (kBlockM / 2);  // this warpgroup's first query of a step
   const Cols cols = Cols::Of(warpgroup);
   // Descriptors of what stays put (k-steps and buffers add offsets): P^T and
-  // dS^T as K-major A (dV, dK), dS^T as M-major A (dQ), K's half as dQ's B.
+  // dS^T as K-major A (dV, dK).
   const uint64_t desc_pt = SmemDescriptor(sPt, 0, kAtomBytes);
   const uint64_t desc_dst = SmemDescriptor(sdSt, 0, kAtomBytes);
-  const uint64_t desc_ds = SmemDescriptor(sdSt, kBlockN * kRow, kAtomBytes);
-  const uint64_t desc_k_full =
-      SmemDescriptor(sK + ColumnOffset(cols.full, kBlockN), kBlockN * kRow, kAtomBytes);
-  const uint64_t desc_k_part =
-      SmemDescriptor(sK + ColumnOffset(cols.part, kBlockN), kBlockN * kRow, kAtomBytes);
   // Q and dO stages as dK's and dV's B: the same offsets in every stage.
   const uint32_t qo_full = ColumnOffset(cols.full, kBlockM);
   const uint32_t qo_part = ColumnOffset(cols.part, kBlockM);
@@ -291,20 +285,8 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
     __syncthreads();
     if (s + 1 < steps) issue(gi, mi, stage ^ 1);
 
-    // ---- dQ_w = dS K_w (64 queries x half the head dim), then dV, dK --------
-    float dq[kDq ? kHalfTiles : 1][4];
+    // ---- dV, dK --------------------------------------------------------------
     WgmmaFence();
-    if constexpr (kDq) {
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / kMmaK; ++kk) {
-        // k-step kk = keys 16kk..16kk+15: rows of dS^T and of K.
-        const uint32_t step = kk * 2 * kAtomBytes;
-        HalfGemm<T, kHeadDim, 1>(dq, DescriptorPlus(desc_ds, p_offset + step),
-                                 DescriptorPlus(desc_k_full, step),
-                                 DescriptorPlus(desc_k_part, step), kk > 0);
-      }
-      WgmmaCommit();
-    }
     {
       const uint64_t do_full = SmemDescriptor(do_tile + qo_full, kBlockM * kRow, kAtomBytes);
       const uint64_t do_part = SmemDescriptor(do_tile + qo_part, kBlockM * kRow, kAtomBytes);
@@ -326,25 +308,6 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
                                  DescriptorPlus(q_full, step), DescriptorPlus(q_part, step), 1);
       }
       WgmmaCommit();
-    }
-    if constexpr (kDq) {
-      WgmmaWait<2>();  // dQ done; dV and dK may still run
-      FenceRegisters(dq);
-      float* acc = args.dq_accum;
-      const int64_t bh = b * num_heads_q + h;
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int64_t i = m0 + wg_warp * 16 + g + hr * 8;
-        if (i < seqlen_q) {
-#pragma unroll
-          for (int dt = 0; dt < kHalfTiles; ++dt) {
-            const int col = cols.Col(dt) + 2 * t;
-            atomicAdd(reinterpret_cast<float2*>(
-                          acc + DqAccumLayout<kHeadDim>::Index(bh, seqlen_q, i, col)),
-                      make_float2(dq[dt][2 * hr], dq[dt][2 * hr + 1]));
-          }
-        }
-      }
     }
     // Finished within the step, as in mainloop_bwd.cuh (C7515 otherwise).
     if (kDropout && s + 1 < steps) keep = draw_keep(gi, mi);  // (gi, mi): the next step
