@@ -152,6 +152,91 @@ __device__ __forceinline__ uint64_t KeepBytesRows(const HeadDropout& d, int64_t 
   return KeepBytes<kBlocks, false, kSerial>(counter, d.key, ByteThreshold(d.threshold), g & 1);
 }
 
+// A thread's keep flags of one 16 x 16 block, queries x keys, as they come
+// from the compare (bit 7 of each byte, garbage below): word a holds its
+// elements (row + 8 a, column + 8 b + c) at byte 2 b + c (dropout.h: bytes
+// 2 e + c of words 2 a and 2 a + 1).
+struct BlockFlags {
+  uint32_t row[2];
+};
+
+// The call with this counter as flags: this thread's (half `parity`) and its
+// partner's, queries x keys, no packing.
+__device__ __forceinline__ void FlagsOfCallRows(const uint32_t counter[4], const uint32_t key[2],
+                                                ByteThreshold th, int parity, BlockFlags& mine,
+                                                BlockFlags& theirs) {
+  uint32_t w[4];
+  philox::Philox4x32(counter, key, w);
+  const uint32_t f0 = KeepFlags(w[0], th), f1 = KeepFlags(w[1], th);
+  const uint32_t f2 = KeepFlags(w[2], th), f3 = KeepFlags(w[3], th);
+  const uint32_t sel_mine = parity ? 0x7632u : 0x5410u, sel_theirs = parity ? 0x5410u : 0x7632u;
+  mine.row[0] = __byte_perm(f0, f1, sel_mine);
+  mine.row[1] = __byte_perm(f2, f3, sel_mine);
+  theirs.row[0] = __byte_perm(f0, f1, sel_theirs);
+  theirs.row[1] = __byte_perm(f2, f3, sel_theirs);
+}
+
+// PRMT with selector nibbles of bit 3 set: each result byte the sign (bit 7)
+// of the byte selected, replicated (PTX prmt.b32's default mode; the
+// __byte_perm intrinsic takes 3-bit selectors and cannot ask for it).
+template <uint32_t kSelector>
+__device__ __forceinline__ uint32_t ReplicateSigns(uint32_t x) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(x), "n"(kSelector));
+  return r;
+}
+
+// x = kept ? x : 0 on one block of packed 16-bit P (the A operand of a
+// k-step: a[2 b + a] holds elements (row + 8 a, column + 8 b + {0, 1}) in
+// its halves). A PRMT replicating each flag's bit 7 over its half makes the
+// mask of a pair: two instructions per two elements, no bit packing.
+__device__ __forceinline__ void DropPackedBlock(uint32_t (&p)[4], const BlockFlags& f) {
+#pragma unroll
+  for (int a = 0; a < 2; ++a) {
+    p[a] &= ReplicateSigns<0x9988u>(f.row[a]);      // bytes 0, 1: b = 0
+    p[2 + a] &= ReplicateSigns<0xbbaau>(f.row[a]);  // bytes 2, 3: b = 1
+  }
+}
+
+// x = kept ? x : 0 over a warp's packed P of kBlocks blocks (queries x keys:
+// rows row0 + g (+ 8), block ks = columns n0 + 16 ks + ...), drawing as it
+// goes: one Philox call per pair of blocks, the partner lane (lane ^ 4)
+// computing the other block's call and the two swapping halves. The
+// forwards scale O by 1 / (1 - rate) in the epilogue. All 32 lanes together.
+template <int kBlocks>
+__device__ __forceinline__ void DropPackedRows(uint32_t (&p)[kBlocks][4], const HeadDropout& d,
+                                               int64_t row0, int64_t n0, int g, int t) {
+  uint32_t counter[4];
+  d.Counter(row0 + g, n0 + 2 * t, counter);
+  const ByteThreshold th(d.threshold);
+  const int parity = g & 1;
+  const uint32_t block0 = counter[0];
+#pragma unroll
+  for (int k = 0; k < kBlocks / 2; ++k) {
+    counter[0] = block0 + 2 * k + parity;
+    BlockFlags mine, theirs, got;
+    FlagsOfCallRows(counter, d.key, th, parity, mine, theirs);
+#pragma unroll
+    for (int a = 0; a < 2; ++a) got.row[a] = __shfl_xor_sync(0xffffffffu, theirs.row[a], 4);
+    // Block 2 k + parity is mine, the other the partner's (selects: p's
+    // index must stay a constant, or p would go to local memory).
+    BlockFlags even, odd;
+#pragma unroll
+    for (int a = 0; a < 2; ++a) {
+      even.row[a] = parity ? got.row[a] : mine.row[a];
+      odd.row[a] = parity ? mine.row[a] : got.row[a];
+    }
+    DropPackedBlock(p[2 * k], even);
+    DropPackedBlock(p[2 * k + 1], odd);
+  }
+  if constexpr (kBlocks % 2 == 1) {  // the last block alone: both partners compute its call
+    counter[0] = block0 + kBlocks - 1;
+    BlockFlags mine, theirs;
+    FlagsOfCallRows(counter, d.key, th, parity, mine, theirs);
+    DropPackedBlock(p[kBlocks - 1], mine);
+  }
+}
+
 // x = kept ? x * scale : 0 over block nb of a queries x keys fragment, its
 // keep bits at bit `shift` of `bits` on (a byte, or RowKeep's 64-bit word:
 // the shift stays in the word's own width).
