@@ -371,15 +371,19 @@ def _one_key(rng):
   return key
 
 
-# The kernels draw 16-bit numbers (cpp/include/jax_flash/dropout.h), so the
-# rate they realise is a multiple of 2^-16; kept values are scaled by exactly
-# 1 / (1 - that rate).
-DROPOUT_RATE_STEP = 2.0**-16
+# The kernels draw 8-bit numbers (cpp/include/jax_flash/dropout.h: one Philox
+# call per 16 elements), so the rate they realise is a multiple of 2^-8; kept
+# values are scaled by exactly 1 / (1 - that rate).
+DROPOUT_RATE_STEP = 2.0**-8
 
 
 def realised_dropout_rate(rate: float) -> float:
-  """The dropout rate the kernels apply for `rate`: the nearest multiple of 2^-16 below 1."""
-  steps = min(round(rate / DROPOUT_RATE_STEP), int(1 / DROPOUT_RATE_STEP) - 1)
+  """The dropout rate the kernels apply for `rate`: the nearest multiple of 2^-8 below 1.
+
+  Halves round up, as DropoutParams::threshold does (Python's round would
+  take 2^-9 to 0, "off", where the kernels drop 1/256).
+  """
+  steps = min(math.floor(rate / DROPOUT_RATE_STEP + 0.5), int(1 / DROPOUT_RATE_STEP) - 1)
   return steps * DROPOUT_RATE_STEP
 
 
@@ -388,6 +392,9 @@ def _dropout(dropout_rate, dropout_rng):
   rate = _static_float("dropout_rate", dropout_rate)
   if not 0.0 <= rate < 1.0:
     raise ValueError(f"dropout_rate must be in [0, 1), got {rate}")
+  if 0.0 < rate < DROPOUT_RATE_STEP / 2:
+    raise ValueError(f"dropout_rate must be 0 or at least 2^-9 (the kernels draw 8-bit numbers "
+                     f"and round the rate to a multiple of 2^-8), got {rate}")
   rate = realised_dropout_rate(rate)
   key = None if dropout_rng is None else _one_key(dropout_rng)
   if rate == 0.0:
@@ -453,9 +460,10 @@ def flash_attention(query, key, value, *, bias=None, mask=None, block_mask=None,
       in the kernels: element ``(b, h, i, j)`` is kept with probability
       ``1 - dropout_rate`` (then scaled by ``1 / (1 - dropout_rate)``), as a
       function of the key and those indices alone, so forward, backward,
-      CPU and GPU draw the same mask. The kernels draw 16-bit numbers, so
-      the rate is rounded to a multiple of 2^-16 (``realised_dropout_rate``)
-      and the scale uses the rounded rate. ``dropout_rng`` is one key:
+      CPU and GPU draw the same mask. The kernels draw 8-bit numbers (as
+      FlashAttention-2), so the rate is rounded to the nearest multiple of
+      2^-8 (``realised_dropout_rate``: 0.1 applies 26/256 = 0.1016) and the
+      scale uses the rounded rate; a rate in (0, 2^-9) is refused. ``dropout_rng`` is one key:
       ``jax.random.key(seed)`` or ``jax.random.PRNGKey(seed)`` (for one key
       per example, ``vmap`` over keys; a batch of keys is refused).
     broadcast_dropout: one dropout mask for all batch elements and heads

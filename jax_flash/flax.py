@@ -43,7 +43,9 @@ Differences from Flax's own ``dot_product_attention``, on purpose:
   Such rows are usually padding; weight them out of the loss.
 * Dropout draws its mask inside the kernel from ``dropout_rng``: the same rng
   gives the same output, but not the same mask as Flax's
-  ``jax.random.bernoulli`` draws.
+  ``jax.random.bernoulli`` draws. The kernels draw 8-bit numbers, so the rate
+  is rounded to the nearest multiple of 2^-8 (0.1 applies 26/256) and a rate
+  in (0, 2^-9) is a ValueError.
 """
 
 from __future__ import annotations

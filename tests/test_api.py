@@ -136,6 +136,8 @@ BAD_INPUTS = [
     ("mask rank", _bad(mask=jnp.zeros((1, 2, 4, 10, 12), bool)), ValueError, "at most 4"),
     ("dropout rate", _bad(dropout_rate=1.0, dropout_rng=jax.random.key(0)), ValueError,
      r"dropout_rate must be in \[0, 1\)"),
+    ("dropout rate below 2^-9", _bad(dropout_rate=2.0**-10, dropout_rng=jax.random.key(0)),
+     ValueError, r"dropout_rate must be 0 or at least 2\^-9"),
     ("dropout rng", _bad(dropout_rate=0.1), ValueError, "dropout_rng"),
     ("window above int64", _bad(local_window_size=10**30), ValueError,
      "local_window_size must fit in int64"),

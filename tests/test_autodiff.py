@@ -29,8 +29,8 @@ from jax_flash.primitives import flash_fwd_p, flash_jvp_p
 from reference import Options, attention, make_inputs, visible_mask
 
 RATE = 0.3
-# The kernels draw 16-bit numbers: the rate they apply is RATE rounded to a
-# multiple of 2^-16, kept values are scaled by 1 / (1 - that rate).
+# The kernels draw 8-bit numbers: the rate they apply is RATE rounded to a
+# multiple of 2^-8 (77/256), kept values are scaled by 1 / (1 - that rate).
 REALISED = jax_flash.attention.realised_dropout_rate(RATE)
 # (batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim): small, odd, GQA.
 SMALL = (2, 5, 6, 2, 1, 3)
@@ -531,6 +531,25 @@ def test_jax_dropout_mask_is_the_kernels(broadcast):
                                 np.concatenate([keep(keys[b:b + 1], 1, 16, 16) for b in range(3)]))
 
 
+def test_kernels_mask_follows_dropout_h_element_by_element():
+  """dropout.h's definition, one element at a time, against the CPU kernels:
+  i = 16 I + 8 a + 2 u + e, j = 16 J + 8 b + 2 v + c; Philox counter
+  {J, I, (4 u + v) << 24 | head, batch}; the draw is byte 2 e + c of word
+  2 a + b, kept when >= round(rate * 256). One call serves 16 elements."""
+  inputs = make_inputs(np.random.default_rng(6), 2, 37, 40, 3, 3, 4)
+  want = kernel_keep(inputs, RATE)  # (B, N, T, S)
+  key = np.asarray(jax.random.bits(dropout_rng(inputs), (1, 2), jnp.uint32))[0]
+  b, h, i, j = (x.ravel().astype(np.uint32) for x in np.indices(want.shape))
+  calls = (j // 16, i // 16, (((i % 8) // 2 * 4 + (j % 8) // 2) << 24) | h, b)
+  words = np.stack([np.asarray(w) for w in dropout.philox4x32(
+      [jnp.asarray(c) for c in calls], (jnp.uint32(key[0]), jnp.uint32(key[1])))])
+  word = words[(i % 16) // 8 * 2 + (j % 16) // 8, np.arange(i.size)]
+  draw = (word >> (8 * (2 * (i % 2) + j % 2))) & 0xFF
+  np.testing.assert_array_equal(want.ravel(), draw >= 77)
+  # 16 elements per call: the counters of a 16 x 16 block take 16 values.
+  assert len({c for c in zip(*(x[(b == 0) & (h == 0) & (i < 16) & (j < 16)] for x in calls))}) == 16
+
+
 def test_philox_words_without_x64():
   """uint32 arithmetic only: the same draws with x64 off (jax's default)."""
   counter = [jnp.asarray([0, 1, 0xFFFFFFFF], jnp.uint32)] * 4
@@ -540,6 +559,11 @@ def test_philox_words_without_x64():
     without = [np.asarray(w) for w in dropout.philox4x32(counter, key)]
   for a, b in zip(with_x64, without):
     np.testing.assert_array_equal(a, b)
-  # Philox-4x32-10 of counter 0, key 0 (Salmon et al., Random123's known answer).
-  zero = dropout.philox4x32([jnp.zeros((), jnp.uint32)] * 4, (jnp.uint32(0),) * 2)
-  assert [int(w) for w in zero] == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+  # Philox-4x32-7: Random123's known answers (its kat_vectors file, Salmon et al.).
+  known = [([0] * 4, [0] * 2, [0x5F6FB709, 0x0D893F64, 0x4F121F81, 0x4F730A48]),
+           ([0xFFFFFFFF] * 4, [0xFFFFFFFF] * 2, [0x5207DDC2, 0x45165E59, 0x4D8EE751, 0x8C52F662]),
+           ([0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344], [0xA4093822, 0x299F31D0],
+            [0x4DFCCABA, 0x190A87F0, 0xC47362BA, 0xB6B5242A])]
+  for counter, key, want in known:
+    got = dropout.philox4x32([jnp.uint32(c) for c in counter], [jnp.uint32(k) for k in key])
+    assert [int(w) for w in got] == want

@@ -13,13 +13,15 @@ import numpy as np
 import pytest
 
 import jax_flash
+from jax_flash import dropout
 from conftest import assert_flash_close
 from reference import Options, attention
 
 RATE = 0.3
-# The kernels draw 16-bit numbers: the rate they apply is RATE rounded to a
-# multiple of 2^-16, and kept values are scaled by 1 / (1 - that rate).
-REALISED = round(RATE * 2**16) / 2**16
+# The kernels draw 8-bit numbers: the rate they apply is RATE rounded to the
+# nearest multiple of 2^-8 (0.3 * 256 = 76.8 -> 77), and kept values are
+# scaled by 1 / (1 - that rate).
+REALISED = 77 / 256
 
 
 @pytest.fixture(autouse=True)
@@ -46,21 +48,72 @@ def test_keep_rate_and_scaling():
   q, k, v = one_hot_problem()
   out = jax_flash.flash_attention(q, k, v, dropout_rate=RATE, dropout_rng=jax.random.key(0))
   keep = recovered_mask(out)
-  assert abs(float(keep.mean()) - (1 - RATE)) < 0.02  # 19200 draws: 5 sigma is 0.017
+  assert abs(float(keep.mean()) - (1 - REALISED)) < 0.02  # 19200 draws: 5 sigma is 0.017
   # Kept entries are the softmax probabilities scaled by 1 / (1 - rate).
   probs = jax.nn.softmax(jnp.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1]), axis=-1)
   np.testing.assert_allclose(np.asarray(jnp.transpose(out, (0, 2, 1, 3)))[np.asarray(keep)],
                              np.asarray(probs / (1 - REALISED))[np.asarray(keep)], rtol=1e-10)
 
 
-def test_rate_is_rounded_to_a_multiple_of_2_to_the_minus_16():
-  assert REALISED != RATE and abs(REALISED - RATE) <= 2.0**-17
-  assert jax_flash.attention.realised_dropout_rate(RATE) == REALISED
-  assert jax_flash.attention.realised_dropout_rate(2.0**-18) == 0.0  # rounds to "off"
-  assert jax_flash.attention.realised_dropout_rate(0.9999999) == 1 - 2.0**-16
+def test_rate_is_rounded_to_a_multiple_of_2_to_the_minus_8():
+  realised = jax_flash.attention.realised_dropout_rate
+  assert REALISED != RATE and abs(REALISED - RATE) <= 2.0**-9
+  assert realised(RATE) == REALISED
+  assert realised(0.1) == 26 / 256  # 25.6 -> 26
+  assert realised(0.5) == 0.5 and realised(3 / 256) == 3 / 256  # multiples stay
+  assert realised(1.4 / 256) == 1 / 256 and realised(1.6 / 256) == 2 / 256
+  # Halves round up, as the kernels' DropoutParams::threshold does.
+  assert realised(2.0**-9) == 2.0**-8 and realised(2.5 / 256) == 3 / 256
+  assert realised(0.9999999) == 1 - 2.0**-8  # never 1: something is always kept
+  assert (dropout.threshold(RATE), dropout.keep_scale(RATE)) == (77, 256 / 179)
+  assert (dropout.threshold(0.9999999), dropout.threshold(2.0**-9)) == (255, 1)
+
+
+def test_rate_applied_is_the_rounded_one():
+  """The kernels apply the rounded rate: 1.4/256 and 2^-9 drop exactly what
+  1/256 does, scaled alike; 0.1 drops what 26/256 does."""
   q, k, v = one_hot_problem()
-  out = jax_flash.flash_attention(q, k, v, dropout_rate=2.0**-18, dropout_rng=jax.random.key(0))
-  np.testing.assert_array_equal(np.asarray(out), np.asarray(jax_flash.flash_attention(q, k, v)))
+  f = lambda rate: np.asarray(jax_flash.flash_attention(q, k, v, dropout_rate=rate,
+                                                        dropout_rng=jax.random.key(0)))
+  one_step = f(2.0**-8)
+  assert 0 < int(np.sum(one_step == 0)) < 200  # about 19200 / 256 = 75 dropped
+  np.testing.assert_array_equal(f(2.0**-9), one_step)
+  np.testing.assert_array_equal(f(1.4 / 256), one_step)
+  np.testing.assert_array_equal(f(0.1), f(26 / 256))
+
+
+@pytest.mark.parametrize("rate", [2.0**-18, 2.0**-10, 0.99 * 2.0**-9])
+def test_rate_that_would_round_to_zero_is_an_error(rate):
+  """A rate in (0, 2^-9) would round to "no dropout": refused, not silently dropped."""
+  q, k, v = one_hot_problem()
+  message = r"dropout_rate must be 0 or at least 2\^-9 \(the kernels draw 8-bit numbers"
+  with pytest.raises(ValueError, match=message):
+    jax_flash.flash_attention(q, k, v, dropout_rate=rate, dropout_rng=jax.random.key(0))
+  with pytest.raises(ValueError, match=message):  # also while tracing under jit
+    jax.jit(lambda q: jax_flash.flash_attention(q, k, v, dropout_rate=rate,
+                                                dropout_rng=jax.random.key(0))).lower(q)
+
+
+def test_keep_fraction_is_the_rounded_rate():
+  """Over 2^22 draws the dropped fraction at rate 0.1 is 26/256 = 0.1016, not
+  0.1: sigma = 0.00015, and 0.1 lies 10.6 sigma away. Each of the 16 draws of
+  a Philox call (8-bit bytes of its 4 words) keeps at the same rate."""
+  batch, seqlen_q, heads, seqlen_k = 2, 2048, 8, 128
+  rng = np.random.default_rng(11)
+  q = jnp.asarray(0.3 * rng.standard_normal((batch, seqlen_q, heads, seqlen_k)), jnp.float32)
+  k = jnp.asarray(0.3 * rng.standard_normal((batch, seqlen_k, heads, seqlen_k)), jnp.float32)
+  v = jnp.broadcast_to(jnp.eye(seqlen_k, dtype=jnp.float32)[None, :, None, :], k.shape)
+  out = jax.jit(lambda q, k, v: jax_flash.flash_attention(
+      q, k, v, dropout_rate=0.1, dropout_rng=jax.random.key(12)))(q, k, v)
+  dropped = ~np.asarray(recovered_mask(out))
+  p = 26 / 256
+  sigma = np.sqrt(p * (1 - p) / dropped.size)
+  assert abs(dropped.mean() - p) < 4 * sigma, (dropped.mean(), p, sigma)
+  # Per position within a 16 x 16 block (i % 16, j % 16): 2^14 draws each.
+  per_position = dropped.reshape(batch, heads, seqlen_q // 16, 16, seqlen_k // 16, 16).mean(
+      axis=(0, 1, 2, 4))
+  sigma = np.sqrt(p * (1 - p) / (dropped.size // 256))
+  assert np.abs(per_position - p).max() < 5 * sigma, per_position
 
 
 def test_same_key_same_mask_other_key_other_mask():
@@ -147,8 +200,9 @@ def test_gradients_match_dense_reference_with_the_same_mask(dtype, with_bias):
 def test_same_mask_on_both_platforms(backend, broadcast, dtype, kv_heads):
   """Both backends call HeadDropout::Keep: the same key gives the same mask, bit for bit.
 
-  16-bit inputs take the GPU's tensor-core kernels (one Philox call per 8
-  fragment elements), float64 its exact kernels (one per element)."""
+  16-bit inputs take the GPU's tensor-core kernels (one Philox call per 16
+  fragment elements, shared by two threads), float64 its exact kernels (one
+  per element)."""
   if backend != "gpu":
     pytest.skip("needs a GPU")
   q, k, v = one_hot_problem(seqlen_q=70, kv_heads=kv_heads)

@@ -10,6 +10,12 @@
 // rescaled P. At the end out_dot = acc - lse_dot o out (softmax's Jacobian
 // applied without a second pass, since out = Pd V). Five tile products per
 // tile where the forward has two; absent tangents skip theirs.
+// With a per-row shift c, acc takes (Pd o (dS - c)) V and the end subtracts
+// (lse_dot - c) o out (the same in exact arithmetic): c is the P-weighted
+// mean of dS over the row's first tile with a visible key, as in the CUDA
+// kernel (sm80/jvp.cuh). Where a row sees few keys, lse_dot ~ dS, and the
+// unshifted form left lse_dot times out's 16-bit rounding, which the plain
+// implementation's result does not carry.
 // Memory: packed K, V (and their tangents) plus a few tiles per thread.
 #include <cmath>
 #include <limits>
@@ -34,13 +40,13 @@ struct JvpInputs {
 // Per-thread tiles, row-major.
 template <typename A>
 struct JvpTiles {
-  A *q, *q_dot, *acc, *p, *ds, *sech2, *lse2, *lse_dot;
+  A *q, *q_dot, *acc, *p, *ds, *sech2, *lse2, *lse_dot, *shift;
 
   static JvpTiles Get(int64_t Dp) {
     thread_local Scratch<A> scratch;
     const int64_t rows = kBlockM * Dp, tile = kBlockM * kBlockN;
     JvpTiles t;
-    t.q = scratch.Get(3 * rows + 3 * tile + 2 * kBlockM);
+    t.q = scratch.Get(3 * rows + 3 * tile + 3 * kBlockM);
     t.q_dot = t.q + rows;
     t.acc = t.q_dot + rows;
     t.p = t.acc + rows;
@@ -48,6 +54,7 @@ struct JvpTiles {
     t.sech2 = t.ds + tile;
     t.lse2 = t.sech2 + tile;
     t.lse_dot = t.lse2 + kBlockM;
+    t.shift = t.lse_dot + kBlockM;
     return t;
   }
 };
@@ -121,6 +128,9 @@ void JvpItem(const JvpInputs<Acc<T>>& in, int64_t item) {
              Dp);
   std::fill(t.acc, t.acc + rows * Dp, A(0));
   std::fill(t.lse_dot, t.lse_dot + rows, A(0));
+  // The shift c of each row; NaN until its first tile with a visible key
+  // (a row whose c is NaN has NaN tangents, and its out_dot is NaN anyway).
+  std::fill(t.shift, t.shift + rows, std::numeric_limits<A>::quiet_NaN());
   const A* lse = static_cast<const A*>(p.lse) + (b * s.num_heads_q + h) * s.seqlen_q + i0;
   for (int64_t r = 0; r < rows; ++r)  // lse = -inf (nothing visible): +inf makes P = 0
     t.lse2[r] = std::isinf(lse[r]) && lse[r] < 0 ? std::numeric_limits<A>::infinity()
@@ -149,14 +159,24 @@ void JvpItem(const JvpInputs<Acc<T>>& in, int64_t item) {
     for (int64_t r = 0; r < rows; ++r) {
       A* p_row = t.p + r * kBlockN;
       A* ds_row = t.ds + r * kBlockN;
-      t.lse_dot[r] += ProbsAndTangentRow<A>(p, head, bias_dot_head, i0 + r, j0, cols, all_visible,
-                                            has_ds, t.lse2[r], p_row, ds_row,
-                                            t.sech2 + r * kBlockN);
+      const A pds_sum = ProbsAndTangentRow<A>(p, head, bias_dot_head, i0 + r, j0, cols,
+                                              all_visible, has_ds, t.lse2[r], p_row, ds_row,
+                                              t.sech2 + r * kBlockN);
+      t.lse_dot[r] += pds_sum;
+      if (has_ds && std::isnan(t.shift[r])) {
+        A p_sum = 0;
+        for (int64_t c = 0; c < cols; ++c) p_sum += p_row[c];
+        if (p_sum > 0) t.shift[r] = pds_sum / p_sum;
+      }
       if (head.dropout.enabled)  // lse_dot used P itself; the products use Pd
         ForEachDropoutColumn(head.dropout, i0 + r, j0, cols, [&](int64_t c, bool kept) {
           p_row[c] = kept ? p_row[c] * keep_scale : A(0);
           if (has_ds) ds_row[c] = kept ? ds_row[c] * keep_scale : A(0);
         });
+      if (has_ds && !std::isnan(t.shift[r])) {  // Pd o (dS - c): 0 where Pd is
+        const A c_r = t.shift[r];
+        for (int64_t c = 0; c < cols; ++c) ds_row[c] -= c_r * p_row[c];
+      }
     }
     if (has_ds)  // acc += (Pd o dS) V
       Gemm<A, true>(rows, Dp, kBlockN, RowMajor<A>(t.ds, kBlockN), in.v_rows.Tile(b, h_kv, n_block),
@@ -166,15 +186,16 @@ void JvpItem(const JvpInputs<Acc<T>>& in, int64_t item) {
                     in.v_dot_rows->Tile(b, h_kv, n_block), Dp, t.acc, Dp);
   }
 
-  // out_dot = acc - lse_dot o out, with out as the forward wrote it.
+  // out_dot = acc - (lse_dot - c) o out, with out as the forward wrote it.
   const T* out = static_cast<const T*>(p.out);
   T* out_dot = static_cast<T*>(p.out_dot);
   for (int64_t r = 0; r < rows; ++r) {
     const T* o_row = out + p.out_strides.offset(b, i0 + r, h);
     T* d_row = out_dot + p.out_dot_strides.offset(b, i0 + r, h);
     const A* acc_row = t.acc + r * Dp;
+    const A weight = std::isnan(t.shift[r]) ? t.lse_dot[r] : t.lse_dot[r] - t.shift[r];
     for (int64_t c = 0; c < D; ++c)
-      d_row[c] = FromAcc<T>(acc_row[c] - t.lse_dot[r] * ToAcc<A>(o_row[c]));
+      d_row[c] = FromAcc<T>(acc_row[c] - weight * ToAcc<A>(o_row[c]));
   }
   A* lse_dot = static_cast<A*>(p.lse_dot) + (b * s.num_heads_q + h) * s.seqlen_q + i0;
   std::copy(t.lse_dot, t.lse_dot + rows, lse_dot);

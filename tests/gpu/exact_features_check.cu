@@ -97,7 +97,7 @@ Reference ComputeReference(const Case& c, const MaskParams& mask_params,
   r.dbias.assign(c.bias.present() ? c.bias.count() : 0, 0.0);
   r.dbias_abs.assign(r.dbias.size(), 0.0);
   const DenseStrides dbias_strides = BroadcastStrides(c.bias.d);
-  const double keep_scale = dropout_params.keep_scale();  // of the rate rounded to 2^-16
+  const double keep_scale = dropout_params.keep_scale();  // of the rate rounded to 2^-8
   std::vector<double> x(Sk), dcap(Sk), prob(Sk), kept(Sk);
   std::vector<char> vis(Sk);
   for (int64_t b = 0; b < B; ++b)

@@ -1,22 +1,25 @@
-// Dropout on tensor-core fragments: one Philox call per 8 elements.
+// Dropout on tensor-core fragments: one Philox call per 16 elements.
 //
-// dropout.h lays the 8 draws of a Philox call over the 8 elements one thread
-// holds of a 16 x 16 block of an mma.sync / wgmma accumulator (rows g, g + 8;
-// columns 2t, 2t + 1, 8 + 2t, 9 + 2t). Here are the two orientations the
-// kernels hold scores in:
-//   - queries x keys (forwards, the deterministic dQ kernel): the thread's
-//     8 elements are exactly one call's;
-//   - keys x queries (the dK/dV kernels' S^T): the thread's 8 elements are
-//     half of two calls (its key parity); the thread computes one of them
-//     and swaps halves with the thread of the other key parity (lane ^ 4).
-// Either way a thread makes one Philox call per 8 elements. The mask is the
+// dropout.h lays the 16 draws of a Philox call over the elements that two
+// threads, lanes l and l ^ 4, hold of a 16 x 16 block of an mma.sync / wgmma
+// accumulator (rows g, g + 8; columns 2t, 2t + 1, 8 + 2t, 9 + 2t), in both
+// orientations the kernels hold scores in:
+//   - queries x keys (forwards, dQ kernels): thread (g, t) holds half e = g % 2
+//     of call (u, v) = (g / 2, t);
+//   - keys x queries (the dK/dV kernels' S^T): thread (g, t) holds half c =
+//     g % 2 of call (u, v) = (t, g / 2).
+// The two threads of a call take two blocks at a time: each computes the call
+// of the block of its parity, keeps its own 8 draws and passes the other 8 to
+// its partner (one shuffle for up to 4 pairs). So each thread makes one
+// Philox call per 16 of its elements. A thread with an odd number of blocks
+// computes the last one's call itself, as its partner does. The mask is the
 // same function of (b, h, i, j) as on the CPU (HeadDropout::Keep).
 //
 // Keep bits: a block's byte holds the thread's 8 elements, bit
 // RowBit(a, b, c) for element (row + 8 a, column + 8 b + c) in the queries x
 // keys orientation (s[mt][2 nb + b][2 a + c]), bit KeyQueryBit for the keys
 // x queries one. The compare and the packing work on whole words (KeepFlags,
-// PackFlagPairs): per 8 elements about 20 instructions besides Philox's 40.
+// PackFlagPairs).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,21 +33,26 @@ namespace jax_flash::cuda {
 // Bit of element (row + 8 a, column + 8 b + c) in a queries x keys byte.
 __host__ __device__ constexpr int RowBit(int a, int b, int c) { return 2 * (2 * b + c) + a; }
 
+// Bit of element (key + 8 kb, query + c + 8 qa) in a keys x queries byte.
+__host__ __device__ constexpr int KeyQueryBit(int qa, int kb, int c) {
+  return 2 * (2 * qa + kb) + c;
+}
+
 // The threshold as KeepFlags compares with it.
-struct HalfThreshold {
-  uint32_t low;  // the threshold's low 15 bits, in both halves
-  uint32_t top;  // 0x80008000 when the threshold's bit 15 is clear, else 0
-  __device__ __forceinline__ explicit HalfThreshold(uint32_t threshold)
-      : low((threshold & 0x7fffu) * 0x10001u), top(threshold & 0x8000u ? 0u : 0x80008000u) {}
+struct ByteThreshold {
+  uint32_t low;  // the threshold's low 7 bits, in every byte
+  uint32_t top;  // 0x80808080 when the threshold's bit 7 is clear, else 0
+  __device__ __forceinline__ explicit ByteThreshold(uint32_t threshold)
+      : low((threshold & 0x7fu) * 0x01010101u), top(threshold & 0x80u ? 0u : 0x80808080u) {}
 };
 
-// Both 16-bit draws of `word` >= threshold, as bits 15 (low half) and 31
-// (high half); the other bits are garbage. With draw = 2^15 H + l and
-// threshold = 2^15 T + u: kept when H > T, or H = T and l >= u. The
-// difference (draw | 2^15) - u cannot borrow from the next half, and its bit
-// 15 is l >= u; the answer is the majority of that bit, H and (T = 0).
-__device__ __forceinline__ uint32_t KeepFlags(uint32_t word, HalfThreshold th) {
-  const uint32_t low_ge = (word | 0x80008000u) - th.low;
+// The four 8-bit draws of `word` >= threshold, as bit 7 of each byte; the
+// other bits are garbage. With draw = 2^7 H + l and threshold = 2^7 T + u:
+// kept when H > T, or H = T and l >= u. The difference (draw | 2^7) - u
+// cannot borrow from the next byte, and its bit 7 is l >= u; the answer is
+// the majority of that bit, H and (T = 0).
+__device__ __forceinline__ uint32_t KeepFlags(uint32_t word, ByteThreshold th) {
+  const uint32_t low_ge = (word | 0x80808080u) - th.low;
   return (low_ge & word) | (low_ge & th.top) | (word & th.top);
 }
 
@@ -58,45 +66,175 @@ __device__ __forceinline__ uint32_t PackFlagPairs(uint32_t one, uint32_t zero) {
   return __umulhi(both, (1u << 26) | (1u << 20) | (1u << 14) | (1u << 8));
 }
 
-// Keep bits (bits 0..7, garbage above) of the 16 x 16 block whose call has
-// this counter, queries x keys: words 2 a + b, halves c (dropout.h).
-__device__ __forceinline__ uint32_t KeepByteRows(const uint32_t counter[4],
-                                                 const uint32_t key[2], HalfThreshold th) {
+// A call's keep bits as the two threads that share it hold them: this
+// thread's byte and its partner's (bits 0..7, garbage above).
+struct CallKeep {
+  uint32_t mine, theirs;
+};
+
+// The call with this counter, split between the thread of half `parity` and
+// its partner. Draw (a, e, b, c) is byte 2 e + c of word 2 a + b (dropout.h).
+//   - queries x keys (half e): bytes 2e, 2e + 1 of each word; byte m = 2 b + c
+//     of PackFlagPairs' operands, `one` from words 2, 3 (a = 1).
+//   - keys x queries (half c): byte 2 e + c of word m = 2 a + b is bit
+//     2 m + e (KeyQueryBit): bytes c (`zero`) and 2 + c (`one`) of each word.
+template <bool kKeysByQueries>
+__device__ __forceinline__ CallKeep KeepOfCall(const uint32_t counter[4], const uint32_t key[2],
+                                               ByteThreshold th, int parity) {
   uint32_t w[4];
   philox::Philox4x32(counter, key, w);
-  // Bit 7 of byte 2 b + c: the flag of (a, b, c).
-  const uint32_t a0 = __byte_perm(KeepFlags(w[0], th), KeepFlags(w[1], th), 0x7531);
-  const uint32_t a1 = __byte_perm(KeepFlags(w[2], th), KeepFlags(w[3], th), 0x7531);
-  return PackFlagPairs(a1, a0);
+  const uint32_t f0 = KeepFlags(w[0], th), f1 = KeepFlags(w[1], th);
+  const uint32_t f2 = KeepFlags(w[2], th), f3 = KeepFlags(w[3], th);
+  if constexpr (!kKeysByQueries) {
+    const uint32_t mine = parity ? 0x7632u : 0x5410u, theirs = parity ? 0x5410u : 0x7632u;
+    return {PackFlagPairs(__byte_perm(f2, f3, mine), __byte_perm(f0, f1, mine)),
+            PackFlagPairs(__byte_perm(f2, f3, theirs), __byte_perm(f0, f1, theirs))};
+  } else {
+    // Bytes (c, c, 2 + c, 2 + c) of words (0, 1, 0, 1), then of (2, 3, 2, 3).
+    const uint32_t mine = parity ? 0x7351u : 0x6240u, theirs = parity ? 0x6240u : 0x7351u;
+    auto pack = [&](uint32_t sel) {
+      const uint32_t x = __byte_perm(f0, f1, sel), y = __byte_perm(f2, f3, sel);
+      return PackFlagPairs(__byte_perm(x, y, 0x7632), __byte_perm(x, y, 0x5410));
+    };
+    return {pack(mine), pack(theirs)};
+  }
 }
 
-// Bit of element (key + 8 kb, query + c + 8 qa) in a keys x queries byte.
-__host__ __device__ constexpr int KeyQueryBit(int qa, int kb, int c) {
-  return 2 * (2 * qa + kb) + c;
+// The keep bytes of kBlocks consecutive 16 x 16 blocks (byte nb for block
+// nb, up to 8), the thread's `counter` being that of block 0: along the
+// columns (counter word 0) for queries x keys, along the queries (word 1)
+// for keys x queries. Pairs of blocks share calls with the partner lane
+// (lane ^ 4): all 32 lanes must call it together. kSerial: one call at a
+// time (the wgmma kernels, which draw while their GEMMs' accumulators are in
+// flight: unrolled calls overlapped and spilled).
+template <int kBlocks, bool kKeysByQueries, bool kSerial>
+__device__ __forceinline__ uint64_t KeepBytes(uint32_t counter[4], const uint32_t key[2],
+                                              ByteThreshold th, int parity) {
+  static_assert(kBlocks >= 1 && kBlocks <= 8, "1 to 8 blocks of 16 in 64 bits");
+  constexpr int kWord = kKeysByQueries ? 1 : 0;  // the counter word that counts blocks
+  constexpr int kPairs = kBlocks / 2;
+  const uint32_t block0 = counter[kWord];
+  uint64_t bits = 0;
+  if constexpr (kPairs > 0) {
+    // Pair k's bytes enter at the top and the earlier ones move down, so
+    // that pair k ends at byte 4 - kPairs + k without a variable shift.
+    uint32_t mine = 0, theirs = 0;
+    counter[kWord] = block0 + parity;
+#pragma unroll(kSerial ? 1 : kPairs)
+    for (int k = 0; k < kPairs; ++k, counter[kWord] += 2) {
+      const CallKeep call = KeepOfCall<kKeysByQueries>(counter, key, th, parity);
+      mine = __funnelshift_r(mine, call.mine, 8);
+      theirs = __funnelshift_r(theirs, call.theirs, 8);
+    }
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, theirs, 4);
+    // Block 2 k + parity is mine, block 2 k + 1 - parity the partner's.
+    const uint32_t evens = (parity ? got : mine) >> (8 * (4 - kPairs));
+    const uint32_t odds = (parity ? mine : got) >> (8 * (4 - kPairs));
+    bits = (static_cast<uint64_t>(__byte_perm(evens, odds, 0x7362)) << 32) |
+           __byte_perm(evens, odds, 0x5140);
+  }
+  if constexpr (kBlocks % 2 == 1) {
+    counter[kWord] = block0 + kBlocks - 1;
+    const uint32_t last = KeepOfCall<kKeysByQueries>(counter, key, th, parity).mine & 0xffu;
+    bits |= static_cast<uint64_t>(last) << (8 * (kBlocks - 1));
+  }
+  counter[kWord] = block0;
+  return bits;
 }
 
-// Keep bits (bits 0..7, garbage above) of a 16 x 16 block in the keys x
-// queries orientation: rows (keys) j0 + g (+ 8), columns (queries) i0 + 2t
-// (+ 1, + 8, + 9). The thread computes the call of query parity g % 2,
-// whose counter is given: (query i0 + 2t + c + 8 qa, key j0 + 2 (g / 2) +
-// kp + 8 kb) at word 2 qa + kb, half kp (key parity). It keeps the halves
-// of its key parity and swaps the others with the thread of the other key
-// parity (lane ^ 4), which computed the call of the other query parity. All
-// 32 lanes must call it together (a shuffle).
-__device__ __forceinline__ uint32_t KeepByteTransposed(const uint32_t counter[4],
-                                                       const uint32_t key[2], HalfThreshold th,
-                                                       int parity) {
+// The keep bytes of a warp's kBlocks 16 x 16 blocks in the queries x keys
+// orientation: rows row0 + g (+ 8), columns n0 + 16 nb + 2t (+ 1, + 8, + 9).
+template <int kBlocks, bool kSerial = false>
+__device__ __forceinline__ uint64_t KeepBytesRows(const HeadDropout& d, int64_t row0, int64_t n0,
+                                                  int g, int t) {
+  uint32_t counter[4];
+  d.Counter(row0 + g, n0 + 2 * t, counter);
+  return KeepBytes<kBlocks, false, kSerial>(counter, d.key, ByteThreshold(d.threshold), g & 1);
+}
+
+// A thread's keep flags of one 16 x 16 block, queries x keys, as they come
+// from the compare (bit 7 of each byte, garbage below): word a holds its
+// elements (row + 8 a, column + 8 b + c) at byte 2 b + c (dropout.h: bytes
+// 2 e + c of words 2 a and 2 a + 1).
+struct BlockFlags {
+  uint32_t row[2];
+};
+
+// The call with this counter as flags: this thread's (half `parity`) and its
+// partner's, queries x keys, no packing.
+__device__ __forceinline__ void FlagsOfCallRows(const uint32_t counter[4], const uint32_t key[2],
+                                                ByteThreshold th, int parity, BlockFlags& mine,
+                                                BlockFlags& theirs) {
   uint32_t w[4];
   philox::Philox4x32(counter, key, w);
-  // Bytes (mine, mine, theirs, theirs) of words (2 qa, 2 qa + 1): the flag of
-  // half kp sits in bit 7 of byte 2 kp + 1.
-  const uint32_t split = parity ? 0x5173u : 0x7351u;
-  const uint32_t q0 = __byte_perm(KeepFlags(w[0], th), KeepFlags(w[1], th), split);
-  const uint32_t q1 = __byte_perm(KeepFlags(w[2], th), KeepFlags(w[3], th), split);
-  // Byte 2 qa + kb: mine (query parity `parity`) and the partner's.
-  const uint32_t mine = __byte_perm(q0, q1, 0x5410), theirs = __byte_perm(q0, q1, 0x7632);
-  const uint32_t got = __shfl_xor_sync(0xffffffffu, theirs, 4);
-  return parity ? PackFlagPairs(mine, got) : PackFlagPairs(got, mine);
+  const uint32_t f0 = KeepFlags(w[0], th), f1 = KeepFlags(w[1], th);
+  const uint32_t f2 = KeepFlags(w[2], th), f3 = KeepFlags(w[3], th);
+  const uint32_t sel_mine = parity ? 0x7632u : 0x5410u, sel_theirs = parity ? 0x5410u : 0x7632u;
+  mine.row[0] = __byte_perm(f0, f1, sel_mine);
+  mine.row[1] = __byte_perm(f2, f3, sel_mine);
+  theirs.row[0] = __byte_perm(f0, f1, sel_theirs);
+  theirs.row[1] = __byte_perm(f2, f3, sel_theirs);
+}
+
+// PRMT with selector nibbles of bit 3 set: each result byte the sign (bit 7)
+// of the byte selected, replicated (PTX prmt.b32's default mode; the
+// __byte_perm intrinsic takes 3-bit selectors and cannot ask for it).
+template <uint32_t kSelector>
+__device__ __forceinline__ uint32_t ReplicateSigns(uint32_t x) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(x), "n"(kSelector));
+  return r;
+}
+
+// x = kept ? x : 0 on one block of packed 16-bit P (the A operand of a
+// k-step: a[2 b + a] holds elements (row + 8 a, column + 8 b + {0, 1}) in
+// its halves). A PRMT replicating each flag's bit 7 over its half makes the
+// mask of a pair: two instructions per two elements, no bit packing.
+__device__ __forceinline__ void DropPackedBlock(uint32_t (&p)[4], const BlockFlags& f) {
+#pragma unroll
+  for (int a = 0; a < 2; ++a) {
+    p[a] &= ReplicateSigns<0x9988u>(f.row[a]);      // bytes 0, 1: b = 0
+    p[2 + a] &= ReplicateSigns<0xbbaau>(f.row[a]);  // bytes 2, 3: b = 1
+  }
+}
+
+// x = kept ? x : 0 over a warp's packed P of kBlocks blocks (queries x keys:
+// rows row0 + g (+ 8), block ks = columns n0 + 16 ks + ...), drawing as it
+// goes: one Philox call per pair of blocks, the partner lane (lane ^ 4)
+// computing the other block's call and the two swapping halves. The
+// forwards scale O by 1 / (1 - rate) in the epilogue. All 32 lanes together.
+template <int kBlocks>
+__device__ __forceinline__ void DropPackedRows(uint32_t (&p)[kBlocks][4], const HeadDropout& d,
+                                               int64_t row0, int64_t n0, int g, int t) {
+  uint32_t counter[4];
+  d.Counter(row0 + g, n0 + 2 * t, counter);
+  const ByteThreshold th(d.threshold);
+  const int parity = g & 1;
+  const uint32_t block0 = counter[0];
+#pragma unroll
+  for (int k = 0; k < kBlocks / 2; ++k) {
+    counter[0] = block0 + 2 * k + parity;
+    BlockFlags mine, theirs, got;
+    FlagsOfCallRows(counter, d.key, th, parity, mine, theirs);
+#pragma unroll
+    for (int a = 0; a < 2; ++a) got.row[a] = __shfl_xor_sync(0xffffffffu, theirs.row[a], 4);
+    // Block 2 k + parity is mine, the other the partner's (selects: p's
+    // index must stay a constant, or p would go to local memory).
+    BlockFlags even, odd;
+#pragma unroll
+    for (int a = 0; a < 2; ++a) {
+      even.row[a] = parity ? got.row[a] : mine.row[a];
+      odd.row[a] = parity ? mine.row[a] : got.row[a];
+    }
+    DropPackedBlock(p[2 * k], even);
+    DropPackedBlock(p[2 * k + 1], odd);
+  }
+  if constexpr (kBlocks % 2 == 1) {  // the last block alone: both partners compute its call
+    counter[0] = block0 + kBlocks - 1;
+    BlockFlags mine, theirs;
+    FlagsOfCallRows(counter, d.key, th, parity, mine, theirs);
+    DropPackedBlock(p[kBlocks - 1], mine);
+  }
 }
 
 // x = kept ? x * scale : 0 over block nb of a queries x keys fragment, its
@@ -124,23 +262,19 @@ template <int kMT, int kNTiles>
 __device__ __forceinline__ void DropoutRows(float (&x)[kMT][kNTiles][4], const HeadDropout& d,
                                             int64_t row0, int64_t n0, int g, int t, float scale) {
   static_assert(kNTiles % 2 == 0, "dropout works on 16-column blocks");
-  const HalfThreshold th(d.threshold);
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
-    uint32_t counter[4];
-    d.Counter(row0 + 16 * mt + g, n0 + 2 * t, counter);
+    const uint64_t bits = KeepBytesRows<kNTiles / 2>(d, row0 + 16 * mt, n0, g, t);
 #pragma unroll
-    for (int nb = 0; nb < kNTiles / 2; ++nb, ++counter[0]) {
-      ApplyKeepBlock(x[mt], nb, KeepByteRows(counter, d.key, th), 0, scale);
-    }
+    for (int nb = 0; nb < kNTiles / 2; ++nb) ApplyKeepBlock(x[mt], nb, bits, 8 * nb, scale);
   }
 }
 
 // The keep bits of one warp's 16 rows x kNTiles n-tiles (queries x keys),
-// byte nb for block nb (KeepBitsRows): the wgmma kernels draw them while
-// their S GEMM runs, and apply them (Apply) after the softmax. One call at a
-// time (not unrolled): with the accumulators of GEMMs in flight, unrolled
-// calls overlapped and spilled (ptxas: 184-268 bytes at D = 128).
+// byte nb for block nb: the wgmma kernels draw them while their S GEMM runs,
+// and apply them (Apply) after the softmax. One call at a time (not
+// unrolled): with the accumulators of GEMMs in flight, unrolled calls
+// overlapped and spilled (ptxas: 184-268 bytes at D = 128).
 template <int kNTiles>
 struct RowKeep {
   static_assert(kNTiles % 2 == 0 && kNTiles <= 16, "up to 8 blocks of 16 columns in 64 bits");
@@ -149,20 +283,7 @@ struct RowKeep {
 
   __device__ __forceinline__ static RowKeep Draw(const HeadDropout& d, int64_t row0, int64_t n0,
                                                  int g, int t) {
-    uint32_t counter[4];
-    d.Counter(row0 + g, n0 + 2 * t, counter);
-    const HalfThreshold th(d.threshold);
-    // Each block's byte enters at the top and the earlier ones move down
-    // (a funnel shift per word), so that block nb ends at byte
-    // 8 - kBlocks + nb without a variable shift.
-    uint32_t lo = 0, hi = 0;
-#pragma unroll 1
-    for (int nb = 0; nb < kBlocks; ++nb, ++counter[0]) {
-      const uint32_t byte = KeepByteRows(counter, d.key, th);
-      lo = __funnelshift_r(lo, hi, 8);
-      hi = __funnelshift_r(hi, byte, 8);
-    }
-    return RowKeep{((static_cast<uint64_t>(hi) << 32) | lo) >> (8 * (8 - kBlocks))};
+    return RowKeep{KeepBytesRows<kBlocks, /*kSerial=*/true>(d, row0, n0, g, t)};
   }
 
   // x = kept ? x * scale : 0.
@@ -191,7 +312,7 @@ __device__ __forceinline__ void DropoutRows(float (&x)[kNTiles][4], const HeadDr
 }
 
 // The JVP's two fragments of one m-tile (sm80/jvp.cuh: P and P o dS, queries
-// x keys) dropped with the same keep bits, from one Philox call per 8
+// x keys) dropped with the same keep bits, from one Philox call per 16
 // elements: x = kept ? x : 0, y likewise (1 / (1 - rate) goes into the
 // epilogue, as in the forwards).
 template <int kNTiles>
@@ -199,36 +320,27 @@ __device__ __forceinline__ void DropoutRowsPair(float (&x)[kNTiles][4], float (&
                                                 const HeadDropout& d, int64_t row0, int64_t n0,
                                                 int g, int t) {
   static_assert(kNTiles % 2 == 0, "dropout works on 16-column blocks");
-  uint32_t counter[4];
-  d.Counter(row0 + g, n0 + 2 * t, counter);
-  const HalfThreshold th(d.threshold);
+  const uint64_t bits = KeepBytesRows<kNTiles / 2>(d, row0, n0, g, t);
 #pragma unroll
-  for (int nb = 0; nb < kNTiles / 2; ++nb, ++counter[0]) {
-    const uint32_t bits = KeepByteRows(counter, d.key, th);
-    ApplyKeepBlock(x, nb, bits, 0, 1.f);  // (x * 1 is x: the compiler drops the multiply)
-    ApplyKeepBlock(y, nb, bits, 0, 1.f);
+  for (int nb = 0; nb < kNTiles / 2; ++nb) {
+    ApplyKeepBlock(x, nb, bits, 8 * nb, 1.f);  // (x * 1 is x: the compiler drops the multiply)
+    ApplyKeepBlock(y, nb, bits, 8 * nb, 1.f);
   }
 }
 
 // Keys x queries orientation (S^T, dP^T of one warp: keys key0 + g (+ 8),
 // queries m0 + 8 nt + 2t + c): the keep bits of the warp's kQTiles / 2
-// blocks, one byte each, for ApplyKeepT.
+// blocks, one byte each, for ApplyKeepT. All 32 lanes call it together.
 // kSerial: one call at a time (the wgmma backwards, which draw while their
 // GEMMs' accumulators are in flight; see RowKeep).
 template <int kQTiles, bool kSerial = false>
 __device__ __forceinline__ uint32_t KeepBitsT(const HeadDropout& d, int64_t key0, int64_t m0,
                                               int g, int t) {
   static_assert(kQTiles % 2 == 0 && kQTiles <= 8, "up to 4 blocks of 16 queries in 32 bits");
-  constexpr int kBlocks = kQTiles / 2;
   uint32_t counter[4];
-  d.Counter(m0 + 2 * t + (g & 1), key0 + g, counter);
-  const HalfThreshold th(d.threshold);
-  // Block nb ends at byte 4 - kBlocks + nb (see RowKeep::Draw).
-  uint32_t bits = 0;
-#pragma unroll(kSerial ? 1 : kBlocks)
-  for (int nb = 0; nb < kBlocks; ++nb, ++counter[1])
-    bits = __funnelshift_r(bits, KeepByteTransposed(counter, d.key, th, g & 1), 8);
-  return bits >> (8 * (4 - kBlocks));
+  d.Counter(m0 + 2 * t, key0 + g, counter);
+  return static_cast<uint32_t>(KeepBytes<kQTiles / 2, /*kKeysByQueries=*/true, kSerial>(
+      counter, d.key, ByteThreshold(d.threshold), g & 1));
 }
 
 // Kept(bits) of one element of a keys x queries fragment (see ApplyKeepT).

@@ -43,7 +43,7 @@ inline constexpr int kBiasReadBarrier = 1;
 // TMA into one stage after V's (sm90/bias_tile.cuh) and is added to S before
 // the soft cap; the next block's tile is issued once both warpgroups have
 // read it. kDropout: P is dropped after the softmax (l sums it before), from
-// keep bits drawn while the block's S GEMM runs; the kernel scales O by
+// keep bits drawn once P is packed (DropPackedRows); the kernel scales O by
 // 1 / (1 - rate) in its epilogue.
 template <typename T, typename Traits, typename Bias, bool kDropout>
 __device__ __forceinline__ void FwdMainloop(const FwdTmaArgs& kargs, const FwdBlock<T>& blk,
@@ -175,12 +175,6 @@ __device__ __forceinline__ void FwdMainloop(const FwdTmaArgs& kargs, const FwdBl
     sm90::WgmmaFence();
     sm90::GemmKMajor<T, kHeadDim, kBlockM, kBlockN>(s[0], q_rows, k_tile);
     sm90::WgmmaCommit();
-    // This warp's keep bits of the block, drawn while the GEMM runs.
-    const auto keep = [&] {
-      if constexpr (kDropout)
-        return RowKeep<kNTiles>::Draw(dropout, m0 + warp_row0, n * kBlockN, g, t);
-      else return 0;
-    }();
     sm90::WgmmaWait<0>();
     sm90::FenceRegisters(s[0]);
 
@@ -195,7 +189,6 @@ __device__ __forceinline__ void FwdMainloop(const FwdTmaArgs& kargs, const FwdBl
     TransformAndMask<kBlockM>(s, args.softcap, args.scale_over_cap, blk.mask, m0, m0 + warp_row0,
                               n * kBlockN, g, t, blk.template BlockClass<kBlockN>(n));
     OnlineSoftmax(s, o, row_m, row_l, scale_log2, rescale_margin);
-    if constexpr (kDropout) keep.Apply(s[0], 1.f);
 
     // ---- O += P V -----------------------------------------------------------
     // k-step ks covers keys 16ks..16ks+15: two 8-row groups, 2048 bytes into
@@ -205,6 +198,7 @@ __device__ __forceinline__ void FwdMainloop(const FwdTmaArgs& kargs, const FwdBl
     for (int ks = 0; ks < kBlockN / kMmaK; ++ks) {
       PackA<T>(a[ks], s[0][2 * ks], s[0][2 * ks + 1]);
     }
+    if constexpr (kDropout) DropPackedRows(a, dropout, m0 + warp_row0, n * kBlockN, g, t);
     sm90::WgmmaFence();
     sm90::FenceRegisters(o[0]);
 #pragma unroll

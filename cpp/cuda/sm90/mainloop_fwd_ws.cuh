@@ -288,7 +288,7 @@ __device__ __forceinline__ void PackP(uint32_t (&p)[kNTiles / 2][4],
 // One consumer warpgroup's work on one tile: O, m, l of this warp's 16 rows.
 // `kv` and `q` carry the ring positions from tile to tile. kDropout: P is
 // dropped after the softmax (l sums it before, as on every backend), from
-// keep bits drawn while the block's S GEMM runs; the kernel scales O by
+// keep bits drawn once P is packed (DropPackedRows); the kernel scales O by
 // 1 / (1 - rate) in its epilogue.
 template <typename T, typename Traits, typename Bias, bool kDropout>
 __device__ __forceinline__ void FwdWsConsumerTile(
@@ -322,15 +322,14 @@ __device__ __forceinline__ void FwdWsConsumerTile(
   const HeadDropout dropout = kDropout ? HeadDropout::For(args.p.dropout, args.p.shape.batch,
                                                           blk.b, blk.h)
                                        : HeadDropout{};
-  // This warp's keep bits of key block n (common/dropout.cuh).
-  auto draw_keep = [&](int64_t n) {
-    if constexpr (kDropout) return RowKeep<kNTiles>::Draw(dropout, warp_row0, n * kBlockN, g, t);
-    else return 0;
+  uint32_t p[kBlockN / kMmaK][4];  // P, packed: the A operand of O += P V
+  // P = kept ? P : 0 on the packed P of key block n (common/dropout.cuh).
+  auto drop = [&](int64_t n) {
+    if constexpr (kDropout) DropPackedRows(p, dropout, warp_row0, n * kBlockN, g, t);
   };
 
   MbarrierWait(sm.full_q(q_stage), q.phase());
   q.Advance();
-  uint32_t p[kBlockN / kMmaK][4];
   float alpha[1][2];
   // The key block after the current one (the producer's order).
   int64_t next = blk.template NextBlock<kBlockN>(n_begin + 1);
@@ -342,7 +341,6 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     IssueQK<T, Traits>(s[0], q_rows, sm.k_tile(kv.stage()));
     WgmmaCommit();
     ping.PassTurn();
-    const auto keep = draw_keep(n_begin);
     WgmmaWait<0>();
     FenceRegisters(s[0]);
     release(sm.empty_k(kv.stage()));
@@ -350,8 +348,8 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     add_bias(s);
     // O is still 0: no rescale whatever the softmax says.
     ScoresToP<T, Traits>(s, row_m, row_l, alpha, args, blk, warp_row0, n_begin, g, t);
-    if constexpr (kDropout) keep.Apply(s[0], 1.f);
     PackP<T>(p, s);
+    drop(n_begin);
   }
   RingPos<Traits::kStages> prev = kv;  // the stage of V for P
   kv.Advance();
@@ -367,7 +365,6 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     WgmmaCommit();
     IssuePV<T, Traits>(o[0], p, sm.v_tile(prev.stage()));
     ping.PassTurn();
-    const auto keep = draw_keep(n);
     WgmmaWait<1>();  // S_n (O += P V may still run)
     FenceRegisters(s[0]);
     release(sm.empty_k(kv.stage()));
@@ -375,12 +372,12 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     add_bias(s);
     const bool rescale =
         ScoresToP<T, Traits>(s, row_m, row_l, alpha, args, blk, warp_row0, n, g, t);
-    if constexpr (kDropout) keep.Apply(s[0], 1.f);
     WgmmaWait<0>();  // O += P_{n-1} V_{n-1}
     FenceRegisters(o[0]);
     release(sm.empty_v(prev.stage()));
     if (rescale) RescaleO(o, alpha);
     PackP<T>(p, s);
+    drop(n);
     prev = kv;
     kv.Advance();
   }

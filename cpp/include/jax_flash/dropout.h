@@ -2,24 +2,31 @@
 //
 // Whether element (b, h, i, j) is kept is a pure function of the key and of
 // those four indices, so the CPU and CUDA kernels, the forward and the
-// backward, and any tiling draw the same mask: a 16-bit draw, kept when it is
-// >= a 16-bit threshold (the rate is a multiple of 2^-16; keep_scale uses that
-// exact rate, so the result stays unbiased).
+// backward, and any tiling draw the same mask: an 8-bit draw, kept when it is
+// >= an 8-bit threshold (the rate is a multiple of 2^-8; keep_scale uses that
+// exact rate, so the result stays unbiased). 8 bits, as FlashAttention-2's
+// draws: one Philox call then serves 16 elements, and the calls are most of
+// dropout's cost on tensor cores.
 //
-// Draws come from Philox-4x32-10, a counter-based generator; one call gives
-// 8 draws (four 32-bit words, two 16-bit halves each). The 8 draws of a call
-// belong to one 16 x 16 block of (i, j): the elements
-//   (16 I + r + 8 a,  16 J + 2 p + c + 8 b),   a, b, c in {0, 1},
-// for fixed r = i % 8 and p = (j % 8) / 2. These are exactly the 8 elements one
-// thread holds in a tensor-core accumulator fragment (mma m16n8k16, or a
-// wgmma accumulator, over two n-tiles: rows g and g + 8, columns 2t, 2t + 1,
-// 8 + 2t, 9 + 2t, with g = r and t = p), so tensor-core kernels make one
-// Philox call per 8 elements, as FlashAttention-2 does with its 8-bit draws;
-// 16 bits keep the rate's resolution at 2^-16. Kernels that walk rows (CPU,
-// SIMT) use the 4 draws of a call that lie in their row.
+// Draws come from Philox-4x32-7, a counter-based generator (7 rounds, as
+// FlashAttention-2's: Salmon et al. found 7 rounds pass TestU01's BigCrush;
+// 10, Random123's default, adds a margin that cost 12 of a call's ~70
+// instructions); one call gives 16 draws (four 32-bit words, four bytes each). Within a 16 x 16 block of
+// (i, j), write i = 16 I + 8 a + 2 u + e and j = 16 J + 8 b + 2 v + c
+// (a, b, e, c in {0, 1}; u, v in 0..3). Call (u, v) of the block holds the 16
+// elements of rows {2u, 2u + 1} (+ 8) and columns {2v, 2v + 1} (+ 8); the draw
+// of element (a, e, b, c) is byte 2 e + c of word 2 a + b. Why this shape: a
+// tensor-core accumulator fragment (mma m16n8k16, or a wgmma accumulator over
+// two n-tiles) gives thread (g, t) of a warp rows g, g + 8 and columns 2t,
+// 2t + 1, 8 + 2t, 9 + 2t of each 16 x 16 block; call (u, v) is then exactly
+// the elements of the two threads g = 2u + {0, 1}, t = v (lanes l, l ^ 4) in a
+// queries x keys fragment, and of the two threads g = 2v + {0, 1}, t = u in a
+// keys x queries one (the backward's S^T). Either way two threads share each
+// call, so each computes the call of one of two blocks and they swap halves.
+// Kernels that walk rows (CPU, SIMT) use the 4 draws of a call that lie in
+// their row.
 //
-// Counter words: {J, I, (r * 4 + p) << 24 | head, batch}; the draw of (i, j) is
-// half c of word 2 a + b.
+// Counter words: {J, I, (u * 4 + v) << 24 | head, batch}.
 //
 // The indices are global: a call that holds one shard or chunk of the problem
 // adds its offsets (mask.h's Offset) to batch, head, I and J, so a sharded run
@@ -49,9 +56,9 @@ struct DropoutParams {
   const int32_t* offsets = nullptr;
 
   JAX_FLASH_HOST_DEVICE bool enabled() const { return rate > 0; }
-  // An element is kept when its 16-bit draw is >= this threshold: the rate
-  // rounded to a multiple of 2^-16 (jax_flash's Python side passes rates that
-  // already are). A rate below 2^-17 drops nothing.
+  // An element is kept when its 8-bit draw is >= this threshold: the rate
+  // rounded to a multiple of 2^-8 (jax_flash's Python side passes rates that
+  // already are). A rate below 2^-9 drops nothing.
   JAX_FLASH_HOST_DEVICE uint32_t threshold() const {
     const double t = rate * kDrawRange + 0.5;
     return t >= kDrawRange - 1 ? kDrawRange - 1 : static_cast<uint32_t>(t);
@@ -60,7 +67,7 @@ struct DropoutParams {
   JAX_FLASH_HOST_DEVICE double keep_scale() const {
     return kDrawRange / (kDrawRange - static_cast<double>(threshold()));
   }
-  static constexpr uint32_t kDrawRange = 1u << 16;
+  static constexpr uint32_t kDrawRange = 1u << 8;
 };
 
 namespace philox {
@@ -69,7 +76,7 @@ inline constexpr uint32_t kMul0 = 0xD2511F53u;
 inline constexpr uint32_t kMul1 = 0xCD9E8D57u;
 inline constexpr uint32_t kWeyl0 = 0x9E3779B9u;  // golden ratio
 inline constexpr uint32_t kWeyl1 = 0xBB67AE85u;  // sqrt(3) - 1
-inline constexpr int kRounds = 10;
+inline constexpr int kRounds = 7;
 
 JAX_FLASH_HOST_DEVICE void MulHiLo(uint32_t a, uint32_t b, uint32_t* hi, uint32_t* lo) {
   const uint64_t product = static_cast<uint64_t>(a) * b;
@@ -77,7 +84,7 @@ JAX_FLASH_HOST_DEVICE void MulHiLo(uint32_t a, uint32_t b, uint32_t* hi, uint32_
   *lo = static_cast<uint32_t>(product);
 }
 
-// Philox-4x32-10: four 32-bit outputs for a 128-bit counter and 64-bit key.
+// Philox-4x32-7: four 32-bit outputs for a 128-bit counter and 64-bit key.
 JAX_FLASH_HOST_DEVICE void Philox4x32(const uint32_t counter[4], const uint32_t key[2],
                                       uint32_t out[4]) {
   uint32_t c0 = counter[0], c1 = counter[1], c2 = counter[2], c3 = counter[3];
@@ -131,12 +138,14 @@ struct HeadDropout {
     return r;
   }
 
-  // Position of (i, j) in its Philox call (see the top of this file).
+  // Position (u, v) of (i, j)'s call in its 16 x 16 block (see the top of this file).
   JAX_FLASH_HOST_DEVICE static uint32_t CallLane(int64_t i, int64_t j) {
-    return static_cast<uint32_t>(((i & 7) << 2) | ((j & 7) >> 1));
+    return static_cast<uint32_t>((((i & 7) >> 1) << 2) | ((j & 7) >> 1));
   }
+  // Byte of (i, j)'s draw among its call's 16: byte 2 e + c of word 2 a + b.
   JAX_FLASH_HOST_DEVICE static int DrawSlot(int64_t i, int64_t j) {
-    return static_cast<int>((((i >> 3) & 1) * 2 + ((j >> 3) & 1)) * 2 + (j & 1));
+    const int a = (i >> 3) & 1, e = i & 1, b = (j >> 3) & 1, c = j & 1;
+    return 4 * (2 * a + b) + 2 * e + c;
   }
 
   // The counter of the call that holds element (i, j) of this chunk. Word 0
@@ -149,16 +158,16 @@ struct HeadDropout {
     counter[3] = batch_word;
   }
 
-  // The 8 draws of the call that holds element (i, j) of this chunk, as 4 words.
+  // The 16 draws of the call that holds element (i, j) of this chunk, as 4 words.
   JAX_FLASH_HOST_DEVICE void Call(int64_t i, int64_t j, uint32_t words[4]) const {
     uint32_t counter[4];
     Counter(i, j, counter);
     philox::Philox4x32(counter, key, words);
   }
 
-  // Draw `slot` (0..7) of a call's words.
+  // Draw `slot` (0..15) of a call's words.
   JAX_FLASH_HOST_DEVICE static uint32_t Draw(const uint32_t words[4], int slot) {
-    return (words[slot >> 1] >> (16 * (slot & 1))) & 0xffffu;
+    return (words[slot >> 2] >> (8 * (slot & 3))) & 0xffu;
   }
 
   // Is element (i, j) kept?
@@ -169,7 +178,8 @@ struct HeadDropout {
   }
 
   // The calls that serve row i over the 16 columns from j16 (a multiple of
-  // 16): call p holds columns j16 + 2p, + 1, + 8, + 9. KeepIn then reads them.
+  // 16): call p (v = p) holds its columns j16 + 2p, + 1, + 8, + 9. KeepIn then
+  // reads them.
   JAX_FLASH_HOST_DEVICE void RowCalls(int64_t i, int64_t j16, uint32_t words[4][4]) const {
     for (int p = 0; p < 4; ++p) Call(i, j16 + 2 * p, words[p]);
   }
