@@ -22,6 +22,7 @@
 #include "cuda/sm80/bwd_dkdv.cuh"
 #include "cuda/sm80/bwd_dq.cuh"
 #include "cuda/sm90/bwd.cuh"
+#include "cuda/sm90/bwd_routing.h"
 #include "cuda/sm90/bwd_dq.cuh"
 #include "jax_flash/math.h"
 #include "jax_flash/params.h"

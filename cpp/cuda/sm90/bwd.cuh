@@ -42,6 +42,7 @@
 #include "cuda/common/tile_scheduler.cuh"
 #include "cuda/sm90/epilogue_bwd.cuh"
 #include "cuda/sm90/mainloop_bwd.cuh"
+#include "cuda/sm90/bwd_routing.h"
 #include "cuda/sm90/mainloop_bwd_wide.cuh"
 #include "cuda/sm90/tile_size.h"
 #include "cuda/sm90/tma.cuh"
@@ -184,39 +185,6 @@ cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t str
   kernel<<<KeyBlockOutermostScheduler::Grid(n_blocks, shape), Traits::kThreads,
            Traits::kSmemBytes, stream>>>(tma_args);
   return cudaGetLastError();
-}
-
-// Whether the Hopper backward takes this problem's score terms, each a
-// variant of the kernels of its own, alone:
-// - a bias above D = 128 (the wide kernel and the dQ kernel, per element:
-//   common/bias.cuh's AddBias; in the D <= 128 kernel, whose registers are
-//   full, a bias variant spilled 0.6-1 KB per thread), without a soft cap and
-//   without a deterministic dbias (its adds are float atomics; the mma.sync
-//   kernels have the ordered ones);
-// - dropout, every head dim, without a soft cap or a bias.
-// A dense mask (with its tile map) needs no variant. The mma.sync kTerms
-// kernels take every other combination (bwd/run.cuh).
-inline bool BwdTakesTerms(const BwdParams& p, bool deterministic) {
-  const bool cap = p.score.softcap != 0.0;
-  if (p.score.bias != nullptr)
-    return p.shape.head_dim > 128 && !cap && !p.dropout.enabled() &&
-           !(deterministic && p.dbias != nullptr);
-  return !(p.dropout.enabled() && cap);
-}
-
-// Whether the fast mode runs the deterministic structure (dK/dV without dQ,
-// then the dQ kernel over query blocks) instead of adding dQ with atomics in
-// the dK/dV kernel, for bucket kHeadDim:
-// - above D = 128, where it is the faster of the two (H100, bf16, S 4k-16k:
-//   295-367 TFLOP/s against 238-279 for the atomic dQ of
-//   mainloop_bwd_wide.cuh; cpp/cuda/NOTES.md);
-// - at D = 128 with dropout, where the kernel with dQ spills 284 bytes (32
-//   without dropout) and the separate structure, though it draws the keep
-//   bits twice, was 2-14% faster at every shape measured (H100, bf16, f+b,
-//   S 1k-8k, causal and not; NOTES_score_terms.md).
-// The dK/dV kernels with dQ are not built for these.
-constexpr bool SeparateDq(int head_dim, bool dropout) {
-  return head_dim > 128 || (head_dim == 128 && dropout);
 }
 
 // dK and dV, and with accumulate_dq (the fast mode) dQ added into the float32

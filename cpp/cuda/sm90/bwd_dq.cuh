@@ -24,7 +24,7 @@
 #include "cuda/common/math.cuh"
 #include "cuda/common/score.cuh"
 #include "cuda/common/tile_scheduler.cuh"
-#include "cuda/sm90/bwd.cuh"
+#include "cuda/sm90/bwd_routing.h"
 #include "cuda/sm90/tile_size.h"
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
