@@ -304,6 +304,13 @@ __device__ __forceinline__ void ScaleFragment(float (&x)[kMT][kTiles][4], float 
       for (int r = 0; r < 4; ++r) x[mt][nt][r] *= scale;
 }
 
+// x *= scale over one warp's tiles (the backwards' dV, which took the kept
+// P^T unscaled).
+template <int kTiles>
+__device__ __forceinline__ void ScaleTiles(float (&x)[kTiles][4], float scale) {
+  ScaleFragment(reinterpret_cast<float(&)[1][kTiles][4]>(x), scale);
+}
+
 // DropoutRows on the fragments of one m-tile (the deterministic dQ kernel).
 template <int kNTiles>
 __device__ __forceinline__ void DropoutRows(float (&x)[kNTiles][4], const HeadDropout& d,

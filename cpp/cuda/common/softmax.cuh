@@ -162,15 +162,17 @@ __device__ __forceinline__ void RescaleO(float (&o)[kMT][kDTiles][4],
 // kQTiles queries (column nt * 8 + 2t + c of this lane); lse2 and D of the
 // step's queries come from shared memory, as float2 per lane.
 
-// dpt = dP^T - D (no soft cap; with one, SoftcapAndSubtractDelta in score.cuh).
+// dpt = scale dP^T - D (no soft cap; with one, SoftcapAndSubtractDelta in
+// score.cuh). scale: dropout's 1 / (1 - rate) on the kept dP^T, in the same
+// FFMA; 1 without dropout (x * 1 is x: the compiler drops the multiply).
 template <int kQTiles>
 __device__ __forceinline__ void SubtractDelta(float (&dpt)[kQTiles][4], const float* delta_s,
-                                              int t) {
+                                              int t, float scale = 1.f) {
 #pragma unroll
   for (int nt = 0; nt < kQTiles; ++nt) {
     const float2 dl = *reinterpret_cast<const float2*>(delta_s + nt * 8 + 2 * t);
 #pragma unroll
-    for (int r = 0; r < 4; ++r) dpt[nt][r] -= r % 2 ? dl.y : dl.x;
+    for (int r = 0; r < 4; ++r) dpt[nt][r] = dpt[nt][r] * scale - (r % 2 ? dl.y : dl.x);
   }
 }
 

@@ -37,6 +37,7 @@
 
 #include "cuda/bwd/args.h"
 #include "cuda/bwd/workspace.h"
+#include "cuda/common/dropout.cuh"
 #include "cuda/common/epilogue_bwd.cuh"
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/tile_scheduler.cuh"
@@ -94,6 +95,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const KeyBlockScheduler::Tile tile = KeyBlockOutermostScheduler::Get();
   float dk[Traits::kHeadDim / kMmaN][4], dv[Traits::kHeadDim / kMmaN][4];
   BwdMainloop<T, Traits, kSoftcap, kDq, kDropout>(tma_args, tile, pos, dk, dv);  // steps -> dK, dV (+ dQ)
+  if constexpr (kDropout) ScaleTiles(dv, tma_args.args.keep_scale);  // dV took the kept P^T, unscaled
   const int warpgroup = pos.warp / 4, wg_warp = pos.warp % 4;
   // This warp's 16 keys: its warpgroup's 64, its quarter of them.
   const int64_t key0 = tile.n_block * Traits::kBlockN + warpgroup * 64 + wg_warp * 16;
@@ -140,6 +142,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kHalfTiles = Traits::kHeadDim / 16;
   float dk[kHalfTiles][4], dv[kHalfTiles][4];
   BwdWideMainloop<T, Traits, kSoftcap, kBias, kDropout>(tma_args, tile, pos, dk, dv);
+  if constexpr (kDropout) ScaleTiles(dv, tma_args.args.keep_scale);  // dV took the kept P^T, unscaled
   // This warp's 16 keys x its warpgroup's half of the head dim, as pieces.
   using Cols = HalfColumns<Traits::kHeadDim>;
   const Cols cols = Cols::Of(pos.warp / 4);

@@ -176,7 +176,9 @@ __device__ __forceinline__ void DqMainloop(const DqTmaArgs& ta, const FwdBlock<T
     WgmmaWait<0>();
     FenceRegisters(s);
     FenceRegisters(dp);
-    if constexpr (kDropout) keep.Apply(dp, args.keep_scale);
+    // Kept or 0; 1 / (1 - rate) joins the subtraction of D below.
+    if constexpr (kDropout) keep.Apply(dp, 1.f);
+    const float dp_scale = kDropout ? args.keep_scale : 1.f;
     // x = scale * s + bias (no soft cap with a bias here: LaunchDq).
     if constexpr (kBias)
       AddBias<Rows::kQueries>(s, bias, args.scale, m0 + warp_row0, n * kBlockN, g, t);
@@ -190,13 +192,13 @@ __device__ __forceinline__ void DqMainloop(const DqTmaArgs& ta, const FwdBlock<T
           const float x = args.softcap * FastTanh(s[nt][r] * args.scale_over_cap);
           const float th = x * args.inv_softcap;
           s[nt][r] = x;
-          dp[nt][r] = (dp[nt][r] - delta[r / 2]) * (1.f - th * th);
+          dp[nt][r] = (dp[nt][r] * dp_scale - delta[r / 2]) * (1.f - th * th);
         }
     } else {
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) dp[nt][r] -= delta[r / 2];
+        for (int r = 0; r < 4; ++r) dp[nt][r] = dp[nt][r] * dp_scale - delta[r / 2];
     }
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)

@@ -253,8 +253,9 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
       if constexpr (kDropout) {
         float p0[4], p1[4];
-        DroppedTileT(st[2 * ks], keep, 2 * ks, args.keep_scale, p0);
-        DroppedTileT(st[2 * ks + 1], keep, 2 * ks + 1, args.keep_scale, p1);
+        // Kept or 0; 1 / (1 - rate) goes onto dV once, in BwdKernel.
+        DroppedTileT(st[2 * ks], keep, 2 * ks, 1.f, p0);
+        DroppedTileT(st[2 * ks + 1], keep, 2 * ks + 1, 1.f, p1);
         PackA<T>(ap[ks], p0, p1);
       } else {
         PackA<T>(ap[ks], st[2 * ks], st[2 * ks + 1]);
@@ -275,8 +276,9 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     if constexpr (!kSoftcap) {
       sm90::WgmmaWait<1>();  // dP^T (dV may still run)
       sm90::FenceRegisters(dpt);
-      if constexpr (kDropout) ApplyKeepT(dpt, keep, args.keep_scale);
-      SubtractDelta(dpt, delta_s, t);
+      // Kept or 0, then 1 / (1 - rate) in SubtractDelta's FFMA.
+      if constexpr (kDropout) ApplyKeepT(dpt, keep, 1.f);
+      SubtractDelta(dpt, delta_s, t, kDropout ? args.keep_scale : 1.f);
     }
     // dS^T goes through shared memory once and feeds two GEMMs from there:
     // dK as a K-major A (rows = keys), dQ as an M-major A (transposed).

@@ -250,8 +250,9 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
     if constexpr (!kSoftcap) {
       WgmmaWait<0>();
       FenceRegisters(dpt);
-      if constexpr (kDropout) ApplyKeepT(dpt, keep, args.keep_scale);
-      SubtractDelta(dpt, delta_s, t);
+      // Kept or 0, then 1 / (1 - rate) in SubtractDelta's FFMA.
+      if constexpr (kDropout) ApplyKeepT(dpt, keep, 1.f);
+      SubtractDelta(dpt, delta_s, t, kDropout ? args.keep_scale : 1.f);
     }
     if constexpr (kBias) AddDbiasT(dpt, st, p, args.batch0 + b, args.head0 + h, n0 + key_row0, m0 + q_col0, g, t);
 
@@ -267,8 +268,9 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
       const uint32_t at = SwizzledOffset(st_row, q_col0 / 8 + 2 * ks + lane / 16, kBlockN);
       if constexpr (kDropout) {
         float z0[4], z1[4];
-        DroppedTileT(p0, keep, 2 * ks, args.keep_scale, z0);
-        DroppedTileT(p1, keep, 2 * ks + 1, args.keep_scale, z1);
+        // Kept or 0; 1 / (1 - rate) goes onto dV once, in BwdWideKernel.
+        DroppedTileT(p0, keep, 2 * ks, 1.f, z0);
+        DroppedTileT(p1, keep, 2 * ks + 1, 1.f, z1);
         StMatrixX4(sPt + p_offset + at, Pack2<T>(z0[0], z0[1]), Pack2<T>(z0[2], z0[3]),
                    Pack2<T>(z1[0], z1[1]), Pack2<T>(z1[2], z1[3]));
       } else {
