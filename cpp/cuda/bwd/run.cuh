@@ -136,7 +136,8 @@ cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
   const BwdChunk chunk = ChunkFor<kHeadDim>(shape);
   // The fast mode on Hopper runs the deterministic structure where
   // sm90::SeparateDq says it is the faster.
-  if (deterministic || (kArch == 90 && sm90::SeparateDq(kHeadDim, params.dropout.enabled())))
+  if (deterministic || (kArch == 90 && sm90::SeparateDq(kHeadDim, params.dropout.enabled(),
+                                                    params.score.bias != nullptr)))
     return RunBwdChunk<kArch, T, kHeadDim, kTerms>(params, workspace, /*deterministic=*/true,
                                                    shape.batch, 0, 0, stream);
   if (chunk.batches >= shape.batch && chunk.kv_heads >= shape.num_heads_kv)

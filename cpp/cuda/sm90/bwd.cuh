@@ -107,13 +107,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #endif
 }
 
-// Above D = 128: 64 keys per CTA, warpgroup w holds the head-dim half w of
-// their dK and dV and computes S^T / dP^T for half of a step's 64 queries
-// (sm90/mainloop_bwd_wide.cuh).
+// Above D = 128, and at D = 128 with a bias: 64 keys per CTA, warpgroup w
+// holds the head-dim half w of their dK and dV and computes S^T / dP^T for
+// half of a step's 64 queries (sm90/mainloop_bwd_wide.cuh).
 template <int kHeadDim_>
 struct BwdWideTraits {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr BwdTile kTile = BwdTileSize(kHeadDim);  // sm90/tile_size.h
+  // sm90/tile_size.h's above D = 128; at D = 128 (a bias alone) the tile of
+  // the wider buckets, since the row of 128 is the other kernel's.
+  static constexpr BwdTile kTile =
+      kHeadDim > 128 ? BwdTileSize(kHeadDim) : BwdTile{64, 64, 256, 2};
   static constexpr int kBlockN = kTile.block_n;  // keys per CTA
   static constexpr int kBlockM = kTile.block_m;  // queries per step
   static constexpr int kThreads = kTile.threads;
@@ -129,7 +132,7 @@ struct BwdWideTraits {
                                     kStages * 8 + kAtomBytes;
   static_assert(kBlockN == 64 && kBlockM == 64 && kThreads == 2 * 128,
                 "64 keys, 64 queries per step (32 per warpgroup), two warpgroups");
-  static_assert(kHeadDim % 64 == 0 && kHeadDim > 128, "whole 64-column blocks, above D = 128");
+  static_assert(kHeadDim % 64 == 0 && kHeadDim >= 128, "whole 64-column blocks, from D = 128");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
 
@@ -204,7 +207,7 @@ cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t str
   const bool bias = args.p.score.bias != nullptr;
   const bool dropout = args.p.dropout.enabled();
   // The kernel of (kSoftcap, kBias, kDropout), with and without dQ.
-  auto pick = [&](auto make) {
+  auto pick = [&](auto make) -> cudaError_t {
     return bias      ? make(std::false_type{}, std::true_type{}, std::false_type{})
            : dropout ? make(std::false_type{}, std::false_type{}, std::true_type{})
            : cap     ? make(std::true_type{}, std::false_type{}, std::false_type{})
@@ -215,7 +218,7 @@ cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t str
     return pick([&](auto cap_c, auto bias_c, auto dropout_c) {
       constexpr bool kCap = decltype(cap_c)::value, kBias = decltype(bias_c)::value;
       constexpr bool kDrop = decltype(dropout_c)::value;
-      static_assert(SeparateDq(kHeadDim, kDrop), "the wide kernels run without dQ");
+      static_assert(SeparateDq(kHeadDim, kDrop, kBias), "the wide kernels run without dQ");
       if (accumulate_dq) return cudaErrorInvalidValue;
       return LaunchKeyBlocks<T, Traits>(args, BwdWideKernel<T, Traits, kCap, kBias, kDrop>,
                                         stream);
@@ -225,9 +228,19 @@ cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t str
     return pick([&](auto cap_c, auto bias_c, auto dropout_c) {
       constexpr bool kCap = decltype(cap_c)::value, kDrop = decltype(dropout_c)::value;
       if constexpr (decltype(bias_c)::value) {
-        return cudaErrorNotSupported;  // BwdTakesTerms said no already
+        // D = 128: the wide kernel's structure (a bias variant of this
+        // kernel, whose registers are full, spilled 0.6-1 KB); below, no bias
+        // (BwdTakesTerms said no already).
+        if constexpr (kHeadDim == 128) {
+          static_assert(SeparateDq(kHeadDim, kDrop, true), "the wide kernels run without dQ");
+          if (accumulate_dq) return cudaErrorInvalidValue;
+          using Wide = BwdWideTraits<kHeadDim>;
+          return LaunchKeyBlocks<T, Wide>(args, BwdWideKernel<T, Wide, kCap, true, kDrop>, stream);
+        } else {
+          return cudaErrorNotSupported;
+        }
       } else {
-        if constexpr (SeparateDq(kHeadDim, kDrop)) {
+        if constexpr (SeparateDq(kHeadDim, kDrop, false)) {
           if (accumulate_dq) return cudaErrorInvalidValue;
           return LaunchKeyBlocks<T, Traits>(args, BwdKernel<T, Traits, kCap, false, kDrop>, stream);
         } else {

@@ -297,7 +297,7 @@ cudaError_t LaunchDq(const BwdArgs& args, cudaStream_t stream) {
                                    : DqKernel<T, Traits, false, false, false>;
   if (!BwdTakesTerms(p, /*deterministic=*/false)) return cudaErrorNotSupported;  // (LaunchDkDv)
   if (p.score.bias != nullptr) {
-    if constexpr (kHeadDim > 128) kernel = DqKernel<T, Traits, false, true, false>;
+    if constexpr (kHeadDim >= 128) kernel = DqKernel<T, Traits, false, true, false>;
   } else if (p.dropout.enabled()) {
     kernel = DqKernel<T, Traits, false, false, true>;
   }

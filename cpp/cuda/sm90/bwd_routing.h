@@ -10,9 +10,10 @@ namespace jax_flash::cuda::sm90 {
 
 // Whether the Hopper backward takes this problem's score terms, each a
 // variant of the kernels of its own, alone:
-// - a bias above D = 128 (the wide kernel and the dQ kernel, per element:
-//   common/bias.cuh's AddBias; in the D <= 128 kernel, whose registers are
-//   full, a bias variant spilled 0.6-1 KB per thread), without a soft cap and
+// - a bias from the D = 128 bucket (head dims above 96; the wide kernel and
+//   the dQ kernel, per element: common/bias.cuh's AddBias; in the D <= 128
+//   kernel, whose registers are full, a bias variant spilled 0.6-1 KB per
+//   thread), without a soft cap and
 //   without a deterministic dbias (its adds are float atomics; the mma.sync
 //   kernels have the ordered ones);
 // - dropout, every head dim, without a soft cap or a bias.
@@ -21,7 +22,7 @@ namespace jax_flash::cuda::sm90 {
 inline bool BwdTakesTerms(const BwdParams& p, bool deterministic) {
   const bool cap = p.score.softcap != 0.0;
   if (p.score.bias != nullptr)
-    return p.shape.head_dim > 128 && !cap && !p.dropout.enabled() &&
+    return p.shape.head_dim > 96 && !cap && !p.dropout.enabled() &&
            !(deterministic && p.dbias != nullptr);
   return !(p.dropout.enabled() && cap);
 }
@@ -35,10 +36,11 @@ inline bool BwdTakesTerms(const BwdParams& p, bool deterministic) {
 // - at D = 128 with dropout, where the kernel with dQ spills 284 bytes (32
 //   without dropout) and the separate structure, though it draws the keep
 //   bits twice, was 2-14% faster at every shape measured (H100, bf16, f+b,
-//   S 1k-8k, causal and not; NOTES_score_terms.md).
+//   S 1k-8k, causal and not; NOTES_score_terms.md);
+// - at D = 128 with a bias, which runs on the wide kernel's structure.
 // The dK/dV kernels with dQ are not built for these.
-constexpr bool SeparateDq(int head_dim, bool dropout) {
-  return head_dim > 128 || (head_dim == 128 && dropout);
+constexpr bool SeparateDq(int head_dim, bool dropout, bool bias) {
+  return head_dim > 128 || (head_dim == 128 && (dropout || bias));
 }
 
 }  // namespace jax_flash::cuda::sm90
