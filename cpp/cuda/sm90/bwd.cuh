@@ -200,8 +200,8 @@ cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t str
 // cudaErrorInvalidValue for accumulate_dq where SeparateDq (no such kernel).
 template <typename T, int kHeadDim>
 cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t stream) {
-  // (A deterministic dbias is RunBwd's to route: the fast mode above D = 128
-  // runs without dQ here too.)
+  // (A deterministic dbias is RunBwd's to route: where SeparateDq, the fast
+  // mode runs without dQ here too.)
   if (!BwdTakesTerms(args.p, /*deterministic=*/false)) return cudaErrorNotSupported;
   const bool cap = args.softcap > 0.f;
   const bool bias = args.p.score.bias != nullptr;
