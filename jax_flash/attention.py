@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash import _ffi, _supported, autodiff, tile_map  # noqa: F401 (autodiff: its rules)
+from jax_flash import _ffi, _supported, autodiff, dropout, tile_map  # noqa: F401 (autodiff: its rules)
 from jax_flash.primitives import (accumulation_dtype, flash_fwd_p, keeps_16bit_bias, mask_operands,
                                   match_varying)
 
@@ -374,17 +374,16 @@ def _one_key(rng):
 # The kernels draw 8-bit numbers (cpp/include/jax_flash/dropout.h: one Philox
 # call per 16 elements), so the rate they realise is a multiple of 2^-8; kept
 # values are scaled by exactly 1 / (1 - that rate).
-DROPOUT_RATE_STEP = 2.0**-8
+DROPOUT_RATE_STEP = 1.0 / dropout.DRAW_RANGE
 
 
 def realised_dropout_rate(rate: float) -> float:
   """The dropout rate the kernels apply for `rate`: the nearest multiple of 2^-8 below 1.
 
-  Halves round up, as DropoutParams::threshold does (Python's round would
-  take 2^-9 to 0, "off", where the kernels drop 1/256).
+  Halves round up, as DropoutParams::threshold does (dropout.threshold,
+  its mirror).
   """
-  steps = min(math.floor(rate / DROPOUT_RATE_STEP + 0.5), int(1 / DROPOUT_RATE_STEP) - 1)
-  return steps * DROPOUT_RATE_STEP
+  return dropout.threshold(rate) * DROPOUT_RATE_STEP
 
 
 def _dropout(dropout_rate, dropout_rng):
@@ -463,9 +462,10 @@ def flash_attention(query, key, value, *, bias=None, mask=None, block_mask=None,
       CPU and GPU draw the same mask. The kernels draw 8-bit numbers (as
       FlashAttention-2), so the rate is rounded to the nearest multiple of
       2^-8 (``realised_dropout_rate``: 0.1 applies 26/256 = 0.1016) and the
-      scale uses the rounded rate; a rate in (0, 2^-9) is refused. ``dropout_rng`` is one key:
-      ``jax.random.key(seed)`` or ``jax.random.PRNGKey(seed)`` (for one key
-      per example, ``vmap`` over keys; a batch of keys is refused).
+      scale uses the rounded rate; a rate in (0, 2^-9) is refused.
+      ``dropout_rng`` is one key: ``jax.random.key(seed)`` or
+      ``jax.random.PRNGKey(seed)`` (for one key per example, ``vmap`` over
+      keys; a batch of keys is refused).
     broadcast_dropout: one dropout mask for all batch elements and heads
       (Flax's ``broadcast_dropout``).
     deterministic: bitwise-reproducible gradients on GPUs (the CPU backward

@@ -11,11 +11,12 @@
 // applied without a second pass, since out = Pd V). Five tile products per
 // tile where the forward has two; absent tangents skip theirs.
 // With a per-row shift c, acc takes (Pd o (dS - c)) V and the end subtracts
-// (lse_dot - c) o out (the same in exact arithmetic): c is the P-weighted
-// mean of dS over the row's first tile with a visible key, as in the CUDA
-// kernel (sm80/jvp.cuh). Where a row sees few keys, lse_dot ~ dS, and the
-// unshifted form left lse_dot times out's 16-bit rounding, which the plain
-// implementation's result does not carry.
+// (lse_dot - c) o out (the same in exact arithmetic, since out = Pd V): c is
+// the P-weighted mean of dS over the row's first tile with a visible key (the
+// CUDA JVP kernel, sm80/jvp.cuh, shifts likewise), 0 for a row that sees no
+// key. Where a row sees few keys, lse_dot ~ dS, and the unshifted form left
+// lse_dot times out's 16-bit rounding, which the plain implementation's
+// result does not carry.
 // Memory: packed K, V (and their tangents) plus a few tiles per thread.
 #include <cmath>
 #include <limits>
@@ -128,9 +129,10 @@ void JvpItem(const JvpInputs<Acc<T>>& in, int64_t item) {
              Dp);
   std::fill(t.acc, t.acc + rows * Dp, A(0));
   std::fill(t.lse_dot, t.lse_dot + rows, A(0));
-  // The shift c of each row; NaN until its first tile with a visible key
-  // (a row whose c is NaN has NaN tangents, and its out_dot is NaN anyway).
-  std::fill(t.shift, t.shift + rows, std::numeric_limits<A>::quiet_NaN());
+  // The shift c of each row, set at its first tile with a visible key (0
+  // until then: subtracting it changes nothing).
+  std::fill(t.shift, t.shift + rows, A(0));
+  bool shift_set[kBlockM] = {};
   const A* lse = static_cast<const A*>(p.lse) + (b * s.num_heads_q + h) * s.seqlen_q + i0;
   for (int64_t r = 0; r < rows; ++r)  // lse = -inf (nothing visible): +inf makes P = 0
     t.lse2[r] = std::isinf(lse[r]) && lse[r] < 0 ? std::numeric_limits<A>::infinity()
@@ -163,17 +165,20 @@ void JvpItem(const JvpInputs<Acc<T>>& in, int64_t item) {
                                               all_visible, has_ds, t.lse2[r], p_row, ds_row,
                                               t.sech2 + r * kBlockN);
       t.lse_dot[r] += pds_sum;
-      if (has_ds && std::isnan(t.shift[r])) {
+      if (has_ds && !shift_set[r]) {
         A p_sum = 0;
         for (int64_t c = 0; c < cols; ++c) p_sum += p_row[c];
-        if (p_sum > 0) t.shift[r] = pds_sum / p_sum;
+        if (p_sum > 0) {
+          t.shift[r] = pds_sum / p_sum;
+          shift_set[r] = true;
+        }
       }
       if (head.dropout.enabled)  // lse_dot used P itself; the products use Pd
         ForEachDropoutColumn(head.dropout, i0 + r, j0, cols, [&](int64_t c, bool kept) {
           p_row[c] = kept ? p_row[c] * keep_scale : A(0);
           if (has_ds) ds_row[c] = kept ? ds_row[c] * keep_scale : A(0);
         });
-      if (has_ds && !std::isnan(t.shift[r])) {  // Pd o (dS - c): 0 where Pd is
+      if (shift_set[r]) {  // Pd o (dS - c): 0 where Pd is
         const A c_r = t.shift[r];
         for (int64_t c = 0; c < cols; ++c) ds_row[c] -= c_r * p_row[c];
       }
@@ -193,7 +198,7 @@ void JvpItem(const JvpInputs<Acc<T>>& in, int64_t item) {
     const T* o_row = out + p.out_strides.offset(b, i0 + r, h);
     T* d_row = out_dot + p.out_dot_strides.offset(b, i0 + r, h);
     const A* acc_row = t.acc + r * Dp;
-    const A weight = std::isnan(t.shift[r]) ? t.lse_dot[r] : t.lse_dot[r] - t.shift[r];
+    const A weight = t.lse_dot[r] - t.shift[r];
     for (int64_t c = 0; c < D; ++c)
       d_row[c] = FromAcc<T>(acc_row[c] - weight * ToAcc<A>(o_row[c]));
   }

@@ -52,7 +52,7 @@ struct Case {
   bool bf16 = true;
   bool det = false;
   MaskKind mask = MaskKind::kNone;
-  double dropout = 0;       // rate (a multiple of 2^-8)
+  double dropout = 0;       // rate (the kernels round it to a multiple of 2^-8)
   bool key_per_batch = false;  // dropout keys (B, 2) instead of (1, 2)
   BiasKind bias = BiasKind::kNone;
   bool bias16 = false;  // the bias in the inputs' 16-bit dtype (else float32)

@@ -10,9 +10,10 @@
 //     g % 2 of call (u, v) = (t, g / 2).
 // The two threads of a call take two blocks at a time: each computes the call
 // of the block of its parity, keeps its own 8 draws and passes the other 8 to
-// its partner (one shuffle for up to 4 pairs). So each thread makes one
-// Philox call per 16 of its elements. A thread with an odd number of blocks
-// computes the last one's call itself, as its partner does. The mask is the
+// its partner (KeepBytes: one shuffle for up to 4 pairs; DropPackedRows: two
+// per pair). So each thread makes one Philox call per 16 of its elements. A
+// thread with an odd number of blocks computes the last one's call itself, as
+// its partner does. The mask is the
 // same function of (b, h, i, j) as on the CPU (HeadDropout::Keep).
 //
 // Keep bits: a block's byte holds the thread's 8 elements, bit
@@ -271,10 +272,10 @@ __device__ __forceinline__ void DropoutRows(float (&x)[kMT][kNTiles][4], const H
 }
 
 // The keep bits of one warp's 16 rows x kNTiles n-tiles (queries x keys),
-// byte nb for block nb: the wgmma kernels draw them while their S GEMM runs,
-// and apply them (Apply) after the softmax. One call at a time (not
+// byte nb for block nb: the wgmma dQ kernel draws them while its S and dP
+// GEMMs run and applies them (Apply) to dP. One call at a time (not
 // unrolled): with the accumulators of GEMMs in flight, unrolled calls
-// overlapped and spilled (ptxas: 184-268 bytes at D = 128).
+// overlapped and spilled (the forwards, ptxas: 184-268 bytes at D = 128).
 template <int kNTiles>
 struct RowKeep {
   static_assert(kNTiles % 2 == 0 && kNTiles <= 16, "up to 8 blocks of 16 columns in 64 bits");
@@ -286,10 +287,10 @@ struct RowKeep {
     return RowKeep{KeepBytesRows<kBlocks, /*kSerial=*/true>(d, row0, n0, g, t)};
   }
 
-  // x = kept ? x * scale : 0.
-  __device__ __forceinline__ void Apply(float (&x)[kNTiles][4], float scale) const {
+  // x = kept ? x : 0 (the scale joins a later FFMA).
+  __device__ __forceinline__ void Apply(float (&x)[kNTiles][4]) const {
 #pragma unroll
-    for (int nb = 0; nb < kBlocks; ++nb) ApplyKeepBlock(x, nb, bits, 8 * nb, scale);
+    for (int nb = 0; nb < kBlocks; ++nb) ApplyKeepBlock(x, nb, bits, 8 * nb, 1.f);
   }
 };
 
@@ -355,12 +356,13 @@ __device__ __forceinline__ bool KeptT(uint32_t bits, int nt, int r) {
   return (bits >> (8 * (nt / 2) + KeyQueryBit(nt % 2, r / 2, r % 2))) & 1u;
 }
 
-// n-tile nt of a keys x queries fragment, dropped and scaled into y (the
-// wgmma backwards' P^T for dV: dS^T still needs the undropped P^T).
+// n-tile nt of a keys x queries fragment, dropped into y (the wgmma
+// backwards' P^T for dV, which they scale once at the end: dS^T still needs
+// the undropped P^T).
 __device__ __forceinline__ void DroppedTileT(const float (&x)[4], uint32_t bits, int nt,
-                                             float scale, float (&y)[4]) {
+                                             float (&y)[4]) {
 #pragma unroll
-  for (int r = 0; r < 4; ++r) y[r] = KeptT(bits, nt, r) ? x[r] * scale : 0.f;
+  for (int r = 0; r < 4; ++r) y[r] = KeptT(bits, nt, r) ? x[r] : 0.f;
 }
 
 // x[nt][r] = kept ? x * scale : 0 over keys x queries fragments; element

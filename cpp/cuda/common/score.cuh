@@ -14,7 +14,8 @@
 // - dense mask, dropout (the tensor-core kernels' kTerms instantiations,
 //   HasScoreTerms): MaskFragmentElementwise tests segments and the dense mask
 //   per element inside the band; dropout (common/dropout.cuh) drops P after
-//   the softmax, from one Philox call per 8 fragment elements.
+//   the softmax, from one Philox call per 16 fragment elements (shared by
+//   lanes l and l ^ 4).
 // - bias (the tensor-core kernels' kTerms instantiations, common/bias.cuh): BiasView reads
 //   this head's bias (float32 or the 16-bit inputs' type) straight from global memory into the fragment
 //   layout (AddBias: x = scale * q.k + bias, before the soft cap; the launch

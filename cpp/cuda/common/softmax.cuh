@@ -164,10 +164,11 @@ __device__ __forceinline__ void RescaleO(float (&o)[kMT][kDTiles][4],
 
 // dpt = scale dP^T - D (no soft cap; with one, SoftcapAndSubtractDelta in
 // score.cuh). scale: dropout's 1 / (1 - rate) on the kept dP^T, in the same
-// FFMA; 1 without dropout (x * 1 is x: the compiler drops the multiply).
+// FFMA; 1 without dropout, or where dP^T is scaled already (x * 1 is x: the
+// compiler drops the multiply).
 template <int kQTiles>
 __device__ __forceinline__ void SubtractDelta(float (&dpt)[kQTiles][4], const float* delta_s,
-                                              int t, float scale = 1.f) {
+                                              int t, float scale) {
 #pragma unroll
   for (int nt = 0; nt < kQTiles; ++nt) {
     const float2 dl = *reinterpret_cast<const float2*>(delta_s + nt * 8 + 2 * t);

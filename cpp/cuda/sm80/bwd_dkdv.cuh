@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
         SoftcapAndSubtractDelta(st, dpt, delta_s, args.softcap, args.scale_over_cap,
                                 args.inv_softcap, t);
       } else {
-        SubtractDelta(dpt, delta_s, t);
+        SubtractDelta(dpt, delta_s, t, 1.f);  // ApplyKeepT scaled the kept dP^T
       }
       ExpScoresT(st, lse2_s, scale_log2, t);
       if (kTerms && head_mask.HasElementwiseTerms()) {

@@ -177,7 +177,7 @@ __device__ __forceinline__ void DqMainloop(const DqTmaArgs& ta, const FwdBlock<T
     FenceRegisters(s);
     FenceRegisters(dp);
     // Kept or 0; 1 / (1 - rate) joins the subtraction of D below.
-    if constexpr (kDropout) keep.Apply(dp, 1.f);
+    if constexpr (kDropout) keep.Apply(dp);
     const float dp_scale = kDropout ? args.keep_scale : 1.f;
     // x = scale * s + bias (no soft cap with a bias here: LaunchDq).
     if constexpr (kBias)

@@ -55,9 +55,10 @@ struct BwdTmaArgs {
 // serializes every wgmma of the kernel when the two waits of the two paths
 // below meet in one function. kDq = false: no dQ at all (the deterministic
 // mode, whose dQ kernel runs after this one). kDropout (no soft cap then):
-// dV takes the kept and scaled P^T, dP^T becomes Z s dP^T before D is
-// subtracted, dS^T = P^T (Z s dP^T - D) from the unscaled P^T, with keep bits
-// drawn while the step's GEMMs run.
+// dV takes the kept P^T unscaled, so the dV returned still lacks the factor
+// s = 1 / (1 - rate), which the caller applies (BwdKernel); dP^T becomes
+// Z s dP^T before D is subtracted, dS^T = P^T (Z s dP^T - D) from the
+// undropped P^T, with keep bits drawn while the step's GEMMs run.
 template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kDropout>
 __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
                                             const KeyBlockScheduler::Tile& tile,
@@ -254,8 +255,8 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
       if constexpr (kDropout) {
         float p0[4], p1[4];
         // Kept or 0; 1 / (1 - rate) goes onto dV once, in BwdKernel.
-        DroppedTileT(st[2 * ks], keep, 2 * ks, 1.f, p0);
-        DroppedTileT(st[2 * ks + 1], keep, 2 * ks + 1, 1.f, p1);
+        DroppedTileT(st[2 * ks], keep, 2 * ks, p0);
+        DroppedTileT(st[2 * ks + 1], keep, 2 * ks + 1, p1);
         PackA<T>(ap[ks], p0, p1);
       } else {
         PackA<T>(ap[ks], st[2 * ks], st[2 * ks + 1]);

@@ -86,7 +86,8 @@ __device__ __forceinline__ void HalfGemm(float (&d)[kTiles][4], uint64_t desc_a,
 }
 
 // kBias, kDropout: as mainloop_bwd.cuh's (at most one of kSoftcap, kBias,
-// kDropout; P^T goes to shared memory for dV dropped and scaled).
+// kDropout; P^T goes to shared memory for dV dropped but unscaled, so the dV
+// returned lacks 1 / (1 - rate), which the caller applies: BwdWideKernel).
 template <typename T, typename Traits, bool kSoftcap, bool kBias, bool kDropout>
 __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
                                                 const KeyBlockScheduler::Tile& tile,
@@ -269,8 +270,8 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
       if constexpr (kDropout) {
         float z0[4], z1[4];
         // Kept or 0; 1 / (1 - rate) goes onto dV once, in BwdWideKernel.
-        DroppedTileT(p0, keep, 2 * ks, 1.f, z0);
-        DroppedTileT(p1, keep, 2 * ks + 1, 1.f, z1);
+        DroppedTileT(p0, keep, 2 * ks, z0);
+        DroppedTileT(p1, keep, 2 * ks + 1, z1);
         StMatrixX4(sPt + p_offset + at, Pack2<T>(z0[0], z0[1]), Pack2<T>(z0[2], z0[3]),
                    Pack2<T>(z1[0], z1[1]), Pack2<T>(z1[2], z1[3]));
       } else {

@@ -11,8 +11,9 @@
 // Draws come from Philox-4x32-7, a counter-based generator (7 rounds, as
 // FlashAttention-2's: Salmon et al. found 7 rounds pass TestU01's BigCrush;
 // 10, Random123's default, adds a margin that cost 12 of a call's ~70
-// instructions); one call gives 16 draws (four 32-bit words, four bytes each). Within a 16 x 16 block of
-// (i, j), write i = 16 I + 8 a + 2 u + e and j = 16 J + 8 b + 2 v + c
+// instructions); one call gives 16 draws (four 32-bit words, four bytes
+// each). Within a 16 x 16 block of (i, j), write i = 16 I + 8 a + 2 u + e
+// and j = 16 J + 8 b + 2 v + c
 // (a, b, e, c in {0, 1}; u, v in 0..3). Call (u, v) of the block holds the 16
 // elements of rows {2u, 2u + 1} (+ 8) and columns {2v, 2v + 1} (+ 8); the draw
 // of element (a, e, b, c) is byte 2 e + c of word 2 a + b. Why this shape: a
