@@ -371,30 +371,15 @@ def _one_key(rng):
   return key
 
 
-# The kernels draw 8-bit numbers (cpp/include/jax_flash/dropout.h: one Philox
-# call per 16 elements), so the rate they realise is a multiple of 2^-8; kept
-# values are scaled by exactly 1 / (1 - that rate).
-DROPOUT_RATE_STEP = 1.0 / dropout.DRAW_RANGE
-
-
-def realised_dropout_rate(rate: float) -> float:
-  """The dropout rate the kernels apply for `rate`: the nearest multiple of 2^-8 below 1.
-
-  Halves round up, as DropoutParams::threshold does (dropout.threshold,
-  its mirror).
-  """
-  return dropout.threshold(rate) * DROPOUT_RATE_STEP
-
-
 def _dropout(dropout_rate, dropout_rng):
   """Checks dropout arguments; returns (rate, uint32 key words (1, 2) or absent)."""
   rate = _static_float("dropout_rate", dropout_rate)
   if not 0.0 <= rate < 1.0:
     raise ValueError(f"dropout_rate must be in [0, 1), got {rate}")
-  if 0.0 < rate < DROPOUT_RATE_STEP / 2:
+  if 0.0 < rate < dropout.RATE_STEP / 2:
     raise ValueError(f"dropout_rate must be 0 or at least 2^-9 (the kernels draw 8-bit numbers "
                      f"and round the rate to a multiple of 2^-8), got {rate}")
-  rate = realised_dropout_rate(rate)
+  rate = dropout.realised_dropout_rate(rate)
   key = None if dropout_rng is None else _one_key(dropout_rng)
   if rate == 0.0:
     return 0.0, _NO_KEY
@@ -461,8 +446,9 @@ def flash_attention(query, key, value, *, bias=None, mask=None, block_mask=None,
       function of the key and those indices alone, so forward, backward,
       CPU and GPU draw the same mask. The kernels draw 8-bit numbers (as
       FlashAttention-2), so the rate is rounded to the nearest multiple of
-      2^-8 (``realised_dropout_rate``: 0.1 applies 26/256 = 0.1016) and the
-      scale uses the rounded rate; a rate in (0, 2^-9) is refused.
+      2^-8 (``jax_flash.dropout.realised_dropout_rate``: 0.1 applies
+      26/256 = 0.1016) and the scale uses the rounded rate; a rate in
+      (0, 2^-9) is refused.
       ``dropout_rng`` is one key: ``jax.random.key(seed)`` or
       ``jax.random.PRNGKey(seed)`` (for one key per example, ``vmap`` over
       keys; a batch of keys is refused).

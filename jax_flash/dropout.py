@@ -31,6 +31,19 @@ def threshold(rate: float) -> int:
   return DRAW_RANGE - 1 if t >= DRAW_RANGE - 1 else int(t)
 
 
+# The rate the kernels realise is a multiple of this; kept values are scaled
+# by exactly 1 / (1 - that rate).
+RATE_STEP = 1.0 / DRAW_RANGE
+
+
+def realised_dropout_rate(rate: float) -> float:
+  """The dropout rate the kernels apply for `rate`: the nearest multiple of 2^-8 below 1.
+
+  Halves round up, as DropoutParams::threshold does.
+  """
+  return threshold(rate) * RATE_STEP
+
+
 def keep_scale(rate: float) -> float:
   """Kept elements are scaled by this (DropoutParams::keep_scale)."""
   return DRAW_RANGE / (DRAW_RANGE - threshold(rate))

@@ -31,7 +31,7 @@ from reference import Options, attention, make_inputs, visible_mask
 RATE = 0.3
 # The kernels draw 8-bit numbers: the rate they apply is RATE rounded to a
 # multiple of 2^-8 (77/256), kept values are scaled by 1 / (1 - that rate).
-REALISED = jax_flash.attention.realised_dropout_rate(RATE)
+REALISED = dropout.realised_dropout_rate(RATE)
 # (batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim): small, odd, GQA.
 SMALL = (2, 5, 6, 2, 1, 3)
 # Each option as a function of the problem's (batch, heads, seqlen_q, seqlen_k).

@@ -56,7 +56,7 @@ def test_keep_rate_and_scaling():
 
 
 def test_rate_is_rounded_to_a_multiple_of_2_to_the_minus_8():
-  realised = jax_flash.attention.realised_dropout_rate
+  realised = dropout.realised_dropout_rate
   assert REALISED != RATE and abs(REALISED - RATE) <= 2.0**-9
   assert realised(RATE) == REALISED
   assert realised(0.1) == 26 / 256  # 25.6 -> 26

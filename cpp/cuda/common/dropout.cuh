@@ -67,6 +67,38 @@ __device__ __forceinline__ uint32_t PackFlagPairs(uint32_t one, uint32_t zero) {
   return __umulhi(both, (1u << 26) | (1u << 20) | (1u << 14) | (1u << 8));
 }
 
+// The keep flags of the call with this counter: f[w] holds draws 4w..4w+3
+// (dropout.h: byte 2 e + c of word 2 a + b), each >= threshold in its bit 7.
+__device__ __forceinline__ void CallFlags(const uint32_t counter[4], const uint32_t key[2],
+                                          ByteThreshold th, uint32_t (&f)[4]) {
+  uint32_t w[4];
+  philox::Philox4x32(counter, key, w);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) f[i] = KeepFlags(w[i], th);
+}
+
+// A thread's keep flags of one 16 x 16 block, queries x keys, as they come
+// from the compare (bit 7 of each byte, garbage below): word a holds its
+// elements (row + 8 a, column + 8 b + c) at byte 2 b + c (dropout.h: bytes
+// 2 e + c of words 2 a and 2 a + 1).
+struct BlockFlags {
+  uint32_t row[2];
+};
+
+// The call with this counter as flags: this thread's (half `parity`) and its
+// partner's, queries x keys, no packing.
+__device__ __forceinline__ void FlagsOfCallRows(const uint32_t counter[4], const uint32_t key[2],
+                                                ByteThreshold th, int parity, BlockFlags& mine,
+                                                BlockFlags& theirs) {
+  uint32_t f[4];
+  CallFlags(counter, key, th, f);
+  const uint32_t sel_mine = parity ? 0x7632u : 0x5410u, sel_theirs = parity ? 0x5410u : 0x7632u;
+  mine.row[0] = __byte_perm(f[0], f[1], sel_mine);
+  mine.row[1] = __byte_perm(f[2], f[3], sel_mine);
+  theirs.row[0] = __byte_perm(f[0], f[1], sel_theirs);
+  theirs.row[1] = __byte_perm(f[2], f[3], sel_theirs);
+}
+
 // A call's keep bits as the two threads that share it hold them: this
 // thread's byte and its partner's (bits 0..7, garbage above).
 struct CallKeep {
@@ -74,27 +106,25 @@ struct CallKeep {
 };
 
 // The call with this counter, split between the thread of half `parity` and
-// its partner. Draw (a, e, b, c) is byte 2 e + c of word 2 a + b (dropout.h).
-//   - queries x keys (half e): bytes 2e, 2e + 1 of each word; byte m = 2 b + c
-//     of PackFlagPairs' operands, `one` from words 2, 3 (a = 1).
+// its partner, packed to bytes:
+//   - queries x keys (half e): FlagsOfCallRows' words, byte m = 2 b + c of
+//     PackFlagPairs' operands, `one` the row + 8 word (a = 1);
 //   - keys x queries (half c): byte 2 e + c of word m = 2 a + b is bit
 //     2 m + e (KeyQueryBit): bytes c (`zero`) and 2 + c (`one`) of each word.
 template <bool kKeysByQueries>
 __device__ __forceinline__ CallKeep KeepOfCall(const uint32_t counter[4], const uint32_t key[2],
                                                ByteThreshold th, int parity) {
-  uint32_t w[4];
-  philox::Philox4x32(counter, key, w);
-  const uint32_t f0 = KeepFlags(w[0], th), f1 = KeepFlags(w[1], th);
-  const uint32_t f2 = KeepFlags(w[2], th), f3 = KeepFlags(w[3], th);
   if constexpr (!kKeysByQueries) {
-    const uint32_t mine = parity ? 0x7632u : 0x5410u, theirs = parity ? 0x5410u : 0x7632u;
-    return {PackFlagPairs(__byte_perm(f2, f3, mine), __byte_perm(f0, f1, mine)),
-            PackFlagPairs(__byte_perm(f2, f3, theirs), __byte_perm(f0, f1, theirs))};
+    BlockFlags mine, theirs;
+    FlagsOfCallRows(counter, key, th, parity, mine, theirs);
+    return {PackFlagPairs(mine.row[1], mine.row[0]), PackFlagPairs(theirs.row[1], theirs.row[0])};
   } else {
+    uint32_t f[4];
+    CallFlags(counter, key, th, f);
     // Bytes (c, c, 2 + c, 2 + c) of words (0, 1, 0, 1), then of (2, 3, 2, 3).
     const uint32_t mine = parity ? 0x7351u : 0x6240u, theirs = parity ? 0x6240u : 0x7351u;
     auto pack = [&](uint32_t sel) {
-      const uint32_t x = __byte_perm(f0, f1, sel), y = __byte_perm(f2, f3, sel);
+      const uint32_t x = __byte_perm(f[0], f[1], sel), y = __byte_perm(f[2], f[3], sel);
       return PackFlagPairs(__byte_perm(x, y, 0x7632), __byte_perm(x, y, 0x5410));
     };
     return {pack(mine), pack(theirs)};
@@ -151,30 +181,6 @@ __device__ __forceinline__ uint64_t KeepBytesRows(const HeadDropout& d, int64_t 
   uint32_t counter[4];
   d.Counter(row0 + g, n0 + 2 * t, counter);
   return KeepBytes<kBlocks, false, kSerial>(counter, d.key, ByteThreshold(d.threshold), g & 1);
-}
-
-// A thread's keep flags of one 16 x 16 block, queries x keys, as they come
-// from the compare (bit 7 of each byte, garbage below): word a holds its
-// elements (row + 8 a, column + 8 b + c) at byte 2 b + c (dropout.h: bytes
-// 2 e + c of words 2 a and 2 a + 1).
-struct BlockFlags {
-  uint32_t row[2];
-};
-
-// The call with this counter as flags: this thread's (half `parity`) and its
-// partner's, queries x keys, no packing.
-__device__ __forceinline__ void FlagsOfCallRows(const uint32_t counter[4], const uint32_t key[2],
-                                                ByteThreshold th, int parity, BlockFlags& mine,
-                                                BlockFlags& theirs) {
-  uint32_t w[4];
-  philox::Philox4x32(counter, key, w);
-  const uint32_t f0 = KeepFlags(w[0], th), f1 = KeepFlags(w[1], th);
-  const uint32_t f2 = KeepFlags(w[2], th), f3 = KeepFlags(w[3], th);
-  const uint32_t sel_mine = parity ? 0x7632u : 0x5410u, sel_theirs = parity ? 0x5410u : 0x7632u;
-  mine.row[0] = __byte_perm(f0, f1, sel_mine);
-  mine.row[1] = __byte_perm(f2, f3, sel_mine);
-  theirs.row[0] = __byte_perm(f0, f1, sel_theirs);
-  theirs.row[1] = __byte_perm(f2, f3, sel_theirs);
 }
 
 // PRMT with selector nibbles of bit 3 set: each result byte the sign (bit 7)

@@ -213,44 +213,32 @@ cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t str
            : cap     ? make(std::true_type{}, std::false_type{}, std::false_type{})
                      : make(std::false_type{}, std::false_type{}, std::false_type{});
   };
-  if constexpr (kHeadDim > 128) {
-    using Traits = BwdWideTraits<kHeadDim>;
-    return pick([&](auto cap_c, auto bias_c, auto dropout_c) {
-      constexpr bool kCap = decltype(cap_c)::value, kBias = decltype(bias_c)::value;
-      constexpr bool kDrop = decltype(dropout_c)::value;
+  return pick([&](auto cap_c, auto bias_c, auto dropout_c) -> cudaError_t {
+    constexpr bool kCap = decltype(cap_c)::value, kBias = decltype(bias_c)::value;
+    constexpr bool kDrop = decltype(dropout_c)::value;
+    if constexpr (kHeadDim > 128 || (kHeadDim == 128 && kBias)) {
+      // The wide kernel's structure: above D = 128, and at D = 128 for a bias
+      // (a bias variant of the other kernel, whose registers are full,
+      // spilled 0.6-1 KB).
       static_assert(SeparateDq(kHeadDim, kDrop, kBias), "the wide kernels run without dQ");
       if (accumulate_dq) return cudaErrorInvalidValue;
+      using Traits = BwdWideTraits<kHeadDim>;
       return LaunchKeyBlocks<T, Traits>(args, BwdWideKernel<T, Traits, kCap, kBias, kDrop>,
                                         stream);
-    });
-  } else {
-    using Traits = BwdSm90Traits<kHeadDim>;
-    return pick([&](auto cap_c, auto bias_c, auto dropout_c) {
-      constexpr bool kCap = decltype(cap_c)::value, kDrop = decltype(dropout_c)::value;
-      if constexpr (decltype(bias_c)::value) {
-        // D = 128: the wide kernel's structure (a bias variant of this
-        // kernel, whose registers are full, spilled 0.6-1 KB); below, no bias
-        // (BwdTakesTerms said no already).
-        if constexpr (kHeadDim == 128) {
-          static_assert(SeparateDq(kHeadDim, kDrop, true), "the wide kernels run without dQ");
-          if (accumulate_dq) return cudaErrorInvalidValue;
-          using Wide = BwdWideTraits<kHeadDim>;
-          return LaunchKeyBlocks<T, Wide>(args, BwdWideKernel<T, Wide, kCap, true, kDrop>, stream);
-        } else {
-          return cudaErrorNotSupported;
-        }
+    } else if constexpr (kBias) {
+      return cudaErrorNotSupported;  // below D = 128 (BwdTakesTerms said no already)
+    } else {
+      using Traits = BwdSm90Traits<kHeadDim>;
+      if constexpr (SeparateDq(kHeadDim, kDrop, false)) {
+        if (accumulate_dq) return cudaErrorInvalidValue;
+        return LaunchKeyBlocks<T, Traits>(args, BwdKernel<T, Traits, kCap, false, kDrop>, stream);
       } else {
-        if constexpr (SeparateDq(kHeadDim, kDrop, false)) {
-          if (accumulate_dq) return cudaErrorInvalidValue;
-          return LaunchKeyBlocks<T, Traits>(args, BwdKernel<T, Traits, kCap, false, kDrop>, stream);
-        } else {
-          auto kernel = accumulate_dq ? BwdKernel<T, Traits, kCap, true, kDrop>
-                                      : BwdKernel<T, Traits, kCap, false, kDrop>;
-          return LaunchKeyBlocks<T, Traits>(args, kernel, stream);
-        }
+        auto kernel = accumulate_dq ? BwdKernel<T, Traits, kCap, true, kDrop>
+                                    : BwdKernel<T, Traits, kCap, false, kDrop>;
+        return LaunchKeyBlocks<T, Traits>(args, kernel, stream);
       }
-    });
-  }
+    }
+  });
 }
 
 }  // namespace jax_flash::cuda::sm90
