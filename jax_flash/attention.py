@@ -269,8 +269,9 @@ def _segment_ids(q_segment_ids, kv_segment_ids, batch_shape, seqlen_q, seqlen_k)
 def _tile_map(q_ids, kv_ids, mask, block_mask, seqlen_q, seqlen_k):
   """The kernels' tile map (tile_map.py) of the segment ids, the mask and the
   block mask, absent without any. Hopper's kernels take a dense mask only
-  with it (testing the mask per element in partial cells), and a block mask
-  only through it (skipping its hidden cells, cuda/dispatch.cu).
+  with it (testing the mask per element in partial cells), and every
+  tensor-core kernel a block mask only through it (skipping its hidden
+  cells, cuda/dispatch.cu).
   """
   maps = []
   if q_ids is not _NO_INT_OPERAND:

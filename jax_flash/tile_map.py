@@ -138,7 +138,7 @@ def from_block_mask(block_mask, seqlen_q, seqlen_k):
   sees the cell, ``CELL_EMPTY`` where none does, ``CELL_PARTIAL`` otherwise.
 
   Folded into the tile map, a block mask of one head is exact for the
-  kernels that skip empty cells (Hopper's, cuda/dispatch.cu); with several
+  kernels that skip empty cells (the tensor-core ones, cuda/dispatch.cu); with several
   heads those kernels do not take it and the map stays a hint.
   """
   rows, cols = -(-seqlen_q // BLOCK_MASK_BLOCK), -(-seqlen_k // BLOCK_MASK_BLOCK)

@@ -64,13 +64,13 @@ def run(inputs, opts, dtype, block_mask, **extra):
   return fwd_bwd(q, k, v, dout, jnp.asarray(block_mask))
 
 
-def check(inputs, opts, dtype, block_mask):
+def check(inputs, opts, dtype, block_mask, **extra):
   batch, seqlen_q, heads = inputs.q.shape[:3]
   seqlen_k = inputs.k.shape[1]
   dense = np.broadcast_to(expand(block_mask, seqlen_q, seqlen_k),
                           (batch, heads, seqlen_q, seqlen_k))
   visible = visible_mask(opts, inputs) & dense
-  got = run(inputs, opts, dtype, block_mask)
+  got = run(inputs, opts, dtype, block_mask, **extra)
   f64 = lambda x: jnp.asarray(x, jnp.float64)
   ref = reference_and_grads(*map(f64, (inputs.q, inputs.k, inputs.v, inputs.dout)), visible, opts)
   cast = lambda x: jnp.asarray(x, dtype)
@@ -184,6 +184,60 @@ def test_forward_mode_and_second_order(backend):
     second = lambda f: jax.grad(lambda p: jnp.sum(jnp.sin(jax.jvp(f, p, tangents)[1])))(primals)
     for g, w in zip(jax.jit(lambda: second(f_got))(), second(f_want)):
       np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-8, atol=1e-10)
+
+
+# One block mask for every head ((B, 1, R, C) cells), in 16 bits at tensor-core head dims: on a
+# GPU the kernels that skip the tile map's empty cells apply it (the wgmma ones on Hopper, the
+# mma.sync kTerms ones on Ampere and Ada and, in float16, the Turing family's;
+# cuda/dispatch.cu), each forced onto any newer GPU by JAX_FLASH_FORCE_PATH.
+TENSOR_CORE_CASES = {
+    "gqa": ((2, 300, 420, 4, 2, 64), Options(), {}),
+    "causal_segments_deterministic": ((1, 520, 400, 2, 1, 128),
+                                      Options(is_causal=True, with_segments=True),
+                                      {"deterministic": True}),
+    "window_lengths_d192": ((2, 260, 390, 2, 2, 192), Options(window=(150, 20), with_lengths=True),
+                            {}),
+}
+FORCED_PATHS = ["default", "sm80", "sm75"]
+
+
+def force_path(backend, monkeypatch, path):
+  """The 16-bit dtype the path takes (float16 on the Turing family), with the path forced."""
+  if path != "default":
+    if backend != "gpu":
+      pytest.skip("the switch chooses among CUDA kernels")
+    monkeypatch.setenv("JAX_FLASH_FORCE_PATH", path)
+  return jnp.float16 if path == "sm75" else jnp.bfloat16
+
+
+@pytest.mark.parametrize("path", FORCED_PATHS)
+@pytest.mark.parametrize("case", sorted(TENSOR_CORE_CASES))
+def test_one_mask_for_every_head_in_16_bits(backend, monkeypatch, case, path):
+  dtype = force_path(backend, monkeypatch, path)
+  shape, opts, extra = TENSOR_CORE_CASES[case]
+  rng = np.random.default_rng(sum(shape))
+  inputs = make_inputs(rng, *shape)
+  check(inputs, opts, dtype, random_block_mask(rng, (shape[0], 1), *shape[1:3]), **extra)
+
+
+@pytest.mark.parametrize("path", FORCED_PATHS)
+def test_forward_mode_in_16_bits(backend, monkeypatch, path):
+  """jvp of one block mask for every head on the JVP kernels (mma.sync on every GPU)."""
+  dtype = force_path(backend, monkeypatch, path)
+  rng = np.random.default_rng(17)
+  inputs = make_inputs(rng, 1, 300, 420, 4, 2, 64)
+  block_mask = random_block_mask(rng, (1, 1), 300, 420)
+  opts = Options(is_causal=True)
+  flash = lambda q, k, v: jax_flash.flash_attention(q, k, v, block_mask=block_mask, is_causal=True)
+  dense_jvp = jax.jit(lambda p, t: jax.jvp(reference_fn(inputs, block_mask, opts), p, t))
+  primals = tuple(jnp.asarray(x, dtype) for x in (inputs.q, inputs.k, inputs.v))
+  tangents = tuple(jnp.asarray(rng.standard_normal(x.shape), dtype) for x in primals)
+  got = jax.jit(lambda p, t: jax.jvp(flash, p, t))(primals, tangents)
+  f64 = lambda xs: tuple(jnp.asarray(x, jnp.float64) for x in xs)
+  ref = dense_jvp(f64(primals), f64(tangents))
+  plain = dense_jvp(primals, tangents)
+  for name, g, r, p in zip(["out", "out_dot"], got, ref, plain):
+    assert_flash_close(name, g, r, p, dtype)
 
 
 def test_vmap(backend):

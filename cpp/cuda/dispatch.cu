@@ -15,12 +15,14 @@
 // of the sm80 and sm75 paths (no sm90 JVP: Hopper runs sm80's).
 //
 // Per-element score terms (cuda/common/score.cuh, HasScoreTerms): a bias, a
-// dense mask and dropout run on the mma.sync kernels (their kTerms
+// dense mask, dropout and the tile map run on the mma.sync kernels (their kTerms
 // instantiations), except the deterministic backward of a bias whose dbias
 // sums over CTAs (DbiasHasOneWriter), which stays exact. On Hopper the wgmma
 // kernels take a dense mask with its tile map and a bias (Sm90Supports;
 // the backward of a bias with a soft cap or a deterministic dbias on the
-// mma.sync kernels, bwd/run.cuh).
+// mma.sync kernels, bwd/run.cuh). A block mask runs on the tensor cores
+// through the tile map it is folded into (TileMapHoldsBlockMask), on the
+// exact kernels otherwise.
 // The JVP's kTerms kernels take a dense mask and dropout; a bias keeps the
 // JVP on the exact kernel.
 //
@@ -200,16 +202,21 @@ bool InSm90BwdBuckets(int bucket) {
   return false;
 }
 
-// A block-sparse mask on the wgmma kernels: through the tile map that
+// A block-sparse mask on the tensor cores: through the tile map that
 // flash_attention folds it into (its hidden cells empty; contract.h), whose
-// empty cells those kernels skip. That is the whole mask only where every
-// block of theirs lies in one cell: the whole problem's positions (no
-// offsets), block sizes that divide the cell (sm90/tile_size.h), and one
-// block mask for every head (the map has one head). Anywhere else the exact
-// kernels, and the mma.sync kernels never (they do not read the map).
-bool Sm90TakesBlockMask(const FwdParams& p) {
+// empty cells the wgmma kernels and the mma.sync kTerms ones skip. That is
+// the whole mask only where every block of theirs lies in one cell: the
+// whole problem's positions (no offsets), one block mask for every head (the
+// map has one head), and block sizes that divide the cell (every mma.sync
+// tile: sm80/tile_size.h's static_asserts; the wgmma tiles of
+// sm90::TilesInCells). Anywhere else the exact kernels.
+bool TileMapHoldsBlockMask(const FwdParams& p) {
   const MaskParams& m = p.mask;
-  return m.tile_map != nullptr && m.offsets == nullptr && m.block_strides.head == 0 &&
+  return m.tile_map != nullptr && m.offsets == nullptr && m.block_strides.head == 0;
+}
+
+bool Sm90TakesBlockMask(const FwdParams& p) {
+  return TileMapHoldsBlockMask(p) &&
          sm90::TilesInCells(HeadDimBucket(p.shape.head_dim), static_cast<int>(kBlockMaskBlock));
 }
 
@@ -343,12 +350,9 @@ size_t TensorCoreBwdWorkspaceBytes(const AttentionShape& shape, bool determinist
 
 KernelPath FwdPath(const FwdParams& params, DType dtype) {
   if (!TensorCoresSupport(params, dtype)) return KernelPath::kExact;
+  if (params.mask.block != nullptr && !TileMapHoldsBlockMask(params)) return KernelPath::kExact;
   const bool sm90 =
       Sm90Supports(params) && InSm90FwdBuckets(HeadDimBucket(params.shape.head_dim));
-  if (params.mask.block != nullptr)  // the wgmma kernels or the exact ones (Sm90TakesBlockMask)
-    return sm90 && TensorCorePath(RoutingArch(), dtype, true) == KernelPath::kSm90
-               ? KernelPath::kSm90
-               : KernelPath::kExact;
   return TensorCorePath(RoutingArch(), dtype, sm90);
 }
 
@@ -361,21 +365,19 @@ KernelPath BwdPath(const BwdParams& params, DType dtype, bool deterministic) {
   // dbias wanted: nothing is summed.)
   if (deterministic && params.dbias != nullptr && !DbiasHasOneWriter(params))
     return KernelPath::kExact;
+  if (params.mask.block != nullptr && !TileMapHoldsBlockMask(params)) return KernelPath::kExact;
   const bool sm90 =
       Sm90Supports(params) && InSm90BwdBuckets(HeadDimBucket(params.shape.head_dim));
-  if (params.mask.block != nullptr)  // as FwdPath
-    return sm90 && TensorCorePath(RoutingArch(), dtype, true) == KernelPath::kSm90
-               ? KernelPath::kSm90
-               : KernelPath::kExact;
   return TensorCorePath(RoutingArch(), dtype, sm90);
 }
 
 // The forward-mode derivative: mma.sync on every sm_80+ GPU, Hopper included
-// (no wgmma JVP yet), and on the Turing family (float16); dense mask and
-// dropout included (kTerms), a bias not (the exact JVP kernel takes it).
+// (no wgmma JVP yet), and on the Turing family (float16); dense mask,
+// dropout and a block mask in the tile map included (kTerms), a bias not
+// (the exact JVP kernel takes it).
 KernelPath JvpPath(const JvpParams& params, DType dtype) {
   if (!TensorCoresSupport(params, dtype) || params.score.bias != nullptr ||
-      params.mask.block != nullptr)
+      (params.mask.block != nullptr && !TileMapHoldsBlockMask(params)))
     return KernelPath::kExact;
   return TensorCorePath(RoutingArch(), dtype, /*sm90_runs_it=*/false);
 }
@@ -384,13 +386,7 @@ KernelPath JvpPath(const JvpParams& params, DType dtype) {
 cudaError_t LaunchFwd(const FwdParams& params, DType dtype, cudaStream_t stream) {
   switch (FwdPath(params, dtype)) {
 #ifdef JAX_FLASH_HAS_SM80
-    case KernelPath::kSm90: {
-      // Where the wgmma kernels decline (TMA) a block mask, which no mma.sync
-      // kernel takes: the exact kernels.
-      const cudaError_t err = RunFwdPath<90>(params, dtype, stream);
-      if (err != cudaErrorNotSupported || params.mask.block == nullptr) return err;
-      break;
-    }
+    case KernelPath::kSm90: return RunFwdPath<90>(params, dtype, stream);
     case KernelPath::kSm80: return RunFwdPath<80>(params, dtype, stream);
 #endif
 #ifdef JAX_FLASH_HAS_SM75

@@ -47,13 +47,10 @@ cudaError_t RunFwd(const FwdParams& params, cudaStream_t stream) {
     }
     // sm90/fwd.cuh declines (cudaErrorNotSupported) where its TMA loads
     // cannot address Q, K, V or the bias; the sm_80 kernel runs then, its
-    // kTerms instantiation (another unit's) for a dense mask or a bias
-    // (FwdPath's Sm90Supports).
+    // kTerms instantiation (another unit's) for a dense mask, a bias or a
+    // tile map (a block mask in it included: FwdPath's Sm90Supports).
     const cudaError_t err = sm90::LaunchFwd<T, kHeadDim>(params, stream);
     if (err != cudaErrorNotSupported) return err;
-    // A block mask: the exact kernels (LaunchFwd), the mma.sync ones do not
-    // read the tile map it is in.
-    if (params.mask.block != nullptr) return cudaErrorNotSupported;
     if (HasScoreTerms(params)) {
 #ifdef JAX_FLASH_HAS_SM80
       return RunFwd<80, T, kHeadDim, true>(params, stream);

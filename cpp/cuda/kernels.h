@@ -17,9 +17,9 @@ namespace jax_flash::cuda {
 // Tensor-core kernels (T = __nv_bfloat16 or __half) of one arch path (80:
 // mma.sync, sm_80 and later; 90: wgmma and TMA, sm_90a) and head-dim bucket
 // (a smaller head_dim is zero-padded inside the kernel). kTerms: the kernels
-// that take the per-element score terms (dense mask, dropout;
-// common/score.cuh's HasScoreTerms), for the arch paths of _supported.py's
-// CUDA_TERMS_ARCHS; the others run problems without them. Defined in
+// that take the per-element score terms (bias, dense mask, dropout) and the
+// tile map (common/score.cuh's HasScoreTerms), for the arch paths of
+// _supported.py's CUDA_TERMS_ARCHS; the others run problems without them. Defined in
 // cuda/fwd.cuh and cuda/bwd/run.cuh.
 //
 // RunFwd writes params.out and params.lse.
@@ -58,7 +58,7 @@ cudaError_t RunExactJvp(const JvpParams& params, cudaStream_t stream);
 // RunJvp: the forward-mode derivative on mma.sync (arch path 80, T =
 // __nv_bfloat16 or __half; arch path 75, the Turing family, __half), for the
 // options of the mma.sync forward; kTerms as for RunFwd (a dense mask,
-// dropout). A bias takes RunExactJvp. Defined in sm80/jvp.cuh.
+// dropout, the tile map). A bias takes RunExactJvp. Defined in sm80/jvp.cuh.
 template <int kArch, typename T, int kHeadDim, bool kTerms>
 cudaError_t RunJvp(const JvpParams& params, cudaStream_t stream);
 

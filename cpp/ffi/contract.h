@@ -40,7 +40,8 @@
     "shaped like block_mask: per cell, what the elementwise terms (segment ids, mask) "     \
     "leave visible there (mask.h CellClass): 0 no pair, 1 some, 2 every pair. A hint: "     \
     "kernels that read it skip 0 cells and those terms' tests in 2 cells; with a "          \
-    "block_mask it must hold it too (hidden cells 0), which the wgmma kernels rely on")     \
+    "block_mask it must hold it too (hidden cells 0), which the tensor-core kernels "       \
+    "rely on")                                                                              \
   X(dropout_key, "uint32",                                                                  \
     "(Bkey, 2), Bkey dividing B: element b uses key b / (B / Bkey) and counter batch "      \
     "index b % (B / Bkey) (vmap over keys folds into the batch); present when "             \

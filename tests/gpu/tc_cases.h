@@ -262,11 +262,11 @@ inline void AddTileMapCases(std::vector<Case>* cases) {
   cases->push_back(c);  // D = 192: no map line (96-key blocks), every block partial
   c = Case{2, 300, 300, 4, 4, 128}; c.mask = MaskKind::kCausal; c.tile_map = true; c.lengths = true;
   c.softcap = 3.f; c.det = true; cases->push_back(c);
-  // Block-sparse masks through the tile map (Hopper: wgmma), alone and with
-  // causal, window, segments, a dense mask, GQA, both modes. Not D = 192,
-  // whose forward's 96-key blocks straddle cells: the exact kernels take it
-  // (cuda/dispatch.cu), which this driver does not check.
-  for (int D : {64, 96, 128, 256})
+  // Block-sparse masks through the tile map (Hopper: wgmma; the mma.sync
+  // kTerms kernels elsewhere, and on Hopper for D = 192, whose wgmma
+  // forward's 96-key blocks straddle cells), alone and with causal, window,
+  // segments, a dense mask, GQA, both modes.
+  for (int D : {64, 96, 128, 192, 256})
     for (bool det : {false, true}) {
       c = Case{2, 700, 650, 4, 2, D}; c.block_mask = true; c.tile_map = true; c.det = det;
       c.causal = det; c.bf16 = D != 96; cases->push_back(c);

@@ -64,10 +64,10 @@ cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool determini
     else if (err != cudaErrorNotSupported) return err;
   }
   if (!dkdv_launched) {
-    // A dense mask reaches here only if TMA failed for a reason RunBwd's
-    // check missed: an error rather than the plain kernels' wrong answer.
-    if (kArch == 90 && !kTerms && (HasScoreTerms(params) || params.mask.block != nullptr))
-      return cudaErrorNotSupported;
+    // A dense or block mask reaches here only if TMA failed for a reason
+    // RunBwd's check missed: an error rather than the plain kernels' wrong
+    // answer (LaunchBwd then runs the exact backward).
+    if (kArch == 90 && !kTerms && HasScoreTerms(params)) return cudaErrorNotSupported;
     // Arch path 75: the same kernels with the Turing tiles.
     err = sm80::LaunchDkDv<T, kHeadDim, kTerms, kArch == 75 ? 75 : 80>(
         args, /*accumulate_dq=*/!deterministic, stream);
@@ -79,8 +79,7 @@ cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool determini
     if constexpr (kArch == 90) {
       err = sm90::LaunchDq<T, kHeadDim>(args, stream);
       if (err != cudaErrorNotSupported) return err;
-      if (!kTerms && (HasScoreTerms(params) || params.mask.block != nullptr))
-        return cudaErrorNotSupported;  // as above
+      if (!kTerms && HasScoreTerms(params)) return cudaErrorNotSupported;  // as above
     }
     return sm80::LaunchDq<T, kHeadDim, kTerms, kArch == 75 ? 75 : 80>(args, stream);
   }
@@ -94,19 +93,16 @@ cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
                 "arch paths: 75 (mma.sync, Turing), 80 (mma.sync), 90 (wgmma)");
   static_assert(kArch != 90 || !kTerms, "score terms: the mma.sync kernels only");
   if constexpr (kArch == 90) {
-    // Of the terms, a dense mask (with a tile map), a bias and dropout come
-    // here (BwdPath); the mma.sync kTerms kernels (their own units) take them
-    // where TMA cannot address Q, dO, K or V, and the combinations that the
-    // wgmma kernels have no variant for (sm90::BwdTakesTerms).
-    // A block mask: the exact kernels (LaunchBwd), no mma.sync kernel reads
-    // the tile map it is in.
+    // Of the terms, the tile map (segments, a dense mask, a block mask in
+    // it), a bias and dropout come here (BwdPath); the mma.sync kTerms
+    // kernels (their own units) take them where TMA cannot address Q, dO, K
+    // or V, and the combinations that the wgmma kernels have no variant for
+    // (sm90::BwdTakesTerms).
     const bool tma = sm90::TmaCanAddress(params.q, params.q_strides) &&
                      sm90::TmaCanAddress(params.dout, params.dout_strides) &&
                      sm90::TmaCanAddress(params.k, params.k_strides) &&
                      sm90::TmaCanAddress(params.v, params.v_strides);
-    if (params.mask.block != nullptr && !tma) return cudaErrorNotSupported;
     if (HasScoreTerms(params) && (!tma || !sm90::BwdTakesTerms(params, deterministic))) {
-      if (params.mask.block != nullptr) return cudaErrorNotSupported;  // (the exact kernels)
 #ifdef JAX_FLASH_HAS_SM80
       return RunBwd<80, T, kHeadDim, true>(params, workspace, deterministic, stream);
 #else

@@ -86,9 +86,10 @@ struct FwdBlock {
   CellLine cells;  // the tile map's cells of this CTA's rows
   GmemRows<T> q, k, v;
 
-  // kTileMap: the kernel steps with NextBlock and masks with MaskTile (the
-  // wgmma kernels), which also tests a dense mask (this head's view) in the
-  // partial cells; the others ignore the tile map and keep their registers.
+  // kTileMap: the kernel steps with NextBlock and masks by BlockClass (the
+  // wgmma kernels, the mma.sync kTerms ones), with this head's view of a
+  // dense mask, tested in the partial cells; the others ignore the tile map
+  // and keep their registers.
   template <int kBlockM, int kBlockN, bool kTileMap = false>
   __device__ __forceinline__ static FwdBlock Make(const FwdParams& p,
                                                   const QueryBlockScheduler::Tile& tile) {
@@ -130,9 +131,7 @@ struct FwdBlock {
   // them, masked per element (the same result).
   template <int kBlockN>
   __device__ __forceinline__ int64_t NextBlock(int64_t n) const {
-    if (cells.cells == nullptr) return n;
-    while (n < n_end && BlockClass<kBlockN>(n) == kCellEmpty) ++n;
-    return n < n_end ? n : n_end;
+    return cells.template Next<kBlockN>(n, n_end);
   }
 };
 

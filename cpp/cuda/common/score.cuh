@@ -13,7 +13,8 @@
 //   function unit for the tensor-core kernels, accurate for the exact ones.
 // - dense mask, dropout (the tensor-core kernels' kTerms instantiations,
 //   HasScoreTerms): MaskFragmentElementwise tests segments and the dense mask
-//   per element inside the band; dropout (common/dropout.cuh) drops P after
+//   per element inside the band, in the tiles the tile map leaves partial
+//   (MaskTile); dropout (common/dropout.cuh) drops P after
 //   the softmax, from one Philox call per 16 fragment elements (shared by
 //   lanes l and l ^ 4).
 // - bias (the tensor-core kernels' kTerms instantiations, common/bias.cuh): BiasView reads
@@ -25,10 +26,10 @@
 // - bias, dense mask, dropout on the exact kernels: HeadTerms resolves them
 //   for one (batch, head); the exact kernels apply them per element.
 //
-// Next here: tile classification
-// (empty / full / partial, from the band, segments, the dense mask and a
-// block-sparse mask) so that every kernel skips empty tiles and reads no
-// mask in full ones.
+// - tile classes: the band cuts every kernel's range; the tile map
+//   (common/tile_map.cuh, from segments, a dense mask and a block mask) says
+//   which tiles inside it are empty (skipped: the wgmma kernels and the
+//   mma.sync kTerms ones), full (the band alone) or partial.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -47,11 +48,14 @@
 
 namespace jax_flash::cuda {
 
-// True when a problem has per-element terms beyond the band, segments and the
-// soft cap (a bias, a dense mask, dropout): the tensor-core kernels then run
-// their kTerms instantiation.
+// True when the mma.sync kernels run their kTerms instantiation: per-element
+// terms beyond the band, segments and the soft cap (a bias, a dense mask,
+// dropout), or a tile map (segments, a dense mask, a block mask), which only
+// those kernels step through: the plain ones keep their registers and code.
+// (The wgmma kernels read the map and a dense mask without a variant.)
 inline bool HasScoreTerms(const FwdParams& p) {
-  return p.score.bias != nullptr || p.mask.dense != nullptr || p.dropout.enabled();
+  return p.score.bias != nullptr || p.mask.dense != nullptr || p.dropout.enabled() ||
+         p.mask.tile_map != nullptr;
 }
 
 // True when every element of dbias gets its dS from one thread of the

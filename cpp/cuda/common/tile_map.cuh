@@ -34,6 +34,15 @@ struct CellLine {
     return v >= kCellFull ? kCellFull : static_cast<CellClass>(v);
   }
 
+  // The first step block at or after n that the map does not leave empty,
+  // or `end`; n itself without a map (every block is partial then).
+  template <int kBlock>
+  __device__ __forceinline__ int64_t Next(int64_t n, int64_t end) const {
+    if (cells == nullptr) return n;
+    while (n < end && At<kBlock>(n) == kCellEmpty) ++n;
+    return n < end ? n : end;
+  }
+
   // The line of rows [i0, i0 + kRows) (queries), stepping along key blocks
   // of kCols.
   template <int kRows, int kCols>

@@ -13,7 +13,8 @@
 // kTerms (a separate instantiation, the plain kernel's code unchanged): the
 // bias (added before the soft cap; dS^T summed into dbias, with atomics in
 // the fast mode, by plain adds of one owning lane in the deterministic mode),
-// the dense mask and dropout. With dropout Z (keep mask) and s = 1 / (1 - rate),
+// the dense mask, dropout and the tile map (the query blocks it leaves empty
+// skipped, bwd/query_steps.cuh; the full ones masked by the band alone). With dropout Z (keep mask) and s = 1 / (1 - rate),
 // dV takes the kept and scaled P^T, dP^T becomes Z s dP^T before D is
 // subtracted, and dS^T = P^T (Z s dP^T - D) from the unscaled P^T.
 #pragma once
@@ -24,6 +25,7 @@
 
 #include "cuda/bwd/args.h"
 #include "cuda/bwd/preprocess.cuh"
+#include "cuda/bwd/query_steps.cuh"
 #include "cuda/bwd/workspace.h"
 #include "cuda/common/copy.cuh"
 #include "cuda/common/dropout.cuh"
@@ -99,16 +101,17 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const int64_t num_heads_q = p.shape.num_heads_q;
   const int64_t group = p.shape.group_size();
   const int head_dim = static_cast<int>(p.shape.head_dim);
-  const BatchMask mask = BatchMask::For(p.mask, b, seqlen_q, seqlen_k);
+  // The band, segments and (kTerms) the tile map, which every head shares;
+  // the plain kernel sees no map (HasScoreTerms), and the compiler sees that.
+  BatchMask mask = BatchMask::For(p.mask, b, seqlen_q, seqlen_k);
+  if constexpr (!kTerms) mask.tile_map = nullptr;
 
   const GmemRows<T> k = GmemRows<T>::Head(p.k, p.k_strides, b, h_kv, seqlen_k, head_dim);
   const GmemRows<T> v = GmemRows<T>::Head(p.v, p.v_strides, b, h_kv, seqlen_k, head_dim);
 
-  int64_t q_begin, q_end;
-  mask.QueryRange(n0, n0 + kBlockN, &q_begin, &q_end);
-  const int64_t m_begin = q_begin / kBlockM;
-  const int64_t m_count = q_begin < q_end ? CeilDiv(q_end, kBlockM) - m_begin : 0;
-  const int64_t steps = group * m_count;  // (q head of the group, query block) pairs
+  // (q head of the group, query block) pairs, walked in order.
+  const QuerySteps<kBlockN, kBlockM> walk = QuerySteps<kBlockN, kBlockM>::Make(mask, n0, group);
+  const int64_t m_begin = walk.m_begin, steps = walk.count;
 
   // Step (q head gi of the group, query block mi): loads Q, dO, lse, D
   // into a stage.
@@ -207,11 +210,11 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
     if (steps > 0) {
       __syncthreads();  // the previous pass may still read stage 0
-      issue(0, 0, 0);
+      issue(0, walk.first, 0);
       CpAsyncCommit();
     }
     // Steps walk (gi, mi) in order; counters instead of divisions.
-    int64_t gi = 0, mi = 0;
+    int64_t gi = 0, mi = walk.first;
     int64_t prev_h = 0, prev_m0 = 0;  // the step whose dQ is still pending
     for (int64_t s = 0; s < steps; ++s) {
       const int stage = static_cast<int>(s & 1);
@@ -223,7 +226,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
       __syncthreads();
       const int64_t h = h_kv * group + gi;
       const int64_t m0 = (m_begin + mi) * kBlockM;
-      if (++mi == m_count) { mi = 0; ++gi; }  // (gi, mi) is now the next step
+      const CellClass cls = walk.Class(mi);
+      walk.Advance(gi, mi);  // (gi, mi) is now the next step
       if (s + 1 < steps) {
         issue(gi, mi, stage ^ 1);
         CpAsyncCommit();
@@ -284,11 +288,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
         SubtractDelta(dpt, delta_s, t, 1.f);  // ApplyKeepT scaled the kept dP^T
       }
       ExpScoresT(st, lse2_s, scale_log2, t);
-      if (kTerms && head_mask.HasElementwiseTerms()) {
-        MaskFragmentElementwise<Rows::kKeys>(st, head_mask, n0 + warp_row0, m0, g, t, 0.f);
-      } else if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN)) {
-        MaskFragment<Rows::kKeys>(st, mask, n0 + warp_row0, m0, g, t, 0.f);
-      }
+      MaskTile<Rows::kKeys>(st, head_mask, cls, m0, m0 + kBlockM, n0, n0 + kBlockN,
+                            n0 + warp_row0, m0, g, t, 0.f);
 #pragma unroll
       for (int nt = 0; nt < kQTiles; ++nt)
 #pragma unroll

@@ -1,7 +1,8 @@
 // The deterministic dQ kernel of the tensor-core backward on mma.sync
 // (sm_80+): parallel over query blocks, it recomputes S and dP and sums dQ
 // over keys in a fixed order (no atomics, so bitwise reproducible). kTerms:
-// the dense mask and dropout, as in sm80/bwd_dkdv.cuh.
+// the bias, the dense mask, dropout and the tile map, as in
+// sm80/bwd_dkdv.cuh.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,6 +15,7 @@
 #include "cuda/common/dropout.cuh"
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/score.cuh"
+#include "cuda/common/tile_map.cuh"
 #include "cuda/common/tile_scheduler.cuh"
 #include "cuda/common/views.cuh"
 #include "cuda/sm80/copy.cuh"
@@ -77,8 +79,10 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
   int64_t key_begin, key_end;
   mask.KeyRange(m0, m0 + kBlockM, &key_begin, &key_end);
-  const int64_t n_begin = key_begin / kBlockN;
-  const int64_t n_end = key_begin < key_end ? CeilDiv(key_end, kBlockN) : n_begin;
+  const int64_t n_end = key_begin < key_end ? CeilDiv(key_end, kBlockN) : key_begin / kBlockN;
+  // kTerms: the key blocks the tile map leaves empty are skipped.
+  const CellLine cells = kTerms ? CellLine::AlongKeys<kBlockM, kBlockN>(mask, m0) : CellLine{};
+  const int64_t n_begin = cells.Next<kBlockN>(key_begin / kBlockN, n_end);
 
   const int warp_row0 = warp * kMmaM;
   // Per-row statistics of the two rows this lane owns.
@@ -111,18 +115,19 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const uint32_t sK_addr = SmemAddr(sK), sV_addr = SmemAddr(sV);
   const float scale_log2 = args.scale_log2;
 
-  for (int64_t n = n_begin; n < n_end; ++n) {
-    const int stage = static_cast<int>((n - n_begin) & 1);
+  int stage = 0;
+  for (int64_t n = n_begin, next; n < n_end; n = next, stage ^= 1) {
+    next = cells.Next<kBlockN>(n + 1, n_end);
+    const CellClass cls = cells.At<kBlockN>(n);
     // One barrier per block (see sm80/fwd.cuh): publishes this stage and
     // frees the other one for the prefetch.
     CpAsyncWait<0>();
     __syncthreads();
-    if (n + 1 < n_end) {
-      const int next = stage ^ 1;
-      LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(sK + next * kBlockN * kStride, k,
-                                                                (n + 1) * kBlockN, tid);
-      LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(sV + next * kBlockN * kStride, v,
-                                                                (n + 1) * kBlockN, tid);
+    if (next < n_end) {
+      LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(
+          sK + (stage ^ 1) * kBlockN * kStride, k, next * kBlockN, tid);
+      LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(
+          sV + (stage ^ 1) * kBlockN * kStride, v, next * kBlockN, tid);
       CpAsyncCommit();
     }
     const uint32_t stage_off = stage * (kBlockN * kStride * 2);
@@ -179,11 +184,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
 #pragma unroll
       for (int r = 0; r < 4; ++r) s[nt][r] = FastExp2(fmaf(s[nt][r], scale_log2, -lse2[r / 2]));
     const int64_t n0 = n * kBlockN;
-    if (kTerms && mask.HasElementwiseTerms()) {
-      MaskFragmentElementwise<Rows::kQueries>(s, mask, m0 + warp_row0, n0, g, t, 0.f);
-    } else if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN)) {
-      MaskFragment<Rows::kQueries>(s, mask, m0 + warp_row0, n0, g, t, 0.f);
-    }
+    MaskTile<Rows::kQueries>(s, mask, cls, m0, m0 + kBlockM, n0, n0 + kBlockN, m0 + warp_row0,
+                             n0, g, t, 0.f);
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll

@@ -8,9 +8,11 @@
 // and O += P V all stay in registers, P converted to 16 bits in place.
 // The tile scheduler, the score policies, the softmax and the epilogue are
 // common/'s. kTerms adds the per-element terms of the score (bias, dense
-// mask, dropout) as a separate instantiation, so the plain kernel's code stays as
-// it is; the K/V loop stays in the kernel's body: as a function of its own
-// it compiled to different code for D=128 (cpp/cuda/NOTES.md).
+// mask, dropout) and the tile map (its empty key blocks skipped, the full
+// ones masked by the band alone, a block mask's hidden cells never read) as
+// a separate instantiation, so the plain kernel's code stays as it is; the
+// K/V loop stays in the kernel's body: as a function of its own it compiled
+// to different code for D=128 (cpp/cuda/NOTES.md).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -88,16 +90,16 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const FwdBlock<T> blk = FwdBlock<T>::template Make<kBlockM, kBlockN>(
+  // kTerms: this head's view of the mask (a dense mask), stepping through
+  // the tile map.
+  const FwdBlock<T> blk = FwdBlock<T>::template Make<kBlockM, kBlockN, /*kTileMap=*/kTerms>(
       p, kTerms ? QueryBlockScheduler::Get(args.order) : QueryBlockScheduler::Get());
   const int64_t m0 = blk.m0, n_begin = blk.n_begin, n_end = blk.n_end;
   const GmemRows<T>& q = blk.q;
   const GmemRows<T>& k = blk.k;
   const GmemRows<T>& v = blk.v;
-  // With kTerms: this head's view of the dense mask, and its dropout stream.
-  const BatchMask mask =
-      kTerms ? BatchMask::For(p.mask, blk.b, blk.h, p.shape.seqlen_q, p.shape.seqlen_k)
-             : BatchMask{};
+  const BatchMask& mask = blk.mask;
+  // With kTerms: this head's dropout stream.
   const HeadDropout dropout = kTerms ? HeadDropout::For(p.dropout, p.shape.batch, blk.b, blk.h)
                                      : HeadDropout{};
   // And its view of the bias (x = scale * q.k + bias: MakeFwdArgs then keeps
@@ -117,11 +119,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   unsigned char* const mask_slab =
       slabs + (stage_bias ? Traits::kNWarps * BiasSlab::kBytes : 0) + warp * MaskSlab::kBytes;
   const int64_t slab_row0 = blk.m0 + warp * Traits::kWarpRows;
+  // (A block the tile map says is full needs no mask.)
   auto load_slabs = [&](int64_t n) {
     if (stage_bias)
       BiasSlab::Load(SmemAddr(bias_slab), bias.f32, bias.row, slab_row0, p.shape.seqlen_q,
                      n * kBlockN, p.shape.seqlen_k, lane);
-    if (stage_mask)
+    if (stage_mask && blk.template BlockClass<kBlockN>(n) != kCellFull)
       MaskSlab::Load(SmemAddr(mask_slab), mask.dense, mask.dense_row_stride, slab_row0,
                      p.shape.seqlen_q, n * kBlockN, p.shape.seqlen_k, lane);
   };
@@ -158,8 +161,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   // in log2 units (scale_log2 > 0).
   const float rescale_margin = kRescaleLog2 / scale_log2;
 
-  for (int64_t n = n_begin; n < n_end; ++n) {
-    const int stage = static_cast<int>((n - n_begin) & 1);
+  // Key blocks n_begin.. in order, those the tile map leaves empty skipped
+  // (kTerms; without a map `next` is n + 1).
+  int stage = 0;
+  for (int64_t n = n_begin, next; n < n_end; n = next, stage ^= 1) {
+    next = blk.template NextBlock<kBlockN>(n + 1);
+    const CellClass cls = blk.template BlockClass<kBlockN>(n);
     // One barrier per block: it publishes this block's K/V to all warps and
     // also tells that every warp is done with the previous block, whose
     // stage the prefetch below overwrites.
@@ -167,13 +174,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     if constexpr (kStage) CpAsyncWait<1>();
     else CpAsyncWait<0>();
     __syncthreads();
-    if (n + 1 < n_end) {
+    if (next < n_end) {
       // Prefetch the next K/V block into the other stage while this one computes.
-      const int next = stage ^ 1;
-      LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(sK + next * kBlockN * kStride, k,
-                                                                (n + 1) * kBlockN, tid);
-      LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(sV + next * kBlockN * kStride, v,
-                                                                (n + 1) * kBlockN, tid);
+      LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(
+          sK + (stage ^ 1) * kBlockN * kStride, k, next * kBlockN, tid);
+      LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(
+          sV + (stage ^ 1) * kBlockN * kStride, v, next * kBlockN, tid);
       if constexpr (!kStage) CpAsyncCommit();
     }
     if constexpr (kStage) CpAsyncCommit();  // a group every block, empty at the last
@@ -218,7 +224,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
         AddStagedBias<BiasSlab::kRowBytes>(s, bias_slab, scale, g, t);
       else if (bias.present())
         AddBias<Rows::kQueries>(s, bias, scale, m0 + warp_row0, n * kBlockN, g, t);
-      if (mask.HasElementwiseTerms()) {
+      if (mask.HasElementwiseTerms() && cls != kCellFull) {
         SoftCap(s, args.softcap, args.scale_over_cap);
         if (stage_mask)
           MaskFragmentStaged<MaskSlab::kRowBytes>(s, mask, mask_slab, m0 + warp_row0,
@@ -226,18 +232,18 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
         else
           MaskFragmentElementwise<Rows::kQueries>(s, mask, m0 + warp_row0, n * kBlockN, g, t,
                                                   -INFINITY);
-      } else {  // dropout alone: tiles inside the band need no mask
+      } else {  // no elementwise term, or a full block: the band alone
         TransformAndMask<kBlockM>(s, args.softcap, args.scale_over_cap, mask, m0,
-                                  m0 + warp_row0, n * kBlockN, g, t);
+                                  m0 + warp_row0, n * kBlockN, g, t, cls);
       }
       if constexpr (kStage) {  // the warp is done with the slab: the next block's
         __syncwarp();
-        if (n + 1 < n_end) load_slabs(n + 1);
+        if (next < n_end) load_slabs(next);
         CpAsyncCommit();
       }
     } else {
-      TransformAndMask<kBlockM>(s, args.softcap, args.scale_over_cap, blk.mask, m0,
-                                m0 + warp_row0, n * kBlockN, g, t);
+      TransformAndMask<kBlockM>(s, args.softcap, args.scale_over_cap, mask, m0,
+                                m0 + warp_row0, n * kBlockN, g, t, cls);
     }
     OnlineSoftmax(s, o, row_m, row_l, scale_log2, rescale_margin);
     if constexpr (kTerms) {

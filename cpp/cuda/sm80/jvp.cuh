@@ -23,6 +23,8 @@
 // cuda/dispatch.cu). kTerms, as in the forward, adds the per-element terms
 // in an instantiation of its own, so the plain kernel's code stays as it is:
 //   - dense mask: MaskFragmentElementwise on P and P o dS (0 where hidden);
+//   - the tile map: the key blocks it leaves empty skipped (a block mask's
+//     hidden cells), the full ones masked by the band alone;
 //   - dropout, with the forward's keep mask Z: out = (Z o P) V / (1 - rate),
 //     so d out = (Z o dP) V / (1 - rate) + (Z o P) V_dot / (1 - rate) with
 //     dP = P o (dS - lse_dot): lse_dot = rowsum(P o dS) takes P itself,
@@ -43,6 +45,7 @@
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/math.cuh"
 #include "cuda/common/score.cuh"
+#include "cuda/common/tile_map.cuh"
 #include "cuda/common/tile_scheduler.cuh"
 #include "cuda/common/views.cuh"
 #include "cuda/kernels.h"
@@ -146,8 +149,10 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
   int64_t key_begin, key_end;
   mask.KeyRange(m0, m0 + kBlockM, &key_begin, &key_end);
-  const int64_t n_begin = key_begin / kBlockN;
-  const int64_t n_end = key_begin < key_end ? CeilDiv(key_end, kBlockN) : n_begin;
+  const int64_t n_end = key_begin < key_end ? CeilDiv(key_end, kBlockN) : key_begin / kBlockN;
+  // kTerms: the key blocks the tile map leaves empty are skipped.
+  const CellLine cells = kTerms ? CellLine::AlongKeys<kBlockM, kBlockN>(mask, m0) : CellLine{};
+  const int64_t n_begin = cells.Next<kBlockN>(key_begin / kBlockN, n_end);
 
   // lse of the two rows this lane owns, in log2 units; -inf (the row sees
   // nothing) becomes +inf so that P = exp2(x - lse2) = 0.
@@ -199,14 +204,16 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const uint32_t kv_addr = SmemAddr(sKV);
   constexpr uint32_t kTileBytes = 2 * kTileElems;
 
-  for (int64_t n = n_begin; n < n_end; ++n) {
-    const int stage = Traits::kStages == 2 ? static_cast<int>((n - n_begin) & 1) : 0;
+  int stage = 0;  // with two stages; one stage: always 0
+  for (int64_t n = n_begin, next; n < n_end; n = next, stage ^= Traits::kStages - 1) {
+    next = cells.Next<kBlockN>(n + 1, n_end);
+    const CellClass cls = cells.At<kBlockN>(n);
     // One barrier per block with two stages (as in sm80/fwd.cuh): it
     // publishes this stage and frees the other one for the prefetch.
     CpAsyncWait<0>();
     __syncthreads();
-    if (Traits::kStages == 2 && n + 1 < n_end) {
-      load_keys(stage ^ 1, n + 1);
+    if (Traits::kStages == 2 && next < n_end) {
+      load_keys(stage ^ 1, next);
       CpAsyncCommit();
     }
     const uint32_t k_frag = kv_addr + stage * (Traits::kStageElems * 2) + b_lane;
@@ -265,13 +272,10 @@ __global__ void __launch_bounds__(Traits::kThreads)
     const int64_t n0 = n * kBlockN;
     // Hidden keys give exactly 0, by a select: their logits may be NaN (a
     // NaN in a key this row cannot see) or P may have overflowed.
-    if (kTerms && mask.HasElementwiseTerms()) {  // a dense mask: every tile
-      MaskFragmentElementwise<Rows::kQueries>(s, mask, m0 + warp_row0, n0, g, t, 0.f);
-      MaskFragmentElementwise<Rows::kQueries>(ds, mask, m0 + warp_row0, n0, g, t, 0.f);
-    } else if (!mask.AllVisible(m0, m0 + kBlockM, n0, n0 + kBlockN)) {
-      MaskFragment<Rows::kQueries>(s, mask, m0 + warp_row0, n0, g, t, 0.f);
-      MaskFragment<Rows::kQueries>(ds, mask, m0 + warp_row0, n0, g, t, 0.f);
-    }
+    MaskTile<Rows::kQueries>(s, mask, cls, m0, m0 + kBlockM, n0, n0 + kBlockN, m0 + warp_row0,
+                             n0, g, t, 0.f);
+    MaskTile<Rows::kQueries>(ds, mask, cls, m0, m0 + kBlockM, n0, n0 + kBlockN, m0 + warp_row0,
+                             n0, g, t, 0.f);
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
@@ -328,9 +332,9 @@ __global__ void __launch_bounds__(Traits::kThreads)
         }
       }
     }
-    if (Traits::kStages == 1 && n + 1 < n_end) {
+    if (Traits::kStages == 1 && next < n_end) {
       __syncthreads();  // every warp is done with the one stage
-      load_keys(0, n + 1);
+      load_keys(0, next);
       CpAsyncCommit();
     }
   }

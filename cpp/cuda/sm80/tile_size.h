@@ -4,6 +4,8 @@
 // (warps, fragments, shared memory) from these.
 #pragma once
 
+#include "jax_flash/mask.h"
+
 namespace jax_flash::cuda::sm80 {
 
 // Forward: query rows per CTA, keys per K/V block, warps (each owns block_m /
@@ -154,5 +156,25 @@ constexpr JvpTile JvpTileFor(int head_dim, int arch = 80) {
     if (t.head_dim == head_dim) return t;
   return JvpTile{};
 }
+
+// Every tile of every kernel lies in one cell of the tile map
+// (kBlockMaskBlock positions a side), so that the kTerms kernels, which skip
+// the cells it leaves empty, apply a block mask folded into it exactly
+// (cuda/dispatch.cu, TileMapHoldsBlockMask).
+constexpr bool EveryTileInOneCell() {
+  auto in = [](int n) { return n > 0 && kBlockMaskBlock % n == 0; };
+  const int archs[] = {75, 80};
+  for (int arch : archs)
+    for (const Tiles& row : kTiles) {
+      const Tiles t = TilesFor(row.head_dim, arch);
+      const FwdTile f = FwdTileFor(row.head_dim, arch, /*terms=*/true);
+      const JvpTile j = JvpTileFor(row.head_dim, arch);
+      if (!in(f.block_m) || !in(f.block_n) || !in(t.bwd.block_n) || !in(t.bwd.block_m) ||
+          !in(t.dq.block_m) || !in(t.dq.block_n) || !in(j.block_m) || !in(j.block_n))
+        return false;
+    }
+  return true;
+}
+static_assert(EveryTileInOneCell(), "an mma.sync tile straddles cells of the tile map");
 
 }  // namespace jax_flash::cuda::sm80

@@ -46,7 +46,7 @@ inline constexpr int64_t kBlockMaskBlock = 128;
 // that read it skip empty cells and the elementwise test in full ones; for
 // the segment ids and a dense mask it is a hint (a kernel that ignores it
 // computes the same result). A block mask is folded in too (its hidden
-// cells empty), which is how Hopper's wgmma kernels take one
+// cells empty), which is how the tensor-core kernels take one
 // (cuda/dispatch.cu). The band (causal, window, lengths) is not in it.
 enum CellClass : uint8_t {
   kCellEmpty = 0,    // no pair of the cell is visible
