@@ -35,4 +35,46 @@ __device__ __forceinline__ void LoadTile(T* smem, const GmemRows<T>& src, int64_
   }
 }
 
+// A kRows x kCols tile of the next block held in registers (Turing, which has
+// no cp.async: register double buffering): Load issues the global loads
+// where the sm_80 kernels issue cp.async, Store writes them to shared memory
+// where those wait for it, so the loads' latency passes behind the current
+// block's MMAs instead of stalling the copy. Same chunks per thread and
+// zero fill as LoadTile.
+template <typename T, int kRows, int kCols, int kThreads>
+struct StagedTile {
+  static constexpr int kChunksPerRow = kCols / kVecElems;
+  static constexpr int kPerThread = kRows * kChunksPerRow / kThreads;
+  static_assert(kRows * kChunksPerRow % kThreads == 0,
+                "tile chunks must divide evenly among threads");
+  uint4 v[kPerThread];
+
+  __device__ __forceinline__ void Load(const GmemRows<T>& src, int64_t row0, int tid) {
+#pragma unroll
+    for (int it = 0; it < kPerThread; ++it) {
+      const int c = tid + it * kThreads;
+      const int64_t row = row0 + c / kChunksPerRow;
+      const int col = (c % kChunksPerRow) * kVecElems;
+      v[it] = make_uint4(0, 0, 0, 0);
+      // volatile: issued here, not sunk towards the store by the compiler.
+      if (row < src.rows && col < src.cols)
+        asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v[it].x), "=r"(v[it].y), "=r"(v[it].z), "=r"(v[it].w)
+                     : "l"(src.base + row * src.stride + col));
+    }
+  }
+
+  template <int kSmemStride>
+  __device__ __forceinline__ void Store(T* smem, int tid) const {
+#pragma unroll
+    for (int it = 0; it < kPerThread; ++it) {
+      const int c = tid + it * kThreads;
+      const uint32_t dst = SmemAddr(smem + (c / kChunksPerRow) * kSmemStride +
+                                    (c % kChunksPerRow) * kVecElems);
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v[it].x),
+                   "r"(v[it].y), "r"(v[it].z), "r"(v[it].w));
+    }
+  }
+};
+
 }  // namespace jax_flash::cuda::sm80

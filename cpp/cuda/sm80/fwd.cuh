@@ -51,6 +51,15 @@ struct FwdTraits {
   static constexpr int kStride = kHeadDim + kSmemPad;  // smem row, elements
   static constexpr int kStages = 2;                    // K/V double buffer
   static constexpr int kSmemElems = kBlockM * kStride + 2 * kStages * kBlockN * kStride;
+  // Turing (no cp.async): the next K/V block comes through registers
+  // (StagedTile, sm80/copy.cuh) where that takes 32 per thread or fewer
+  // (not D = 256), except in the kTerms kernels of two m-tiles (D = 32, 64),
+  // which spill 400 bytes already: there the copy stays synchronous (with
+  // the registers and one m-tile per warp, packed segments ran 5-13%
+  // slower; NOTES.md).
+  static constexpr bool kRegStaged = kArch < 80 &&
+                                     2 * kBlockN * kHeadDim * 2 / 4 / kThreads <= 32 &&
+                                     !(kTerms && kMTiles > 1);
   static_assert(kBlockM > 0, "no sm80 tile for this head-dim bucket (sm80/tile_size.h)");
   static_assert(kWarpRows % kMmaM == 0 && kHeadDim % 16 == 0 && kBlockN % 16 == 0);
   static_assert(kSmemElems * 2 <= MaxSmemBytes(kArch), "tile exceeds the arch's shared memory");
@@ -161,12 +170,23 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   // in log2 units (scale_log2 > 0).
   const float rescale_margin = kRescaleLog2 / scale_log2;
 
+  // Traits::kRegStaged: the next block's K and V on their way, in registers.
+  StagedTile<T, kBlockN, kHeadDim, Traits::kThreads> k_next, v_next;
+
   // Key blocks n_begin.. in order, those the tile map leaves empty skipped
   // (kTerms; without a map `next` is n + 1).
   int stage = 0;
   for (int64_t n = n_begin, next; n < n_end; n = next, stage ^= 1) {
     next = blk.template NextBlock<kBlockN>(n + 1);
     const CellClass cls = blk.template BlockClass<kBlockN>(n);
+    if constexpr (Traits::kRegStaged) {
+      // This block, loaded during the previous one, into its stage (free:
+      // the previous barrier saw every warp done with the block before).
+      if (n != n_begin) {
+        k_next.template Store<kStride>(sK + stage * kBlockN * kStride, tid);
+        v_next.template Store<kStride>(sV + stage * kBlockN * kStride, tid);
+      }
+    }
     // One barrier per block: it publishes this block's K/V to all warps and
     // also tells that every warp is done with the previous block, whose
     // stage the prefetch below overwrites.
@@ -176,10 +196,15 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     __syncthreads();
     if (next < n_end) {
       // Prefetch the next K/V block into the other stage while this one computes.
-      LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(
-          sK + (stage ^ 1) * kBlockN * kStride, k, next * kBlockN, tid);
-      LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(
-          sV + (stage ^ 1) * kBlockN * kStride, v, next * kBlockN, tid);
+      if constexpr (Traits::kRegStaged) {
+        k_next.Load(k, next * kBlockN, tid);
+        v_next.Load(v, next * kBlockN, tid);
+      } else {
+        LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(
+            sK + (stage ^ 1) * kBlockN * kStride, k, next * kBlockN, tid);
+        LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(
+            sV + (stage ^ 1) * kBlockN * kStride, v, next * kBlockN, tid);
+      }
       if constexpr (!kStage) CpAsyncCommit();
     }
     if constexpr (kStage) CpAsyncCommit();  // a group every block, empty at the last
