@@ -185,7 +185,7 @@ def test_the_cpu_kernels_skip_the_cells_it_calls_empty():
     np.testing.assert_allclose(np.asarray(out[n]), np.asarray(want), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("case", ["dtype", "cells", "batch"])
+@pytest.mark.parametrize("case", ["dtype", "cells", "batch", "heads"])
 def test_the_handler_refuses_a_bad_tile_map(backend, case):
   q = jnp.zeros((2, 300, 2, 8))
   k = jnp.zeros((2, 130, 2, 8))
@@ -193,6 +193,8 @@ def test_the_handler_refuses_a_bad_tile_map(backend, case):
       "dtype": (np.zeros((1, 1, 3, 2), np.int32), "tile_map must be uint8"),
       "cells": (np.zeros((2, 1, 2, 2), np.uint8), "tile_map must be rank 4"),
       "batch": (np.zeros((3, 1, 3, 2), np.uint8), "tile_map must be rank 4"),
+      # The kernels read one map for every head (a dK/dV block's GQA group).
+      "heads": (np.zeros((2, 2, 3, 2), np.uint8), r"tile_map must have one head .*\(2, 2, 3, 2\)"),
   }[case]
   ops = mask_operands(q.dtype, tile_map=jnp.asarray(bad))
   with pytest.raises(Exception, match=message):

@@ -432,11 +432,11 @@ cudaError_t LaunchBwd(const BwdParams& params, DType dtype, void* workspace, boo
   switch (BwdPath(p, dtype, deterministic)) {
 #ifdef JAX_FLASH_HAS_SM80
     case KernelPath::kSm90: {
-      // As LaunchFwd; a dense mask too (bwd/run.cuh declines it mid-way, and
-      // the exact backward computes everything afresh).
+      // A problem with score terms that bwd/run.cuh declines mid-way (the
+      // wgmma kernels after its TMA check): the exact backward computes
+      // everything afresh.
       const cudaError_t err = RunBwdPath<90>(p, dtype, rest, deterministic, stream);
-      if (err != cudaErrorNotSupported || (p.mask.block == nullptr && p.mask.dense == nullptr))
-        return err;
+      if (err != cudaErrorNotSupported || !HasScoreTerms(p)) return err;
       break;
     }
     case KernelPath::kSm80: return RunBwdPath<80>(p, dtype, rest, deterministic, stream);

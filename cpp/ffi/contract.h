@@ -37,7 +37,8 @@
     "(B' in 1 or B, H' in 1 or Hq, R, C), R and C 1 or at least Sq and Sk / 128 rounded "   \
     "up: False hides the 128 x 128 block of positions (mask.h)")                            \
   X(tile_map, "uint8",                                                                      \
-    "shaped like block_mask: per cell, what the elementwise terms (segment ids, mask) "     \
+    "shaped like block_mask but with one head (B', 1, R, C): per cell, what the "           \
+    "elementwise terms (segment ids, mask) "                                                \
     "leave visible there (mask.h CellClass): 0 no pair, 1 some, 2 every pair. A hint: "     \
     "kernels that read it skip 0 cells and those terms' tests in 2 cells; with a "          \
     "block_mask it must hold it too (hidden cells 0), which the tensor-core kernels "       \

@@ -242,8 +242,17 @@ inline ffi::Error DecodeMask(const AttentionShape& s, const ScoreAttrs& a,
       e.failure())
     return e;
   // Any uint8 is a class: values above kCellFull read as full (mask.h).
-  return DecodeCells("tile_map", ffi::DataType::U8, "uint8", s, ops.tile_map, &m->tile_map,
-                     &m->tile_map_strides, &m->tile_map_rows, &m->tile_map_cols);
+  if (auto e = DecodeCells("tile_map", ffi::DataType::U8, "uint8", s, ops.tile_map,
+                           &m->tile_map, &m->tile_map_strides, &m->tile_map_rows,
+                           &m->tile_map_cols);
+      e.failure())
+    return e;
+  // One map for every head: the kernels that step through it read one line
+  // of cells for all the heads of a CTA (a dK/dV CTA's GQA group).
+  if (m->tile_map != nullptr && ops.tile_map.dimensions()[1] != 1)
+    return Invalid("tile_map must have one head (B', 1, R, C), got " +
+                   DimsToString(ops.tile_map.dimensions()));
+  return ffi::Error::Success();
 }
 
 inline ffi::Error DecodeScore(const AttentionShape& s, const ScoreAttrs& a,
