@@ -76,4 +76,30 @@ __device__ __forceinline__ void LoadRowStats(const BwdArgs& args, int64_t row_ba
   }
 }
 
+// LoadRowStats through a register (Turing's register double buffering, as
+// sm80/copy.cuh's StagedTile): Load where the cp.async would be issued,
+// Store where it would be waited for.
+template <int kBlockM>
+struct StagedRowStats {
+  float value;
+
+  __device__ __forceinline__ void Load(const BwdArgs& args, int64_t row_base, int64_t m0,
+                                       int64_t seqlen_q, int tid) {
+    value = 0.f;
+    // The element of LoadRowStats; volatile: issued here, not sunk towards
+    // the store by the compiler.
+    if (tid < 2 * kBlockM && m0 + tid % kBlockM < seqlen_q) {
+      const float* src = tid < kBlockM ? static_cast<const float*>(args.lse2)
+                                       : static_cast<const float*>(args.p.delta);
+      asm volatile("ld.global.cg.f32 %0, [%1];\n"
+                   : "=f"(value)
+                   : "l"(src + row_base + m0 + tid % kBlockM));
+    }
+  }
+
+  __device__ __forceinline__ void Store(float* lse_stage, float* delta_stage, int tid) const {
+    if (tid < 2 * kBlockM) (tid < kBlockM ? lse_stage : delta_stage)[tid % kBlockM] = value;
+  }
+};
+
 }  // namespace jax_flash::cuda

@@ -86,6 +86,18 @@ cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool determini
   return LaunchDqConvert<T, kHeadDim>(args, rows, stream);
 }
 
+// The fast mode on Turing runs the deterministic structure (dK/dV, then dQ
+// over query blocks, no atomics) above D = 32: the one-kernel backward with
+// its scalar float atomics into the dQ accumulator ran 1.2-1.6x slower on
+// the forced family (at D = 32 about as fast; cpp/cuda/NOTES.md). Not with
+// dropout (the second kernel would draw the mask again; not measured), nor
+// with a dbias of several writers per element (the deterministic dK/dV
+// kernel adds it without atomics).
+inline bool TuringSeparateDq(const BwdParams& params, int head_dim_bucket) {
+  return head_dim_bucket > 32 && !params.dropout.enabled() &&
+         (params.dbias == nullptr || DbiasHasOneWriter(params));
+}
+
 template <int kArch, typename T, int kHeadDim, bool kTerms>
 cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
                    cudaStream_t stream) {
@@ -131,9 +143,11 @@ cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
   }
   const BwdChunk chunk = ChunkFor<kHeadDim>(shape);
   // The fast mode on Hopper runs the deterministic structure where
-  // sm90::SeparateDq says it is the faster.
-  if (deterministic || (kArch == 90 && sm90::SeparateDq(kHeadDim, params.dropout.enabled(),
-                                                    params.score.bias != nullptr)))
+  // sm90::SeparateDq says it is the faster, on Turing where TuringSeparateDq does.
+  if (deterministic ||
+      (kArch == 90 && sm90::SeparateDq(kHeadDim, params.dropout.enabled(),
+                                       params.score.bias != nullptr)) ||
+      (kArch == 75 && TuringSeparateDq(params, kHeadDim)))
     return RunBwdChunk<kArch, T, kHeadDim, kTerms>(params, workspace, /*deterministic=*/true,
                                                    shape.batch, 0, 0, stream);
   if (chunk.batches >= shape.batch && chunk.kv_heads >= shape.num_heads_kv)

@@ -160,7 +160,8 @@ BwdParams ChunkParams(const BwdParams& p, const AttentionShape& sub, int64_t b0,
 // Bytes of lse2 and dq_accum for the bucket's kernels. The fast mode takes
 // the larger of its own layout and the deterministic one's: on Hopper it runs
 // the deterministic structure above D = 128 and at D = 128 with dropout
-// (sm90/bwd.cuh, SeparateDq), and the size is fixed before the GPU is known.
+// (sm90/bwd.cuh, SeparateDq), on Turing mostly (bwd/run.cuh,
+// TuringSeparateDq), and the size is fixed before the GPU is known.
 template <int kHeadDim>
 size_t Lse2AndDqAccumBytes(const AttentionShape& shape, bool deterministic) {
   if (deterministic) return Lse2Bytes(shape);

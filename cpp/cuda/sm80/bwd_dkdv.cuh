@@ -66,6 +66,12 @@ struct BwdTraits {
       sizeof(uint16_t) * (2 * kBlockN * kStride + 2 * kStages * kBlockM * kStride +
                           kDsBuffers * kBlockN * kStrideS) +
       sizeof(float) * 2 * kStages * kBlockM;
+  // Turing (no cp.async): the next step's Q, dO, lse and D come through
+  // registers (StagedTile, sm80/copy.cuh) where that takes 24 per thread or
+  // fewer (D <= 128), except at D = 32, where the kernel with its atomic dQ
+  // (the fast mode there, bwd/run.cuh) ran 2-5% slower staged (NOTES.md).
+  static constexpr bool kRegStaged =
+      kArch < 80 && kHeadDim > 32 && 2 * kBlockM * kHeadDim * 2 / 4 / kThreads <= 24;
   static_assert(kBlockN > 0, "no sm80 tile for this head-dim bucket (sm80/tile_size.h)");
   static_assert(kNWarps % kWarpsQ == 0 && kDqCols % 16 == 0 && kDPart % 16 == 0);
   static_assert(kThreads >= 2 * kBlockM, "one thread per lse / D element");
@@ -126,6 +132,17 @@ __global__ void __launch_bounds__(Traits::kThreads)
                                                               d_o, m0, tid);
     LoadRowStats<kBlockM>(args, (b * num_heads_q + h) * seqlen_q, m0, seqlen_q,
                           sLse + stage * kBlockM, sDelta + stage * kBlockM, tid);
+  };
+  // Traits::kRegStaged: `issue` through registers, loaded where it would be
+  // called and stored into their stage at the top of that step.
+  StagedTile<T, kBlockM, kHeadDim, Traits::kThreads> q_next, do_next;
+  StagedRowStats<kBlockM> stats_next;
+  auto stage_in_registers = [&](int64_t gi, int64_t mi) {
+    const int64_t h = h_kv * group + gi;
+    const int64_t m0 = (m_begin + mi) * kBlockM;
+    q_next.Load(GmemRows<T>::Head(p.q, p.q_strides, b, h, seqlen_q, head_dim), m0, tid);
+    do_next.Load(GmemRows<T>::Head(p.dout, p.dout_strides, b, h, seqlen_q, head_dim), m0, tid);
+    stats_next.Load(args, (b * num_heads_q + h) * seqlen_q, m0, seqlen_q, tid);
   };
 
   // ldmatrix lane addresses (layouts in common/fragment.cuh): K, V as A operands
@@ -218,6 +235,15 @@ __global__ void __launch_bounds__(Traits::kThreads)
     int64_t prev_h = 0, prev_m0 = 0;  // the step whose dQ is still pending
     for (int64_t s = 0; s < steps; ++s) {
       const int stage = static_cast<int>(s & 1);
+      if constexpr (Traits::kRegStaged) {
+        // Into this step's stage (free: the previous barrier saw every warp
+        // done with the step before, the stage's last reader).
+        if (s > 0) {
+          q_next.template Store<kStride>(sQ + stage * kBlockM * kStride, tid);
+          do_next.template Store<kStride>(sdO + stage * kBlockM * kStride, tid);
+          stats_next.Store(sLse + stage * kBlockM, sDelta + stage * kBlockM, tid);
+        }
+      }
       // One barrier at the top of a step: publishes this stage and the
       // previous step's dS^T, and every warp has finished the previous
       // step, so its Q/dO stage (prefetched into below) and the dS buffer
@@ -229,7 +255,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
       const CellClass cls = walk.Class(mi);
       walk.Advance(gi, mi);  // (gi, mi) is now the next step
       if (s + 1 < steps) {
-        issue(gi, mi, stage ^ 1);
+        if constexpr (Traits::kRegStaged) stage_in_registers(gi, mi);
+        else issue(gi, mi, stage ^ 1);
         CpAsyncCommit();
       }
       if constexpr (kAccumDq) {

@@ -38,6 +38,10 @@ struct BwdDqTraits {
   static constexpr int kStages = 2;
   static constexpr size_t kSmemBytes =
       sizeof(uint16_t) * (2 * kBlockM * kStride + 2 * kStages * kBlockN * kStride);
+  // Turing (no cp.async): the next K/V block comes through registers
+  // (StagedTile, sm80/copy.cuh) where that takes 32 per thread or fewer, as
+  // in the forward.
+  static constexpr bool kRegStaged = kArch < 80 && 2 * kBlockN * kHeadDim * 2 / 4 / kThreads <= 32;
   static_assert(kBlockM > 0, "no sm80 tile for this head-dim bucket (sm80/tile_size.h)");
   static_assert(kBlockM == kNWarps * kMmaM, "warps split the query block, 16 rows each");
   static_assert(kSmemBytes <= MaxSmemBytes(kArch), "tile exceeds the arch's shared memory");
@@ -115,19 +119,34 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const uint32_t sK_addr = SmemAddr(sK), sV_addr = SmemAddr(sV);
   const float scale_log2 = args.scale_log2;
 
+  // Traits::kRegStaged: the next block's K and V on their way, in registers.
+  StagedTile<T, kBlockN, kHeadDim, Traits::kThreads> k_next, v_next;
+
   int stage = 0;
   for (int64_t n = n_begin, next; n < n_end; n = next, stage ^= 1) {
     next = cells.Next<kBlockN>(n + 1, n_end);
     const CellClass cls = cells.At<kBlockN>(n);
+    if constexpr (Traits::kRegStaged) {
+      // Into this block's stage (free, as in sm80/fwd.cuh).
+      if (n != n_begin) {
+        k_next.template Store<kStride>(sK + stage * kBlockN * kStride, tid);
+        v_next.template Store<kStride>(sV + stage * kBlockN * kStride, tid);
+      }
+    }
     // One barrier per block (see sm80/fwd.cuh): publishes this stage and
     // frees the other one for the prefetch.
     CpAsyncWait<0>();
     __syncthreads();
     if (next < n_end) {
-      LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(
-          sK + (stage ^ 1) * kBlockN * kStride, k, next * kBlockN, tid);
-      LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(
-          sV + (stage ^ 1) * kBlockN * kStride, v, next * kBlockN, tid);
+      if constexpr (Traits::kRegStaged) {
+        k_next.Load(k, next * kBlockN, tid);
+        v_next.Load(v, next * kBlockN, tid);
+      } else {
+        LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(
+            sK + (stage ^ 1) * kBlockN * kStride, k, next * kBlockN, tid);
+        LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(
+            sV + (stage ^ 1) * kBlockN * kStride, v, next * kBlockN, tid);
+      }
       CpAsyncCommit();
     }
     const uint32_t stage_off = stage * (kBlockN * kStride * 2);

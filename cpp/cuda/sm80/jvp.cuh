@@ -74,6 +74,11 @@ struct JvpTraits {
   static constexpr int kStageElems = 4 * kTileElems;
   static constexpr size_t kSmemBytes =
       sizeof(uint16_t) * (2 * kBlockM * kStride + kStages * kStageElems);
+  // Turing (no cp.async): with two stages, the next block's K, K_dot, V and
+  // V_dot come through registers (StagedTile, sm80/copy.cuh) where that takes
+  // 32 per thread or fewer, as in the forward.
+  static constexpr bool kRegStaged =
+      kArch < 80 && kStages == 2 && 4 * kBlockN * kHeadDim * 2 / 4 / kThreads <= 32;
   static_assert(kBlockM > 0, "no sm80 JVP tile for this head-dim bucket (sm80/tile_size.h)");
   static_assert(kStages == 1 || kStages == 2, "one or two pipeline stages");
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0);
@@ -187,6 +192,22 @@ __global__ void __launch_bounds__(Traits::kThreads)
     if (has_vd)
       LoadTile<T, kBlockN, kHeadDim, kStride, kThreads>(dst + 3 * kTileElems, v_dot, row0, tid);
   };
+  // Traits::kRegStaged: the next block's tiles on their way, in registers.
+  StagedTile<T, kBlockN, kHeadDim, kThreads> k_next, kd_next, v_next, vd_next;
+  auto stage_keys_in_registers = [&](int64_t n) {
+    const int64_t row0 = n * kBlockN;
+    k_next.Load(k, row0, tid);
+    if (has_kd) kd_next.Load(k_dot, row0, tid);
+    v_next.Load(v, row0, tid);
+    if (has_vd) vd_next.Load(v_dot, row0, tid);
+  };
+  auto store_staged_keys = [&](int stage) {
+    T* dst = sKV + stage * Traits::kStageElems;
+    k_next.template Store<kStride>(dst, tid);
+    if (has_kd) kd_next.template Store<kStride>(dst + kTileElems, tid);
+    v_next.template Store<kStride>(dst + 2 * kTileElems, tid);
+    if (has_vd) vd_next.template Store<kStride>(dst + 3 * kTileElems, tid);
+  };
   if (n_begin < n_end) {
     LoadTile<T, kBlockM, kHeadDim, kStride, kThreads>(sQ, q, m0, tid);
     if (has_qd) LoadTile<T, kBlockM, kHeadDim, kStride, kThreads>(sQd, q_dot, m0, tid);
@@ -208,12 +229,17 @@ __global__ void __launch_bounds__(Traits::kThreads)
   for (int64_t n = n_begin, next; n < n_end; n = next, stage ^= Traits::kStages - 1) {
     next = cells.Next<kBlockN>(n + 1, n_end);
     const CellClass cls = cells.At<kBlockN>(n);
+    // Into this block's stage (free, as in sm80/fwd.cuh).
+    if constexpr (Traits::kRegStaged) {
+      if (n != n_begin) store_staged_keys(stage);
+    }
     // One barrier per block with two stages (as in sm80/fwd.cuh): it
     // publishes this stage and frees the other one for the prefetch.
     CpAsyncWait<0>();
     __syncthreads();
     if (Traits::kStages == 2 && next < n_end) {
-      load_keys(stage ^ 1, next);
+      if constexpr (Traits::kRegStaged) stage_keys_in_registers(next);
+      else load_keys(stage ^ 1, next);
       CpAsyncCommit();
     }
     const uint32_t k_frag = kv_addr + stage * (Traits::kStageElems * 2) + b_lane;
