@@ -95,24 +95,65 @@ struct KeyBlockScheduler {
   }
 };
 
-// Blocks of keys with the key blocks outermost: the Hopper dK/dV kernel.
-// Grid (kv heads, batch, key blocks): every head's block n launches before
-// any block n + 1; with a causal mask the first key blocks have the most
-// query blocks to visit, which leaves the short ones for the tail (H100,
-// causal, S=4k: D=128 242 -> 291 TFLOP/s, D=64 218 -> 243; no change without
-// a mask). Key blocks are then limited to 65535 (grid z).
-struct KeyBlockOutermostScheduler {
+// Blocks of keys of the Hopper dK/dV kernels, in sections of (batch, kv
+// head) pairs: a section's pairs hold Q, dO and the float32 dQ accumulator
+// rows of their q heads in a share of L2 (kSectionBytes), and the sections
+// run one after the other; inside a section every pair's key block 0, then
+// every pair's block 1, and so on: with a causal mask the first key blocks
+// visit the most query blocks (longest first, the short ones fill the
+// tail), and the CTAs running at a time read and add into the rows of a few
+// heads, which stay in L2. (Every pair's block n side by side, the order
+// before, streamed Q, dO and dQ from DRAM once more than about 50 heads'
+// rows were in flight: S = 1k at B * S = 16k; cpp/cuda/NOTES.md.)
+// A one-dimensional grid (at most 2^31 - 1 tiles).
+struct KeyBlockSectionScheduler {
+#ifdef JAX_FLASH_TUNE_BWD_SECTION_MB
+  static constexpr int64_t kSectionBytes = int64_t{JAX_FLASH_TUNE_BWD_SECTION_MB} << 20;
+#else
+  static constexpr int64_t kSectionBytes = 16ll << 20;  // 32 MB: 0-8% slower at S = 1k
+#endif
   using Tile = KeyBlockScheduler::Tile;
-  static constexpr int64_t kMaxBlocks = 65535;
-  static dim3 Grid(int64_t n_blocks, const AttentionShape& shape) {
-    return dim3(static_cast<unsigned>(shape.num_heads_kv), static_cast<unsigned>(shape.batch),
-                static_cast<unsigned>(n_blocks));
+
+  // Per-launch constants (plain ints: the tile count is checked to fit).
+  struct Args {
+    int n_blocks;       // key blocks per (batch, kv head)
+    int heads_kv;
+    int pairs;          // batch * heads_kv
+    int section_pairs;  // pairs per section
+  };
+
+  // False when the tile count does not fit a grid.
+  static bool MakeArgs(int64_t n_blocks, const AttentionShape& s, Args* a) {
+    const int64_t pairs = s.batch * s.num_heads_kv;
+    if (n_blocks * pairs > INT32_MAX) return false;
+    // Q, dO (16-bit) and the dQ accumulator (float32) of a pair's q heads.
+    const int64_t pair_bytes = s.group_size() * s.seqlen_q * s.head_dim * (2 + 2 + 4);
+    int64_t section = pair_bytes > 0 ? kSectionBytes / pair_bytes : pairs;
+    section = section < 1 ? 1 : (section > pairs ? pairs : section);
+    a->n_blocks = static_cast<int>(n_blocks);
+    a->heads_kv = static_cast<int>(s.num_heads_kv);
+    a->pairs = static_cast<int>(pairs);
+    a->section_pairs = static_cast<int>(section);
+    return true;
   }
-  __device__ __forceinline__ static Tile Get() {
+
+  static dim3 Grid(const Args& a) { return dim3(static_cast<unsigned>(a.n_blocks * a.pairs)); }
+
+  __device__ __forceinline__ static Tile Get(const Args& a) {
+    const int index = static_cast<int>(blockIdx.x);
+    const int per_section = a.n_blocks * a.section_pairs;
+    const int section = index / per_section;
+    const int r = index - section * per_section;
+    const int first_pair = section * a.section_pairs;
+    // The last section may hold fewer pairs; every earlier one is full.
+    const int rest = a.pairs - first_pair;
+    const int n_pairs = rest < a.section_pairs ? rest : a.section_pairs;
+    const int n_index = r / n_pairs;
+    const int pair = first_pair + (r - n_index * n_pairs);
     Tile tile;
-    tile.h_kv = blockIdx.x;
-    tile.b = blockIdx.y;
-    tile.n_block = blockIdx.z;
+    tile.n_block = n_index;
+    tile.b = pair / a.heads_kv;
+    tile.h_kv = pair - static_cast<int>(tile.b) * a.heads_kv;
     return tile;
   }
 };

@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     BwdKernel(const __grid_constant__ BwdTmaArgs tma_args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const ThreadPos pos = ThreadPos::Here();
-  const KeyBlockScheduler::Tile tile = KeyBlockOutermostScheduler::Get();
+  const KeyBlockScheduler::Tile tile = KeyBlockSectionScheduler::Get(tma_args.sched);
   float dk[Traits::kHeadDim / kMmaN][4], dv[Traits::kHeadDim / kMmaN][4];
   BwdMainloop<T, Traits, kSoftcap, kDq, kDropout>(tma_args, tile, pos, dk, dv);  // steps -> dK, dV (+ dQ)
   if constexpr (kDropout) ScaleTiles(dv, tma_args.args.keep_scale);  // dV took the kept P^T, unscaled
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     BwdWideKernel(const __grid_constant__ BwdTmaArgs tma_args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const ThreadPos pos = ThreadPos::Here();
-  const KeyBlockScheduler::Tile tile = KeyBlockOutermostScheduler::Get();
+  const KeyBlockScheduler::Tile tile = KeyBlockSectionScheduler::Get(tma_args.sched);
   constexpr int kHalfTiles = Traits::kHeadDim / 16;
   float dk[kHalfTiles][4], dv[kHalfTiles][4];
   BwdWideMainloop<T, Traits, kSoftcap, kBias, kDropout>(tma_args, tile, pos, dk, dv);
@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #endif
 }
 
-// Launches a dK/dV kernel over KeyBlockOutermostScheduler's tiles, with Q and
+// Launches a dK/dV kernel over KeyBlockSectionScheduler's tiles, with Q and
 // dO through TMA in boxes of Traits::kBlockM rows. cudaErrorNotSupported when
 // TMA cannot address them (see EncodeRowsTensorMap).
 template <typename T, typename Traits, typename Kernel>
@@ -174,9 +174,10 @@ cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t str
   const AttentionShape& shape = args.p.shape;
   const int64_t n_blocks = CeilDiv(shape.seqlen_k, Traits::kBlockN);
   if (n_blocks == 0) return cudaSuccess;
-  if (n_blocks > KeyBlockOutermostScheduler::kMaxBlocks) return cudaErrorInvalidConfiguration;
   BwdTmaArgs tma_args;
   tma_args.args = args;
+  if (!KeyBlockSectionScheduler::MakeArgs(n_blocks, shape, &tma_args.sched))
+    return cudaErrorInvalidConfiguration;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   if (!EncodeRowsTensorMap(&tma_args.q_map, args.p.q, args.p.q_strides, shape.batch,
                            shape.seqlen_q, shape.num_heads_q, shape.head_dim, Traits::kBlockM,
@@ -188,7 +189,7 @@ cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t str
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          Traits::kSmemBytes);
   if (err != cudaSuccess) return err;
-  kernel<<<KeyBlockOutermostScheduler::Grid(n_blocks, shape), Traits::kThreads,
+  kernel<<<KeyBlockSectionScheduler::Grid(tma_args.sched), Traits::kThreads,
            Traits::kSmemBytes, stream>>>(tma_args);
   return cudaGetLastError();
 }

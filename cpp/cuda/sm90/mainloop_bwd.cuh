@@ -49,6 +49,7 @@ struct BwdTmaArgs {
   BwdArgs args;
   CUtensorMap q_map;
   CUtensorMap dout_map;
+  KeyBlockSectionScheduler::Args sched;
 };
 
 // kSoftcap: a template parameter rather than a branch, because ptxas
