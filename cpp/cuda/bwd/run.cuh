@@ -5,7 +5,8 @@
 //      fast mode also adds dQ into a float32 accumulator;
 //   3. dQ: fast mode, its conversion (bwd/postprocess.cuh); deterministic
 //      mode, the dQ kernel parallel over query blocks (sm80/bwd_dq.cuh, or
-//      on Hopper sm90/bwd_dq.cuh).
+//      on Hopper sm90/bwd_dq.cuh). The fast mode takes the deterministic
+//      structure where it is the faster (sm90::SeparateDq, TuringSeparateDq).
 // A problem whose dQ accumulator would exceed kMaxDqAccumBytes runs as
 // chunks that reuse one accumulator (bwd/workspace.h).
 #pragma once
