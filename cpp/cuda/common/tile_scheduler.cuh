@@ -95,6 +95,26 @@ struct KeyBlockScheduler {
   }
 };
 
+// Position `index` of a sectioned order: `pairs` (batch, head) pairs cut
+// into sections of section_pairs (the last may hold fewer), the sections one
+// after the other, inside a section `blocks` block indices outer and the
+// section's pairs inner. The persistent forward (sm90/scheduler_persistent.cuh)
+// and KeyBlockSectionScheduler walk it.
+struct SectionedPosition {
+  int block, pair;
+  __device__ __forceinline__ static SectionedPosition At(int index, int blocks, int section_pairs,
+                                                         int pairs) {
+    const int per_section = blocks * section_pairs;
+    const int section = index / per_section;
+    const int r = index - section * per_section;
+    const int first_pair = section * section_pairs;
+    const int rest = pairs - first_pair;
+    const int n_pairs = rest < section_pairs ? rest : section_pairs;
+    const int block = r / n_pairs;
+    return {block, first_pair + (r - block * n_pairs)};
+  }
+};
+
 // Blocks of keys of the Hopper dK/dV kernels, in sections of (batch, kv
 // head) pairs: a section's pairs hold Q, dO and the float32 dQ accumulator
 // rows of their q heads in a share of L2 (kSectionBytes), and the sections
@@ -140,20 +160,12 @@ struct KeyBlockSectionScheduler {
   static dim3 Grid(const Args& a) { return dim3(static_cast<unsigned>(a.n_blocks * a.pairs)); }
 
   __device__ __forceinline__ static Tile Get(const Args& a) {
-    const int index = static_cast<int>(blockIdx.x);
-    const int per_section = a.n_blocks * a.section_pairs;
-    const int section = index / per_section;
-    const int r = index - section * per_section;
-    const int first_pair = section * a.section_pairs;
-    // The last section may hold fewer pairs; every earlier one is full.
-    const int rest = a.pairs - first_pair;
-    const int n_pairs = rest < a.section_pairs ? rest : a.section_pairs;
-    const int n_index = r / n_pairs;
-    const int pair = first_pair + (r - n_index * n_pairs);
+    const SectionedPosition at = SectionedPosition::At(static_cast<int>(blockIdx.x), a.n_blocks,
+                                                       a.section_pairs, a.pairs);
     Tile tile;
-    tile.n_block = n_index;
-    tile.b = pair / a.heads_kv;
-    tile.h_kv = pair - static_cast<int>(tile.b) * a.heads_kv;
+    tile.n_block = at.block;
+    tile.b = at.pair / a.heads_kv;
+    tile.h_kv = at.pair - static_cast<int>(tile.b) * a.heads_kv;
     return tile;
   }
 };

@@ -119,34 +119,23 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const uint32_t sK_addr = SmemAddr(sK), sV_addr = SmemAddr(sV);
   const float scale_log2 = args.scale_log2;
 
-  // Traits::kRegStaged: the next block's K and V on their way, in registers.
-  StagedTile<T, kBlockN, kHeadDim, Traits::kThreads> k_next, v_next;
+  // The next block's K and V on their way (Traits::kRegStaged: in registers).
+  NextKvBlock<T, kBlockN, kHeadDim, kStride, Traits::kThreads, Traits::kRegStaged> next_kv;
 
   int stage = 0;
   for (int64_t n = n_begin, next; n < n_end; n = next, stage ^= 1) {
     next = cells.Next<kBlockN>(n + 1, n_end);
     const CellClass cls = cells.At<kBlockN>(n);
-    if constexpr (Traits::kRegStaged) {
-      // Into this block's stage (free, as in sm80/fwd.cuh).
-      if (n != n_begin) {
-        k_next.template Store<kStride>(sK + stage * kBlockN * kStride, tid);
-        v_next.template Store<kStride>(sV + stage * kBlockN * kStride, tid);
-      }
-    }
+    // Into this block's stage (free, as in sm80/fwd.cuh).
+    if (n != n_begin)
+      next_kv.Land(sK + stage * kBlockN * kStride, sV + stage * kBlockN * kStride, tid);
     // One barrier per block (see sm80/fwd.cuh): publishes this stage and
     // frees the other one for the prefetch.
     CpAsyncWait<0>();
     __syncthreads();
     if (next < n_end) {
-      if constexpr (Traits::kRegStaged) {
-        k_next.Load(k, next * kBlockN, tid);
-        v_next.Load(v, next * kBlockN, tid);
-      } else {
-        LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(
-            sK + (stage ^ 1) * kBlockN * kStride, k, next * kBlockN, tid);
-        LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(
-            sV + (stage ^ 1) * kBlockN * kStride, v, next * kBlockN, tid);
-      }
+      next_kv.Issue(sK + (stage ^ 1) * kBlockN * kStride, sV + (stage ^ 1) * kBlockN * kStride, k,
+                    v, next * kBlockN, tid);
       CpAsyncCommit();
     }
     const uint32_t stage_off = stage * (kBlockN * kStride * 2);

@@ -77,4 +77,32 @@ struct StagedTile {
   }
 };
 
+// The next K/V block of a kernel that streams keys through two stages:
+// Issue starts its copy where the current block's MMAs are about to run,
+// Land finishes it at the top of the block that uses it, before the barrier
+// that publishes it. cp.async straight into the stage (Land: nothing), or
+// with kRegStaged (Turing) through registers (StagedTile).
+template <typename T, int kRows, int kCols, int kSmemStride, int kThreads, bool kRegStaged>
+struct NextKvBlock {
+  StagedTile<T, kRows, kCols, kThreads> k, v;  // with kRegStaged only
+
+  __device__ __forceinline__ void Issue(T* k_stage, T* v_stage, const GmemRows<T>& k_src,
+                                        const GmemRows<T>& v_src, int64_t row0, int tid) {
+    if constexpr (kRegStaged) {
+      k.Load(k_src, row0, tid);
+      v.Load(v_src, row0, tid);
+    } else {
+      LoadTile<T, kRows, kCols, kSmemStride, kThreads>(k_stage, k_src, row0, tid);
+      LoadTile<T, kRows, kCols, kSmemStride, kThreads>(v_stage, v_src, row0, tid);
+    }
+  }
+
+  __device__ __forceinline__ void Land(T* k_stage, T* v_stage, int tid) const {
+    if constexpr (kRegStaged) {
+      k.template Store<kSmemStride>(k_stage, tid);
+      v.template Store<kSmemStride>(v_stage, tid);
+    }
+  }
+};
+
 }  // namespace jax_flash::cuda::sm80

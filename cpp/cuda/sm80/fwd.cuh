@@ -170,8 +170,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   // in log2 units (scale_log2 > 0).
   const float rescale_margin = kRescaleLog2 / scale_log2;
 
-  // Traits::kRegStaged: the next block's K and V on their way, in registers.
-  StagedTile<T, kBlockN, kHeadDim, Traits::kThreads> k_next, v_next;
+  // The next block's K and V on their way (Traits::kRegStaged: in registers).
+  NextKvBlock<T, kBlockN, kHeadDim, kStride, Traits::kThreads, Traits::kRegStaged> next_kv;
 
   // Key blocks n_begin.. in order, those the tile map leaves empty skipped
   // (kTerms; without a map `next` is n + 1).
@@ -179,14 +179,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   for (int64_t n = n_begin, next; n < n_end; n = next, stage ^= 1) {
     next = blk.template NextBlock<kBlockN>(n + 1);
     const CellClass cls = blk.template BlockClass<kBlockN>(n);
-    if constexpr (Traits::kRegStaged) {
-      // This block, loaded during the previous one, into its stage (free:
-      // the previous barrier saw every warp done with the block before).
-      if (n != n_begin) {
-        k_next.template Store<kStride>(sK + stage * kBlockN * kStride, tid);
-        v_next.template Store<kStride>(sV + stage * kBlockN * kStride, tid);
-      }
-    }
+    // This block, loaded during the previous one, into its stage (free: the
+    // previous barrier saw every warp done with the block before).
+    if (n != n_begin)
+      next_kv.Land(sK + stage * kBlockN * kStride, sV + stage * kBlockN * kStride, tid);
     // One barrier per block: it publishes this block's K/V to all warps and
     // also tells that every warp is done with the previous block, whose
     // stage the prefetch below overwrites.
@@ -196,15 +192,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
     __syncthreads();
     if (next < n_end) {
       // Prefetch the next K/V block into the other stage while this one computes.
-      if constexpr (Traits::kRegStaged) {
-        k_next.Load(k, next * kBlockN, tid);
-        v_next.Load(v, next * kBlockN, tid);
-      } else {
-        LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(
-            sK + (stage ^ 1) * kBlockN * kStride, k, next * kBlockN, tid);
-        LoadTile<T, kBlockN, kHeadDim, kStride, Traits::kThreads>(
-            sV + (stage ^ 1) * kBlockN * kStride, v, next * kBlockN, tid);
-      }
+      next_kv.Issue(sK + (stage ^ 1) * kBlockN * kStride, sV + (stage ^ 1) * kBlockN * kStride, k,
+                    v, next * kBlockN, tid);
       if constexpr (!kStage) CpAsyncCommit();
     }
     if constexpr (kStage) CpAsyncCommit();  // a group every block, empty at the last

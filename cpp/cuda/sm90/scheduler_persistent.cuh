@@ -64,17 +64,11 @@ struct PersistentScheduler {
 
   // Tile `index` of the order above; index < a.tiles.
   __device__ __forceinline__ static QueryBlockScheduler::Tile Get(const Args& a, int index) {
-    const int per_section = a.m_blocks * a.section_pairs;
-    const int section = index / per_section;
-    const int r = index - section * per_section;
-    const int first_pair = section * a.section_pairs;
-    // The last section may hold fewer pairs; every earlier one is full.
-    const int rest = a.pairs - first_pair;
-    const int n_pairs = rest < a.section_pairs ? rest : a.section_pairs;
-    const int m_index = r / n_pairs;
-    const int pair = first_pair + (r - m_index * n_pairs);
+    const SectionedPosition at =
+        SectionedPosition::At(index, a.m_blocks, a.section_pairs, a.pairs);
+    const int pair = at.pair;
     QueryBlockScheduler::Tile tile;
-    tile.m_block = a.m_blocks - 1 - m_index;
+    tile.m_block = a.m_blocks - 1 - at.block;
     if (a.batch > 0) {
       tile.h = pair / a.batch;
       tile.b = pair - static_cast<int>(tile.h) * a.batch;
