@@ -19,13 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_flash import _ffi, _supported, autodiff, dropout, tile_map  # noqa: F401 (autodiff: its rules)
-from jax_flash.primitives import (accumulation_dtype, flash_fwd_p, keeps_16bit_bias, mask_operands,
-                                  match_varying)
+from jax_flash.primitives import (absent_operand, accumulation_dtype, flash_fwd_p, keeps_16bit_bias,
+                                  mask_operands, match_varying)
 
-_NO_INT_OPERAND = np.zeros((0,), np.int32)
-_NO_MASK = np.zeros((0,), np.bool_)
-_NO_KEY = np.zeros((0,), np.uint32)
-_NO_TILE_MAP = np.zeros((0,), np.uint8)
+_NO_INT_OPERAND = absent_operand(np.int32)
+_NO_MASK = absent_operand(np.bool_)
+_NO_KEY = absent_operand(np.uint32)
+_NO_TILE_MAP = absent_operand(np.uint8)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,7 +312,7 @@ def _bias(bias, batch_shape, full, dtype):
   it (contract.h), any other floating bias in the accumulation dtype."""
   acc_dtype = accumulation_dtype(dtype)
   if bias is None:
-    return np.zeros((0,), acc_dtype)
+    return absent_operand(acc_dtype)
   bias_dtype = getattr(bias, "dtype", None)
   if bias_dtype is None or not jnp.issubdtype(bias_dtype, jnp.floating):
     raise DTypeError(f"bias must be a floating-point array, got {bias_dtype or type(bias).__name__}")

@@ -2,7 +2,7 @@
 
 * flash_fwd_p's JVP is flash_jvp_p (a fused kernel on the CPU), linear in
   the tangents of q, k, v and the bias. Symbolic zero tangents are passed as
-  absent ``(0,)`` operands, so the kernel skips their products. The bias's
+  absent (0-d) operands, so the kernel skips their products. The bias's
   tangent (and so dbias) is in the accumulation dtype, whatever the bias's
   (a 16-bit bias is one too, contract.h): the JVP casts it, and the transpose
   of that cast gives reverse mode a cotangent of the bias's own dtype.
@@ -27,8 +27,8 @@ import jax.numpy as jnp
 from jax.interpreters import ad
 
 from jax_flash import blockwise
-from jax_flash.primitives import (MASK_OPERANDS, accumulation_dtype, flash_bwd_p, flash_fwd_p,
-                                  flash_jvp_p)
+from jax_flash.primitives import (MASK_OPERANDS, absent_operand, accumulation_dtype, flash_bwd_p,
+                                  flash_fwd_p, flash_jvp_p, is_absent)
 
 _NUM_MASK = len(MASK_OPERANDS)
 _BIAS = MASK_OPERANDS.index("bias")
@@ -37,12 +37,12 @@ _BIAS_DOT = 3
 
 
 def _absent_like(x):
-  return jnp.zeros((0,), x.dtype)
+  return absent_operand(x.dtype)
 
 
 def _tangent_operand(tangent, primal):
-  """A tangent as the JVP primitive takes it: absent ``(0,)`` when zero."""
-  if type(tangent) is ad.Zero or primal.size == 0:
+  """A tangent as the JVP primitive takes it: absent when zero."""
+  if type(tangent) is ad.Zero or primal.size == 0 or is_absent(primal):
     return _absent_like(primal)
   return tangent
 
@@ -80,7 +80,7 @@ def _jvp_transpose(cotangents, q, k, v, out, lse, *rest, **params):
 
 
 def _differentiable(x, tangent) -> bool:
-  return (type(tangent) is not ad.Zero and x.size > 0 and
+  return (type(tangent) is not ad.Zero and x.size > 0 and not is_absent(x) and
           jnp.issubdtype(x.dtype, jnp.inexact))
 
 

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_flash import _ffi, dropout
-from jax_flash.primitives import MASK_OPERANDS, match_varying
+from jax_flash.primitives import MASK_OPERANDS, is_absent, match_varying
 
 BLOCK_N = 128  # keys per step: (B, H, Sq, 128) tiles
 _BLOCK_MASK_BLOCK = _ffi.BLOCK_MASK_BLOCK
@@ -37,7 +37,7 @@ _HIGHEST = lax.Precision.HIGHEST
 
 
 def _absent(x) -> bool:
-  return x is None or (x.ndim == 1 and x.shape[0] == 0)
+  return x is None or is_absent(x)
 
 
 def _acc_dtype(dtype):
@@ -281,7 +281,7 @@ def bwd(*operands, bias_grad, lse_cotangent=None, **params):
   """flash_bwd_p's operands -> (dq, dk, dv, dbias), honouring an lse cotangent.
 
   dS = P o (dP - D + lse_cotangent) with D = rowsum(dout o out); dout may be
-  absent ((0,)) when only lse has a cotangent. dbias is absent ((0,)) without
+  absent (0-d) when only lse has a cotangent. dbias is absent ((0,)) without
   a bias or without bias_grad, and in the accumulation dtype, as flash_bwd_p's.
   """
   params.pop("deterministic", None)

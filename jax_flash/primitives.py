@@ -10,9 +10,10 @@ alone, into its heads) so that ``vmap`` never loops. Their autodiff rules
 are in autodiff.py.
 
 Operands, results and attributes are the custom calls' (cpp/ffi/contract.h,
-read through _ffi.CONTRACT): optional operands have shape ``(0,)`` when
-absent; every op ends with the MASK_OPERANDS (lengths, segment ids, bias,
-mask, block mask, tile map, dropout key, offsets). The primitives'
+read through _ffi.CONTRACT), except that an absent optional operand is 0-d
+here and shape ``(0,)`` only in the call (absent_operand says why); every op
+ends with the MASK_OPERANDS (lengths, segment ids, bias, mask, block mask,
+tile map, dropout key, offsets). The primitives'
 parameters are the calls' attributes (scale, softcap, is_causal,
 window_left, window_right, dropout_rate, broadcast_dropout, deterministic);
 only the backward's call takes deterministic, the forward and the JVP carry
@@ -71,16 +72,32 @@ def keeps_16bit_bias(dtype, bias_dtype) -> bool:
 
 def mask_operands(dtype, **present) -> tuple:
   """The MASK_OPERANDS of a call on inputs of `dtype`: those given by name,
-  the others absent (shape (0,), in the dtype contract.h gives them; of two,
-  "a|b", the first)."""
+  the others absent (absent_operand, in the dtype contract.h gives them; of
+  two, "a|b", the first)."""
   unknown = set(present) - set(MASK_OPERANDS)
   if unknown:
     raise TypeError(f"jax_flash: no mask operand named {sorted(unknown)}; they are {MASK_OPERANDS}")
   dtypes = {"acc": accumulation_dtype(dtype), "input": np.dtype(dtype)}
   absent = {name: kind.split("|")[0] for name, kind in _ffi.OPERAND_DTYPES.items()}
   return tuple(present[name] if name in present else
-               np.zeros((0,), dtypes.get(absent[name], absent[name]))
+               absent_operand(dtypes.get(absent[name], absent[name]))
                for name in MASK_OPERANDS)
+
+
+def absent_operand(dtype):
+  """An absent optional operand: 0-d in jaxprs, shape (0,) in the call.
+
+  Every operand that is present has a dimension, so a 0-d one says "absent";
+  the lowering passes the call the (0,) it expects (contract.h). Not (0,)
+  in jaxprs: under shard_map jax passes such constants (and residuals) into
+  the manual computation as arguments, and XLA 0.11's CPU compiler crashed
+  (segfault in its SPMD pipeline) on zero-sized arguments there.
+  """
+  return np.zeros((), dtype)
+
+
+def is_absent(x) -> bool:
+  return x.ndim == 0
 
 
 # -- abstract evaluation -------------------------------------------------------
@@ -181,6 +198,13 @@ def _lowering(target):
   lower = jax.ffi.ffi_lowering(target)
 
   def rule(ctx, *args, **params):
+    # Absent operands (0-d) reach the call as the (0,) it expects.
+    absent = [is_absent(a) for a in ctx.avals_in]
+    if any(absent):
+      args = [mlir.ir_constant(np.zeros((0,), a.dtype)) if gone else x
+              for x, a, gone in zip(args, ctx.avals_in, absent)]
+      ctx = ctx.replace(avals_in=[a.update(shape=(0,)) if gone else a
+                                  for a, gone in zip(ctx.avals_in, absent)])
     return lower(ctx, *args, **_ffi.attributes(target, params))
 
   return rule
@@ -270,8 +294,8 @@ if set(_MASK_ROLES) != set(MASK_OPERANDS):
 
 
 def _mask_roles(mask_operands) -> list[tuple]:
-  """Roles of the MASK_OPERANDS' dimensions (none along broadcast or absent ones)."""
-  return [(None,) if _is_absent(x) else
+  """Roles of the MASK_OPERANDS' dimensions (none along broadcast ones)."""
+  return [() if is_absent(x) else
           tuple(None if x.shape[i] == 1 else r for i, r in enumerate(_MASK_ROLES[name]))
           for name, x in zip(MASK_OPERANDS, mask_operands)]
 
@@ -287,7 +311,7 @@ def _layout(name, target, per_row_roles, result_roles, mask_operands, params):
   dropout = params["dropout_rate"] > 0
   # Lengths count from the start of the sequence, cells are in positions: a
   # query shard reading them must be told where it starts.
-  by_position = [not _is_absent(mask_operands[MASK_OPERANDS.index(operand)])
+  by_position = [not is_absent(mask_operands[MASK_OPERANDS.index(operand)])
                  for operand in ("q_seqlens", "block_mask", "tile_map")]
   return partitioning.Layout(
       name=name,
@@ -297,7 +321,7 @@ def _layout(name, target, per_row_roles, result_roles, mask_operands, params):
       offsets_index=len(per_row_roles) + _OFFSETS,
       needs_positions=params["is_causal"] or window or dropout or any(by_position),
       needs_ids=dropout,
-      batch_shardable=not dropout or mask_operands[_KEY].shape[0] == 1,
+      batch_shardable=not dropout or mask_operands[_KEY].shape[:1] == (1,),
       position_multiple=DROPOUT_BLOCK if dropout else 1)
 
 
@@ -309,8 +333,8 @@ def _fwd_layout(avals_in, params):
 
 def _tangent_roles(tangent, roles):
   """A tangent's roles: its primal's, per dimension (1 where it broadcasts), or absent."""
-  if _is_absent(tangent):
-    return (None,)
+  if is_absent(tangent):
+    return ()
   return tuple(None if tangent.shape[i] == 1 else r for i, r in enumerate(roles))
 
 
@@ -364,10 +388,6 @@ _jvp_kernel = _define_lowering(flash_jvp_p, _jvp_abstract_eval, _ffi.JVP_TARGET,
 _NOT_MAPPED = None
 
 
-def _is_absent(x) -> bool:
-  return x.ndim == 1 and x.shape[0] == 0
-
-
 # Operands broadcastable over the batch like a dense bias (4-d, batch dim 1 or B).
 _DENSE_OPERANDS = ("bias", "mask", "bias_dot", "block_mask", "tile_map")
 
@@ -392,7 +412,7 @@ def _fold_into_batch(args, dims, axis_size, batch, target):
             "not supported; map over the batch instead")
       folded.append(x)
       continue
-    if _is_absent(x) and d is _NOT_MAPPED:
+    if is_absent(x) and d is _NOT_MAPPED:
       folded.append(x)
       continue
     x = jnp.broadcast_to(x[None], (axis_size,) + x.shape) if d is _NOT_MAPPED else (
@@ -432,7 +452,7 @@ def _fwd_batch_rule(args, dims, **params):
     # bias or mask, a block mask or a tile map that varies per head.
     dense = [args[3 + MASK_OPERANDS.index(name)]
              for name in ("bias", "mask", "block_mask", "tile_map")]
-    if all(_is_absent(x) or x.shape[1] == 1 for x in dense):
+    if all(is_absent(x) or x.shape[1] == 1 for x in dense):
       q = jnp.moveaxis(args[0], q_dim, 3)  # (B, Sq, Hq, V, D)
       batch, seqlen_q, num_heads, _, head_dim = q.shape
       q = q.reshape(batch, seqlen_q, num_heads * axis_size, head_dim)
@@ -452,7 +472,7 @@ def _bwd_batch_rule(args, dims, **params):
   folded, bias_was_broadcast = _fold_into_batch(args, dims, axis_size, batch, _ffi.BWD_TARGET)
   dq, dk, dv, dbias = flash_bwd_p.bind(*folded, **params)
   grads = [_unfold_batch(g, axis_size) for g in (dq, dk, dv)]
-  if _is_absent(dbias):  # no bias, or its gradient not asked for (bias_grad): absent per example
+  if dbias.shape == (0,):  # no bias, or its gradient not asked for (bias_grad): absent per example
     dbias = jnp.zeros((axis_size, 0), dbias.dtype)
   else:
     dbias = _unfold_batch(dbias, axis_size)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jax_flash
-from jax_flash import _ffi
+from jax_flash import _ffi, primitives
 from jax_flash.primitives import flash_bwd_p, flash_fwd_p, mask_operands
 from reference import Options, attention
 
@@ -467,6 +467,12 @@ def test_handler_rejects_bad_operands(backend, case):
     jax.block_until_ready(flash_fwd_p.bind(*map(jnp.asarray, operands), **params))
 
 
+def call_mask_operands(dtype, **ops):
+  """mask_operands as a direct custom call takes them: absent ones (0,)."""
+  return [np.zeros((0,), x.dtype) if primitives.is_absent(x) else jnp.asarray(x)
+          for x in mask_operands(dtype, **ops)]
+
+
 def test_cpu_handler_rejects_a_16bit_bias():
   """The CPU kernels read a float32 bias and jax_flash's CPU lowering converts
   a 16-bit one before the call: only a direct custom call brings one."""
@@ -478,7 +484,7 @@ def test_cpu_handler_rejects_a_16bit_bias():
   with jax.default_device(jax.devices("cpu")[0]):
     with pytest.raises(Exception, match="CPU kernels read the bias in float32, got bfloat16"):
       jax.block_until_ready(jax.jit(lambda *a: call(*a, **attributes))(
-          q, k, v, *map(jnp.asarray, mask_operands(q.dtype, bias=bias))))
+          q, k, v, *call_mask_operands(q.dtype, bias=bias)))
 
 
 def test_bwd_handler_rejects_bad_dbias():
@@ -494,7 +500,7 @@ def test_bwd_handler_rejects_bad_dbias():
   with jax.default_device(jax.devices("cpu")[0]):
     with pytest.raises(Exception, match="dbias must have the shape of bias and dtype float32"):
       jax.block_until_ready(jax.jit(lambda *a: call(*a, **attributes))(
-          q, k, v, q, lse, q, *map(jnp.asarray, mask_operands(q.dtype, bias=bias))))
+          q, k, v, q, lse, q, *call_mask_operands(q.dtype, bias=bias)))
 
 
 def test_bwd_handler_rejects_bad_lse(backend):

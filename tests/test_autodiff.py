@@ -25,7 +25,7 @@ from jax.test_util import check_grads
 import jax_flash
 from conftest import assert_flash_close
 from jax_flash import _ffi, blockwise, dropout, primitives
-from jax_flash.primitives import flash_fwd_p, flash_jvp_p
+from jax_flash.primitives import absent_operand, flash_fwd_p, flash_jvp_p
 from reference import Options, attention, make_inputs, visible_mask
 
 RATE = 0.3
@@ -239,7 +239,7 @@ def test_jvp_of_one_argument_skips_the_rest(backend):
   jaxpr = jax.make_jaxpr(lambda q, t: jax.jvp(f, (q,), (t,)))(q, q)
   eqn = next(e for e in jaxpr.jaxpr.eqns if e.primitive is flash_jvp_p)
   tangent_shapes = [tuple(v.aval.shape) for v in eqn.invars[5:9]]  # after q, k, v, out, lse
-  assert tangent_shapes == [q.shape, (0,), (0,), (0,)]
+  assert tangent_shapes == [q.shape, (), (), ()]  # absent: 0-d (primitives.absent_operand)
   got = jax.jit(lambda q, t: jax.jvp(f, (q,), (t,))[1])(q, 2 * q + 1)
   want = jax.jit(lambda q, t: jax.jvp(lambda q: pb.dense(q, k, v), (q,), (t,))[1])(q, 2 * q + 1)
   assert_trees_close(got, want, 1e-10)
@@ -317,7 +317,7 @@ def _bind_jvp_with_a_bad_tangent(bad):
   out, lse = flash_fwd_p.bind(q, k, k, *absent, **params)
   k_dot = jnp.zeros((1, 4, 1, 8), jnp.float32) if bad == "shape" else k.astype(jnp.float64)
   with pytest.raises(Exception, match="jax_flash: k_dot must be"):
-    no_tangent = jnp.zeros((0,), jnp.float32)
+    no_tangent = absent_operand(jnp.float32)
     jax.block_until_ready(flash_jvp_p.bind(q, k, k, out, lse, no_tangent, k_dot, no_tangent,
                                            no_tangent, *absent, **params))
 

@@ -13,10 +13,12 @@ does; shard_map forward and gradient type-check (check_vma=True).
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -24,7 +26,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_flash
 from conftest import assert_flash_close
-from jax_flash.primitives import flash_bwd_p, flash_fwd_p, mask_operands
+from jax_flash.primitives import absent_operand, flash_bwd_p, flash_fwd_p, mask_operands
 from jax_flash.sharding import partitioning
 from reference import Options, attention, make_inputs, visible_mask
 from reference import attention_and_grads as dense_attention_and_grads
@@ -55,11 +57,11 @@ def kernel_result_shapes(compiled_text: str, target: str, index=0) -> list[tuple
 
 # -- the offsets operand, on one device (every backend) -------------------------
 
-NO_INT = np.zeros((0,), np.int32)
+NO_INT = absent_operand(np.int32)
 
 
 def chunk_operands(offsets, acc_dtype, q_lengths=NO_INT, kv_lengths=NO_INT,
-                   dropout_key=np.zeros((0,), np.uint32)):
+                   dropout_key=absent_operand(np.uint32)):
   return [jnp.asarray(x) for x in mask_operands(
       acc_dtype, q_seqlens=q_lengths, kv_seqlens=kv_lengths, dropout_key=dropout_key,
       offsets=np.asarray(offsets, np.int32))]
@@ -350,6 +352,36 @@ def test_shard_map_forward_and_gradient(devices, layout):
     return (out,) + vjp(dout)
 
   check_against_reference(f(q, k, v, dout), inputs, opts)
+
+
+def shard_map_boundary_shapes(jaxpr) -> list[tuple]:
+  """Shapes of the values entering or leaving every shard_map in `jaxpr`."""
+  shapes = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "shard_map":
+      shapes += [tuple(v.aval.shape) for v in (*eqn.invars, *eqn.outvars)]
+    for param in eqn.params.values():
+      inner = getattr(param, "jaxpr", param)
+      if isinstance(inner, jax.extend.core.Jaxpr):
+        shapes += shard_map_boundary_shapes(inner)
+  return shapes
+
+
+@pytest.mark.parametrize("attention", ["flash", "ring"])
+def test_no_empty_array_crosses_shard_map(devices, attention):
+  """Absent operands are 0-d (primitives.absent_operand): jax passes the
+  constants of a shard_map body, and the residuals its gradient keeps, in
+  and out of the manual computation, and XLA 0.11's CPU compiler crashed
+  (segfault) on zero-sized ones there."""
+  mesh = jax.make_mesh((4,), ("x",), devices=devices)
+  spec = P(None, "x")
+  fn = (jax_flash.flash_attention if attention == "flash" else
+        lambda q, k, v: jax_flash.ring_attention(q, k, v, axis_name="x", is_causal=True))
+  attend = jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=spec)
+  q, = put(mesh, spec, np.zeros((2, 16, 2, 8), np.float32))
+  jaxpr = jax.make_jaxpr(jax.grad(lambda q: jnp.sum(attend(q, q, q))))(q)
+  shapes = shard_map_boundary_shapes(jaxpr.jaxpr)
+  assert len(shapes) > 2 and all(math.prod(s) > 0 for s in shapes), shapes
 
 
 def test_sharded_program_exports(devices):

@@ -52,7 +52,7 @@ class Layout:
   """What the partitioner needs to know about one primitive call (static).
 
   operand_roles / result_roles: one role per dimension of each array.
-  offsets_index: the operand that holds the offsets (absent when shape (0,)).
+  offsets_index: the operand that holds the offsets (absent when 0-d).
   needs_positions: the result depends on query positions (causal, window,
     lengths, dropout), so a sequence shard must be told its position.
   needs_ids: dropout: shards must be told their global batch and head.
@@ -210,7 +210,7 @@ def _local_fn(local_prim, layout: Layout, params: dict, plan: _Plan, local_shape
     args = list(args)
     if shifts:
       offsets = args[layout.offsets_index]
-      offsets = jnp.zeros((NUM_OFFSETS,), jnp.int32) if offsets.shape == (0,) else offsets
+      offsets = jnp.zeros((NUM_OFFSETS,), jnp.int32) if offsets.ndim == 0 else offsets
       for i, (axes, size) in shifts.items():
         offsets = offsets.at[i].add(index(axes).astype(jnp.int32) * size)
       args[layout.offsets_index] = offsets

@@ -168,8 +168,21 @@ def _operands(query_position, key_position, acc_dtype):
   return mask_operands(acc_dtype, offsets=offsets)
 
 
-def _rows(x, rows):
-  return x[:, rows]
+def _rows(x, rows, axis=1):
+  """x's `rows` (a static slice) along `axis`."""
+  return jax.lax.slice_in_dim(x, rows.start or 0, rows.stop, axis=axis)
+
+
+def _set_rows(x, rows, value, axis=1):
+  """x with its `rows` along `axis` replaced by `value`. Not x.at[].set: its
+  scatter carries zero-sized index constants, which jax passes into
+  shard_map's manual computation, and XLA 0.11's CPU compiler crashed on
+  zero-sized arguments there."""
+  return jax.lax.dynamic_update_slice_in_dim(x, value, rows.start or 0, axis)
+
+
+def _add_rows(x, rows, value):
+  return _set_rows(x, rows, _rows(x, rows) + value)
 
 
 def _merge(out, lse, part_out, part_lse):
@@ -201,8 +214,8 @@ def _ring(config, axis_name, num_devices, layout, transfer):
         part_out, part_lse = flash_fwd_p.bind(
             _rows(q, qs), _rows(k, ks), _rows(v, ks), *_operands(qp, kp, acc),
             **config.fwd_params())
-        merged = _merge(_rows(out, qs), lse[:, :, qs], part_out, part_lse)
-        out, lse = out.at[:, qs].set(merged[0]), lse.at[:, :, qs].set(merged[1])
+        merged = _merge(_rows(out, qs), _rows(lse, qs, 2), part_out, part_lse)
+        out, lse = _set_rows(out, qs, merged[0]), _set_rows(lse, qs, merged[1], 2)
       if following is not None:
         k, v = following
     return out.astype(q.dtype), lse
@@ -217,12 +230,12 @@ def _ring(config, axis_name, num_devices, layout, transfer):
       following = send((k, v)) if step + 1 < num_devices else None
       for qs, ks, qp, kp in _calls(config, layout, step, me, num_devices, length):
         part_dq, part_dk, part_dv, _ = flash_bwd_p.bind(
-            _rows(q, qs), _rows(k, ks), _rows(v, ks), _rows(out, qs), lse[:, :, qs],
+            _rows(q, qs), _rows(k, ks), _rows(v, ks), _rows(out, qs), _rows(lse, qs, 2),
             _rows(dout, qs), *_operands(qp, kp, acc),
             **config.bwd_params(bias_grad=False))  # (ring attention takes no bias)
-        dq = dq.at[:, qs].add(part_dq.astype(acc))
-        dk = dk.at[:, ks].add(part_dk.astype(acc))
-        dv = dv.at[:, ks].add(part_dv.astype(acc))
+        dq = _add_rows(dq, qs, part_dq.astype(acc))
+        dk = _add_rows(dk, ks, part_dk.astype(acc))
+        dv = _add_rows(dv, ks, part_dv.astype(acc))
       # dK/dV travel with their chunk; after the last step one more hop
       # brings each chunk's sums home.
       dk, dv = send((dk, dv))

@@ -163,12 +163,14 @@ def main(argv=None):
                       help="longest sequence also timed on one device")
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--json", help="also write the rows to this file")
+  parser.add_argument("--platform", default=None,
+                      help="devices of this platform (default: JAX's default backend)")
   args = parser.parse_args(argv)
   if args.smoke:
     args.dtype, args.heads, args.kv_heads, args.head_dim = "float32", 2, 1, 16
     args.dp_batch, args.dp_seqlen, args.ring_seqlens, args.repeats = 2, 64, [128], 1
   args.dtype = jnp.dtype(args.dtype)
-  devices = jax.devices()
+  devices = jax.devices(args.platform)
   if len(devices) < 2:
     raise SystemExit(f"needs two devices, found {devices}")
   header = (f"{devices[0].device_kind} x2, {args.dtype.name}, H={args.heads}, "

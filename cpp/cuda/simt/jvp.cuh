@@ -11,10 +11,14 @@
 //     x   = Score(scale * S + bias),  P = exp(x - lse)   (0 where hidden)
 //     dS  = (scale * dS' + bias_dot) * dx/dlogit         (sech^2 under a cap)
 //     lse_dot += rowsum(P o dS)
-//     acc += (Pd o dS) V_j + Pd V_dot_j                  (acc in registers)
-//   out_dot = acc - lse_dot o out,  with out as the forward wrote it
+//     acc += (Pd o (dS - c)) V_j + Pd V_dot_j            (acc in registers)
+//   out_dot = acc - (lse_dot - c) o out,  with out as the forward wrote it
 // where Pd is P after the forward's dropout (HeadDropout: kept elements
 // scaled by 1 / (1 - rate), the others 0); lse_dot sums P before dropout.
+// The per-row shift c, the P-weighted mean of dS over the row's first block
+// with a visible key (0 before it), changes nothing in exact arithmetic
+// (out = Pd V) but keeps lse_dot times out's rounding out of rows that see
+// few keys, where lse_dot ~ dS (as cpu/flash_jvp.cc and sm80/jvp.cuh do).
 // Absent (zero) tangents skip their products and loads. Hidden keys
 // contribute exactly 0, by a select, also where a tangent is inf or NaN; a
 // row that sees no key (lse = -inf) gets out_dot = 0 and lse_dot = 0; a NaN
@@ -72,24 +76,24 @@ struct JvpLayout {
 // and sdS (its own elements only), leaves there
 //   sP  = Pd       = Z * P / (1 - rate), P = exp(x - lse)  (0 where hidden)
 //   sdS = Pd o dS                                           (0 where hidden)
-// (Z = 1 without dropout) and adds each owned row's sum of P o dS (before
-// dropout) to lse_dot_part. A rolled loop, as in the backward: the bias,
-// mask and Philox code unrolled over the fragments kept them live and
-// spilled.
+// (Z = 1 without dropout), and this thread's share of each owned row's sums
+// of P and of P o dS (both before dropout) in p_part and pds_part. A rolled
+// loop, as in the backward: the bias, mask and Philox code unrolled over the
+// fragments kept them live and spilled.
 template <typename Layout, typename Map, typename Acc>
 __device__ __forceinline__ void ProbsAndTangents(const Layout& t, const Map& smap,
                                                  const HeadTerms<Acc>& head,
                                                  const Acc* bias_dot, int64_t i0, int m_valid,
                                                  int64_t j0, int n_valid, bool has_ds, Acc scale,
-                                                 Acc softcap,
-                                                 Acc (&lse_dot_part)[Map::kRowsPerThread]) {
+                                                 Acc softcap, Acc (&p_part)[Map::kRowsPerThread],
+                                                 Acc (&pds_part)[Map::kRowsPerThread]) {
   constexpr int kLdP = Layout::kLdP;
   const BatchMask& mask = head.mask;
   const bool all_visible = mask.AllVisible(i0, i0 + m_valid, j0, j0 + n_valid);
 #pragma unroll 1
   for (int ri = 0; ri < Map::kRowsPerThread; ++ri) {
     const int r = smap.row(ri);
-    Acc row_sum = Acc(0);
+    Acc row_p = Acc(0), row_pds = Acc(0);
 #pragma unroll 1
     for (int ci = 0; ci < Map::kColsPerThread; ++ci) {
       const int c = smap.col(ci);
@@ -100,12 +104,13 @@ __device__ __forceinline__ void ProbsAndTangents(const Layout& t, const Map& sma
         Acc dx;
         const Acc x = Score(t.sP[at], head.Bias(i, j), scale, softcap, &dx);
         prob = Exp(x - t.sLse[r]);
+        row_p += prob;
         if (has_ds) {
           Acc dlogit = scale * t.sdS[at];
           if (bias_dot != nullptr)
             dlogit += bias_dot[i * head.bias_row_stride + j * head.bias_col_stride];
           pds = prob * (dlogit * dx);
-          row_sum += pds;
+          row_pds += pds;
         }
         if (head.dropout.enabled) {
           const bool kept = head.dropout.Keep(i, j);
@@ -116,11 +121,14 @@ __device__ __forceinline__ void ProbsAndTangents(const Layout& t, const Map& sma
       t.sP[at] = prob;
       t.sdS[at] = pds;
     }
-    // A select per row keeps lse_dot_part in registers (indexing it with
-    // the loop's ri would put it in local memory).
+    // A select per row keeps the sums in registers (indexing them with the
+    // loop's ri would put them in local memory).
 #pragma unroll
     for (int k = 0; k < Map::kRowsPerThread; ++k)
-      if (k == ri) lse_dot_part[k] += row_sum;
+      if (k == ri) {
+        p_part[k] = row_p;
+        pds_part[k] = row_pds;
+      }
   }
 }
 
@@ -186,9 +194,15 @@ __global__ void __launch_bounds__(kThreads) JvpKernel(const JvpParams p) {
   const OMap omap(threadIdx.x);
   Fragment<OMap, Acc> acc;
   Fill<OMap, Acc>(acc, Acc(0));
-  Acc lse_dot_part[SMap::kRowsPerThread];
+  // Per owned row, the same in every thread of its column group: lse_dot so
+  // far and the shift c (set at the row's first block with a visible key).
+  Acc lse_dot[SMap::kRowsPerThread], shift[SMap::kRowsPerThread];
+  bool shift_set[SMap::kRowsPerThread];
 #pragma unroll
-  for (int i = 0; i < SMap::kRowsPerThread; ++i) lse_dot_part[i] = Acc(0);
+  for (int i = 0; i < SMap::kRowsPerThread; ++i) {
+    lse_dot[i] = shift[i] = Acc(0);
+    shift_set[i] = false;
+  }
 
   for (int64_t j0 = key_begin; j0 < key_end; j0 += kBlockN) {
     const int n_valid = ValidRows<kBlockN>(key_end - j0);
@@ -206,6 +220,9 @@ __global__ void __launch_bounds__(kThreads) JvpKernel(const JvpParams p) {
 
     // S = Q K^T and dS' = Q_dot K^T + Q K_dot^T, parked in sP and sdS by
     // their owners (no barrier needed before ProbsAndTangents).
+    Acc p_part[SMap::kRowsPerThread], pds_part[SMap::kRowsPerThread];
+#pragma unroll
+    for (int i = 0; i < SMap::kRowsPerThread; ++i) p_part[i] = pds_part[i] = Acc(0);
     {
       Fragment<SMap, Acc> dot, ddot;
       Fill<SMap, Acc>(dot, Acc(0));
@@ -223,7 +240,30 @@ __global__ void __launch_bounds__(kThreads) JvpKernel(const JvpParams p) {
             t.sdS[at] = ddot[i][jj];
           }
         ProbsAndTangents(t, smap, head, bias_dot, i0, m_valid, j0, n_valid, has_ds, scale,
-                         softcap, lse_dot_part);
+                         softcap, p_part, pds_part);
+      }
+    }
+    // Row sums over the column group (every thread takes part: the shuffles
+    // span whole warps), then sdS = Pd o (dS - c) on the owned elements.
+    if (has_ds) {
+#pragma unroll
+      for (int i = 0; i < SMap::kRowsPerThread; ++i) {
+        const Acc p_sum = GroupSum<SMap::kColThreads>(p_part[i]);
+        const Acc pds_sum = GroupSum<SMap::kColThreads>(pds_part[i]);
+        lse_dot[i] += pds_sum;
+        if (!shift_set[i] && p_sum > Acc(0)) {
+          shift[i] = pds_sum / p_sum;
+          shift_set[i] = true;
+        }
+      }
+      if (smap.active) {
+#pragma unroll
+        for (int i = 0; i < SMap::kRowsPerThread; ++i)
+#pragma unroll
+          for (int jj = 0; jj < SMap::kColsPerThread; ++jj) {
+            const int at = smap.row(i) * kLdP + smap.col(jj);
+            t.sdS[at] -= shift[i] * t.sP[at];
+          }
       }
     }
     __syncthreads();
@@ -233,23 +273,21 @@ __global__ void __launch_bounds__(kThreads) JvpKernel(const JvpParams p) {
     if (v_dot != nullptr) MultiplyAccumulate(omap, acc, t.sP, kLdP, 1, t.sVd, 1, kLd, n_valid);
   }
 
-  // lse_dot: the row's partial sums are spread over the SMap::kColThreads
-  // consecutive threads that own its columns; reduce them (every thread of
-  // the group takes part), then publish through shared memory (sLse is free:
-  // the last readers passed the loop's final barrier, or never ran).
+  // Store lse_dot; publish each row's weight lse_dot - c through shared
+  // memory (sLse is free: the last readers passed the loop's final barrier,
+  // or never ran).
   __syncthreads();
+  if (smap.active && smap.col0 == 0) {
 #pragma unroll
-  for (int i = 0; i < SMap::kRowsPerThread; ++i) {
-    const Acc sum = GroupSum<SMap::kColThreads>(lse_dot_part[i]);
-    if (smap.active && smap.col0 == 0) {
+    for (int i = 0; i < SMap::kRowsPerThread; ++i) {
       const int r = smap.row(i);
-      t.sLse[r] = sum;
-      if (r < m_valid) static_cast<Acc*>(p.lse_dot)[RowStatOffset(s, b, h, i0 + r)] = sum;
+      t.sLse[r] = lse_dot[i] - shift[i];
+      if (r < m_valid) static_cast<Acc*>(p.lse_dot)[RowStatOffset(s, b, h, i0 + r)] = lse_dot[i];
     }
   }
   __syncthreads();
 
-  // out_dot = acc - lse_dot o out (out as the forward stored it).
+  // out_dot = acc - (lse_dot - c) o out (out as the forward stored it).
   if (omap.active) {
     const T* out = static_cast<const T*>(p.out) + p.out_strides.offset(b, i0, h);
     T* out_dot = static_cast<T*>(p.out_dot) + p.out_dot_strides.offset(b, i0, h);
@@ -257,13 +295,13 @@ __global__ void __launch_bounds__(kThreads) JvpKernel(const JvpParams p) {
     for (int i = 0; i < OMap::kRowsPerThread; ++i) {
       const int r = omap.row(i);
       if (r >= m_valid) continue;
-      const Acc lse_dot = t.sLse[r];
+      const Acc weight = t.sLse[r];
 #pragma unroll
       for (int jj = 0; jj < OMap::kColsPerThread; ++jj) {
         const int d = omap.col(jj);
         if (d < head_dim)
           out_dot[r * p.out_dot_strides.row + d] =
-              FromAcc<T>(acc[i][jj] - lse_dot * ToAcc(out[r * p.out_strides.row + d]));
+              FromAcc<T>(acc[i][jj] - weight * ToAcc(out[r * p.out_strides.row + d]));
       }
     }
   }
