@@ -15,6 +15,8 @@
 //
 // Build: tests/gpu/build.sh. Usage: tc_kernel_check [check|small|features|bench|bench_fp16|
 // bench_cap|bench_d|bench_fwd|bench1 D S causal|prof D S causal]
+// check and features take an optional range, FIRST [COUNT]: those cases alone, with the
+// seeds of the whole run, so that a long run (forced onto sm75) can be split over calls.
 // (tests/gpu/fwd_ws_run.sh checks and times the warp-specialized Hopper
 // forward against the one without and against a baseline tree; it and
 // tc_run.sh grep this file for bench_cap and bench_fwd, the modes a tree has.)
@@ -443,9 +445,14 @@ int main(int argc, char** argv) {
   std::vector<Case> cases;
   if (mode == "features") AddFeatureCases(&cases);  // the score terms alone (also part of check)
   else AddCheckCases(&cases);
-  uint64_t seed = 100;
+  const size_t first = argc > 2 ? std::strtoul(argv[2], nullptr, 10) : 0;
+  const size_t count = argc > 3 ? std::strtoul(argv[3], nullptr, 10) : cases.size();
+  const size_t end = std::min(cases.size(), first + std::min(count, cases.size()));
   int fails = 0;
-  for (const Case& c : cases) fails += !RunCase(c, seed++);
-  std::printf("%s: %d of %zu cases failed\n", fails ? "FAILED" : "ALL PASSED", fails, cases.size());
+  for (size_t i = first; i < end; ++i) fails += !RunCase(cases[i], 100 + i);
+  const size_t ran = end > first ? end - first : 0;
+  std::printf("%s: %d of %zu cases failed", fails ? "FAILED" : "ALL PASSED", fails, ran);
+  if (ran != cases.size()) std::printf(" (cases %zu-%zu of %zu)", first, first + ran, cases.size());
+  std::printf("\n");
   return fails ? 1 : 0;
 }
