@@ -154,14 +154,10 @@ __device__ __forceinline__ void ProbsAndScoreGrads(const Layout& t, const HeadTe
   // so no barrier is needed) and do the elementwise part as a rolled loop:
   // with the bias, mask and Philox code unrolled over the fragments, the
   // fragments stayed live across it and the kernels spilled.
-#pragma unroll
-  for (int i = 0; i < SMap::kRowsPerThread; ++i)
-#pragma unroll
-    for (int jj = 0; jj < SMap::kColsPerThread; ++jj) {
-      const int at = smap.row(i) * kLdP + smap.col(jj);
-      t.sP[at] = dot[i][jj];
-      t.sdS[at] = dp[i][jj];
-    }
+  ForEachOwned(smap, kLdP, [&](int i, int j, int at) {
+    t.sP[at] = dot[i][j];
+    t.sdS[at] = dp[i][j];
+  });
   const bool all_visible = mask.AllVisible(i0, i0 + m_valid, j0, j0 + n_valid);
 #pragma unroll 1
   for (int e = 0; e < SMap::kRowsPerThread * SMap::kColsPerThread; ++e) {

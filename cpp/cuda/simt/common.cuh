@@ -104,6 +104,16 @@ __device__ __forceinline__ void Fill(Fragment<Map, Acc>& acc, Acc value) {
     for (int j = 0; j < Map::kColsPerThread; ++j) acc[i][j] = value;
 }
 
+// f(i, j, at) for each element this thread owns: (i, j) its place in the
+// fragment, at its index in a row-major shared tile of row stride ld.
+template <typename Map, typename F>
+__device__ __forceinline__ void ForEachOwned(const Map& map, int ld, F&& f) {
+#pragma unroll
+  for (int i = 0; i < Map::kRowsPerThread; ++i)
+#pragma unroll
+    for (int j = 0; j < Map::kColsPerThread; ++j) f(i, j, map.row(i) * ld + map.col(j));
+}
+
 // acc(r, c) += sum_{k < k_len} A(r, k) * B(c, k) over the elements this
 // thread owns, where A(r, k) = a[r * a_row + k * a_k] and
 // B(c, k) = b[c * b_col + k * b_k] are shared-memory tiles. The strides say

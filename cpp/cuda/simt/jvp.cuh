@@ -231,14 +231,10 @@ __global__ void __launch_bounds__(kThreads) JvpKernel(const JvpParams p) {
       if (p.q_dot != nullptr) MultiplyAccumulate(smap, ddot, t.sQd, kLd, 1, t.sK, kLd, 1, head_dim);
       if (k_dot != nullptr) MultiplyAccumulate(smap, ddot, t.sQ, kLd, 1, t.sKd, kLd, 1, head_dim);
       if (smap.active) {
-#pragma unroll
-        for (int i = 0; i < SMap::kRowsPerThread; ++i)
-#pragma unroll
-          for (int jj = 0; jj < SMap::kColsPerThread; ++jj) {
-            const int at = smap.row(i) * kLdP + smap.col(jj);
-            t.sP[at] = dot[i][jj];
-            t.sdS[at] = ddot[i][jj];
-          }
+        ForEachOwned(smap, kLdP, [&](int i, int j, int at) {
+          t.sP[at] = dot[i][j];
+          t.sdS[at] = ddot[i][j];
+        });
         ProbsAndTangents(t, smap, head, bias_dot, i0, m_valid, j0, n_valid, has_ds, scale,
                          softcap, p_part, pds_part);
       }
@@ -256,15 +252,8 @@ __global__ void __launch_bounds__(kThreads) JvpKernel(const JvpParams p) {
           shift_set[i] = true;
         }
       }
-      if (smap.active) {
-#pragma unroll
-        for (int i = 0; i < SMap::kRowsPerThread; ++i)
-#pragma unroll
-          for (int jj = 0; jj < SMap::kColsPerThread; ++jj) {
-            const int at = smap.row(i) * kLdP + smap.col(jj);
-            t.sdS[at] -= shift[i] * t.sP[at];
-          }
-      }
+      if (smap.active)
+        ForEachOwned(smap, kLdP, [&](int i, int, int at) { t.sdS[at] -= shift[i] * t.sP[at]; });
     }
     __syncthreads();
 
