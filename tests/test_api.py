@@ -513,6 +513,16 @@ def test_bwd_handler_rejects_bad_lse(backend):
                                            **FWD_PARAMS))
 
 
+def test_bwd_without_a_bias_gives_an_absent_dbias_even_if_asked(backend):
+  """bias_grad=True with no bias: dbias is the absent (0,) result, also under vmap."""
+  q, k, v = qkv()
+  out, lse = flash_fwd_p.bind(q, k, v, *mask_operands(q.dtype), **FWD_PARAMS)
+  bwd = lambda q, out, lse: flash_bwd_p.bind(q, k, v, out, lse, q, *mask_operands(q.dtype),
+                                             deterministic=False, bias_grad=True, **FWD_PARAMS)
+  assert bwd(q, out, lse)[3].shape == (0,)
+  assert jax.vmap(bwd)(*(x[None] for x in (q, out, lse)))[3].shape == (1, 0)
+
+
 def test_build_info():
   info = jax_flash.build_info()
   assert info["version"] == jax_flash.__version__
