@@ -102,6 +102,14 @@ struct KeyBlockScheduler {
 // and KeyBlockSectionScheduler walk it.
 struct SectionedPosition {
   int block, pair;
+
+  // Pairs per section: as many as fit section_bytes at pair_bytes each, at
+  // least one and at most `pairs` (host side, when the launch is set up).
+  static int64_t SectionPairs(int64_t section_bytes, int64_t pair_bytes, int64_t pairs) {
+    const int64_t n = pair_bytes > 0 ? section_bytes / pair_bytes : pairs;
+    return n < 1 ? 1 : (n > pairs ? pairs : n);
+  }
+
   __device__ __forceinline__ static SectionedPosition At(int index, int blocks, int section_pairs,
                                                          int pairs) {
     const int per_section = blocks * section_pairs;
@@ -148,8 +156,7 @@ struct KeyBlockSectionScheduler {
     if (n_blocks * pairs > INT32_MAX) return false;
     // Q, dO (16-bit) and the dQ accumulator (float32) of a pair's q heads.
     const int64_t pair_bytes = s.group_size() * s.seqlen_q * s.head_dim * (2 + 2 + 4);
-    int64_t section = pair_bytes > 0 ? kSectionBytes / pair_bytes : pairs;
-    section = section < 1 ? 1 : (section > pairs ? pairs : section);
+    const int64_t section = SectionedPosition::SectionPairs(kSectionBytes, pair_bytes, pairs);
     a->n_blocks = static_cast<int>(n_blocks);
     a->heads_kv = static_cast<int>(s.num_heads_kv);
     a->pairs = static_cast<int>(pairs);

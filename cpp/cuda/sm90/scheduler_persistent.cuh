@@ -47,8 +47,7 @@ struct PersistentScheduler {
     if (m_blocks * pairs > INT32_MAX) return false;
     // K and V bytes per q head: a GQA group shares them.
     const int64_t kv_bytes = 2 * s.seqlen_k * s.head_dim * 2 / s.group_size();
-    int64_t section = kv_bytes > 0 ? kSectionBytes / kv_bytes : pairs;
-    section = section < 1 ? 1 : (section > pairs ? pairs : section);
+    const int64_t section = SectionedPosition::SectionPairs(kSectionBytes, kv_bytes, pairs);
     a->m_blocks = static_cast<int>(m_blocks);
     a->heads = static_cast<int>(s.num_heads_q);
     a->pairs = static_cast<int>(pairs);
