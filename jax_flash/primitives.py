@@ -144,9 +144,14 @@ def _bwd_abstract_eval(q, k, v, out, lse, dout, *mask_operands, bias_grad, **par
   # In the accumulation dtype whatever the bias's (contract.h): reverse mode
   # casts it to the bias's dtype (autodiff.py).
   acc = accumulation_dtype(q.dtype)
-  dbias = (_result(bias, avals, dtype=acc) if bias_grad and not is_absent(bias) else
+  dbias = (_result(bias, avals, dtype=acc) if _computes_dbias(bias, bias_grad) else
            _result(bias, avals, (0,), acc, dims=(None,)))
   return (*(_result(x, avals) for x in (q, k, v)), dbias)
+
+
+def _computes_dbias(bias, bias_grad) -> bool:
+  """Whether the backward's dbias has the bias's shape (else absent, (0,))."""
+  return bias_grad and not is_absent(bias)
 
 
 def _jvp_abstract_eval(q, k, v, out, lse, *operands, **params):
@@ -352,8 +357,8 @@ def _bwd_layout(avals_in, params):
                  (_QUERY_ROLES, _KEY_ROLES, _KEY_ROLES, _QUERY_ROLES, ("b", "h", "s"),
                   _QUERY_ROLES),
                  lambda mask_roles: (_QUERY_ROLES, _KEY_ROLES, _KEY_ROLES,
-                                     mask_roles[_BIAS] if params["bias_grad"] and mask_roles[_BIAS]
-                                     else (None,)),
+                                     mask_roles[_BIAS] if _computes_dbias(
+                                         avals_in[6 + _BIAS], params["bias_grad"]) else (None,)),
                  avals_in[6:], params)
 
 
