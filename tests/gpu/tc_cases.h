@@ -333,6 +333,10 @@ inline void AddCheckCases(std::vector<Case>* cases) {
     c = Case{1, 129, 64, 2, 1, D}; c.det = true; c.segments = true; c.softcap = 2.5f; cases->push_back(c);
   }
   AddTileMapCases(cases);
+  // Causal with 32 or more key blocks of 128: the Hopper backward's 64 MB
+  // sections, two of them (10 pairs, then 2); the key blocks past Sq see no
+  // query (dK, dV 0).
+  c = Case{1, 4000, 4500, 24, 12, 96}; c.causal = true; cases->push_back(c);
 }
 
 // small (for compute-sanitizer): a few cases of each kernel family, each

@@ -125,7 +125,7 @@ struct SectionedPosition {
 
 // Blocks of keys of the Hopper dK/dV kernels, in sections of (batch, kv
 // head) pairs: a section's pairs hold Q, dO and the float32 dQ accumulator
-// rows of their q heads in a share of L2 (kSectionBytes), and the sections
+// rows of their q heads in a share of L2 (SectionBytes), and the sections
 // run one after the other; inside a section every pair's key block 0, then
 // every pair's block 1, and so on: with a causal mask the first key blocks
 // visit the most query blocks (longest first, the short ones fill the
@@ -135,12 +135,18 @@ struct SectionedPosition {
 // rows were in flight: S = 1k at B * S = 16k; cpp/cuda/NOTES.md.)
 // A one-dimensional grid (at most 2^31 - 1 tiles).
 struct KeyBlockSectionScheduler {
+  // Bytes of rows a section holds: 16 MB (32 MB: 0-8% slower at S = 1k), and
+  // 64 MB under a causal mask with 32 or more key blocks of 128 per pair:
+  // there 16 MB was up to 14% slower (D = 96 at S = 4k) and never faster by
+  // more than 3%; with blocks of 64 keys (D > 128) 64 MB was 2-4% slower
+  // (cpp/cuda/NOTES.md, Hopper backward, item 11).
+  static int64_t SectionBytes(int64_t n_blocks, int block_n, bool causal) {
 #ifdef JAX_FLASH_TUNE_BWD_SECTION_MB
-  static constexpr int64_t kSectionBytes = int64_t{JAX_FLASH_TUNE_BWD_SECTION_MB} << 20;
+    return int64_t{JAX_FLASH_TUNE_BWD_SECTION_MB} << 20;
 #else
-  static constexpr int64_t kSectionBytes = 16ll << 20;  // 32 MB: 0-8% slower at S = 1k
+    return (causal && block_n >= 128 && n_blocks >= 32 ? 64ll : 16ll) << 20;
 #endif
-  using Tile = KeyBlockScheduler::Tile;
+  }
 
   // Per-launch constants (plain ints: the tile count is checked to fit).
   struct Args {
@@ -150,13 +156,17 @@ struct KeyBlockSectionScheduler {
     int section_pairs;  // pairs per section
   };
 
+  using Tile = KeyBlockScheduler::Tile;
+
   // False when the tile count does not fit a grid.
-  static bool MakeArgs(int64_t n_blocks, const AttentionShape& s, Args* a) {
+  static bool MakeArgs(int64_t n_blocks, int block_n, const AttentionShape& s, bool causal,
+                       Args* a) {
     const int64_t pairs = s.batch * s.num_heads_kv;
     if (n_blocks * pairs > INT32_MAX) return false;
     // Q, dO (16-bit) and the dQ accumulator (float32) of a pair's q heads.
     const int64_t pair_bytes = s.group_size() * s.seqlen_q * s.head_dim * (2 + 2 + 4);
-    const int64_t section = SectionedPosition::SectionPairs(kSectionBytes, pair_bytes, pairs);
+    const int64_t section =
+        SectionedPosition::SectionPairs(SectionBytes(n_blocks, block_n, causal), pair_bytes, pairs);
     a->n_blocks = static_cast<int>(n_blocks);
     a->heads_kv = static_cast<int>(s.num_heads_kv);
     a->pairs = static_cast<int>(pairs);

@@ -176,7 +176,8 @@ cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t str
   if (n_blocks == 0) return cudaSuccess;
   BwdTmaArgs tma_args;
   tma_args.args = args;
-  if (!KeyBlockSectionScheduler::MakeArgs(n_blocks, shape, &tma_args.sched))
+  if (!KeyBlockSectionScheduler::MakeArgs(n_blocks, Traits::kBlockN, shape, args.p.mask.causal,
+                                           &tma_args.sched))
     return cudaErrorInvalidConfiguration;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   if (!EncodeRowsTensorMap(&tma_args.q_map, args.p.q, args.p.q_strides, shape.batch,
