@@ -37,8 +37,9 @@ CUDA_SM90_FWD_BUCKETS = (64, 96, 128, 192, 256)
 # (cpp/cuda/sm90/fwd_ws.cuh: TMA producer, ping-pong consumers, persistent
 # grid); the others run sm90/fwd.cuh. D=64 ran on mma.sync before: the wgmma
 # forward without warp specialization measured 269-281 TFLOP/s against
-# 315-323 (H100, cpp/cuda/NOTES.md). Not yet timed on a GPU.
-CUDA_SM90_FWD_WS_BUCKETS = (64, 128)
+# 315-323 (H100, cpp/cuda/NOTES.md). D=96: tiles of two 64-column blocks,
+# the second half used.
+CUDA_SM90_FWD_WS_BUCKETS = (64, 96, 128)
 # Buckets with a Hopper backward, both modes (all GEMMs on wgmma;
 # deterministic=True: the dK/dV kernel without dQ, then a wgmma dQ kernel
 # over query blocks). H100, kernel alone, bf16, S 4k-16k, fast mode: 219-302

@@ -44,14 +44,17 @@ struct FwdWsTraits {
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;  // one Q stage
-  static constexpr int kKvBytes = kBlockN * kHeadDim * 2;  // one K or V stage
+  // Tiles hold whole 64-column blocks (a head dim of 96 leaves half of its
+  // second block unused: TMA fills it with zeros).
+  static constexpr int kSmemCols = (kHeadDim + kSwizzleElems - 1) / kSwizzleElems * kSwizzleElems;
+  static constexpr int kQBytes = kBlockM * kSmemCols * 2;  // one Q stage
+  static constexpr int kKvBytes = kBlockN * kSmemCols * 2;  // one K or V stage
   // + one swizzle period so that the tiles can start 1024-byte aligned.
   static constexpr int kBarrierBytes = 16 * kQStages + 32 * kStages + 32;  // FwdWsSmem
   static constexpr int kSmemBytes =
       kQStages * kQBytes + 2 * kStages * kKvBytes + kBarrierBytes + kAtomBytes;
   static_assert(kConsumerWarpgroups == 2, "ping-pong of two consumer warpgroups");
-  static_assert(kHeadDim % kSwizzleElems == 0, "head dim must be a multiple of 64");
+  static_assert(kHeadDim % 32 == 0, "head dim: a multiple of 32 (IssuePV's n64 / n32 pieces)");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "TMA boxes and wgmma N");
   static_assert(kQStages == 1 || kQStages == 2, "Q buffers");
   static_assert(kTile.producer_regs * 128 + kTile.consumer_regs * 128 * kConsumerWarpgroups <=

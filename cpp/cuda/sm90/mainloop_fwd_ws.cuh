@@ -131,7 +131,7 @@ struct FwdWsSmem {
 template <typename T, typename Traits, typename Bias>
 __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSmem<Traits, Bias>& sm) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
-  constexpr int kColBlocks = Traits::kHeadDim / kSwizzleElems;
+  constexpr int kColBlocks = Traits::kSmemCols / kSwizzleElems;
   const FwdParams& p = a.args.p;
   const int group = static_cast<int>(p.shape.group_size());
   RingPos<Traits::kStages> kv;
@@ -244,7 +244,9 @@ __device__ __forceinline__ void IssueQK(float (&s)[Traits::kBlockN / kMmaN][4], 
 }
 
 // O += P V for one block: P (this warpgroup's 64 rows x kBlockN keys) from
-// registers, V (kBlockN x kHeadDim, MN-major) from shared memory. Issued and
+// registers, V (kBlockN x kHeadDim, MN-major, 64-column blocks kBlockN rows
+// apart: one wgmma per k-step, or an n64 and an n32 one at D = 96) from
+// shared memory. Issued and
 // committed, not waited for; the caller fences O (FenceRegisters) before the
 // wgmma.fence that opens the group: an instruction that defines O between
 // that fence and these wgmmas makes ptxas serialize every wgmma (C7513).
@@ -256,7 +258,8 @@ __device__ __forceinline__ void IssuePV(float (&o)[Traits::kHeadDim / kMmaN][4],
 #pragma unroll
   for (int ks = 0; ks < Traits::kBlockN / kMmaK; ++ks) {
     // k-step ks = keys 16ks..16ks+15: two 8-row groups into every column block.
-    WgmmaRS<T, 1>(o, p[ks], DescriptorPlus(desc_v, ks * 2 * kAtomBytes), 1);
+    WgmmaRSColumns<T, Traits::kHeadDim>(o, p[ks], DescriptorPlus(desc_v, ks * 2 * kAtomBytes),
+                                        Traits::kBlockN * kSwizzleBytes, 1);
   }
   WgmmaCommit();
 }
