@@ -238,6 +238,28 @@ def test_sharded_jit_runs_each_shard_locally(devices, case):
   check_against_reference(got, inputs, opts)
 
 
+@pytest.mark.parametrize("case", ["batch_x_heads", "sequence"])
+def test_sharded_jit_under_set_mesh(devices, case):
+  """Explicit axes in the context (jax.set_mesh): the per-device program is
+  traced with every axis manual, so none of its ops keeps a Sharding custom
+  call that the compiled program cannot run (jax 0.11). Query positions
+  (sequence) and a bias gradient summed over the batch (batch_x_heads) are
+  computed in that program."""
+  mesh = mesh_2x2(devices, AxisType.Explicit)
+  inputs = make_inputs(np.random.default_rng(4), 4, 40, 40, 8, 2, 16)  # explicit: even shards
+  opts = Options(is_causal=True, bias_shape=(1, 8, 40, 40))
+  spec = P("x", None, "y") if case == "batch_x_heads" else P(None, ("x", "y"))
+  q, k, v, dout = put(mesh, spec, inputs.q, inputs.k, inputs.v, inputs.dout)
+  bias = opts.bias(inputs)
+  f = flash_and_grads(opts.kwargs(inputs), with_bias=True)
+  with jax.set_mesh(mesh), warnings.catch_warnings():
+    warnings.simplefilter("ignore", partitioning.ShardingFallbackWarning)
+    text = f.lower(q, k, v, dout, bias).compile().as_text()
+    got = f(q, k, v, dout, bias)
+  assert 'custom_call_target="Sharding"' not in text
+  check_against_reference(got, inputs, opts, bias=bias)
+
+
 @pytest.mark.parametrize("case", ["multi_query_heads", "broadcast_bias_batch",
                                   "broadcast_bias_not_differentiated"])
 def test_sharded_gradients_sum_what_they_must(devices, case):

@@ -257,9 +257,6 @@ def test_sequence_shards_read_the_whole_map_by_position():
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-9, atol=1e-11)
 
 
-@pytest.mark.xfail(jax.__version_info__ >= (0, 11), strict=True,
-                   reason="jax 0.11.2 (CPU): the compiled program keeps a Sharding custom call "
-                          "that the runtime cannot run (seen 2026-11-24; cause not found yet)")
 def test_ids_sharded_explicitly_over_the_sequence():
   """Explicit sharding refuses to cut a sharded dim into cells: the ids are
   gathered for the map (the call itself gathers the keys' side, as without)."""

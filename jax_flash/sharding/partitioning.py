@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax._src import dispatch
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.interpreters import mlir
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 Role = str | None
 
@@ -193,6 +193,27 @@ def _warn_gathers(layout: Layout, shapes, shardings, specs) -> None:
     warnings.warn(message, ShardingFallbackWarning, stacklevel=2)
 
 
+def _per_device(fn):
+  """`fn` traced as the program of one device: every axis of the mesh manual.
+
+  jax traces the partition callback's function under the caller's abstract
+  mesh. With explicit axes (jax.set_mesh) jax 0.11 then wraps every op in it
+  in a Sharding custom call, which no partitioner removes once the callback
+  has run: the compiled program fails ("No registered implementation for
+  untyped custom call to Sharding"). The function is per device, as a
+  shard_map body is, so its ops see all axes manual.
+  """
+  def traced(*args):
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.are_all_axes_manual:
+      return fn(*args)
+    manual = mesh.update_axis_types({a: AxisType.Manual for a in mesh.axis_names})
+    with jax.sharding.use_abstract_mesh(manual):
+      return fn(*args)
+
+  return traced
+
+
 def _local_fn(local_prim, layout: Layout, params: dict, plan: _Plan, local_shapes):
   """Runs on each device's shard: offsets for its place, the kernel, sums."""
   query_rows = layout.size(local_shapes, "s")
@@ -224,7 +245,7 @@ def _local_fn(local_prim, layout: Layout, params: dict, plan: _Plan, local_shape
       summed.append(result)
     return tuple(summed)
 
-  return fn
+  return _per_device(fn)
 
 
 def _result_shardings(layout, mesh, plan):
