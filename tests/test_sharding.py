@@ -260,6 +260,28 @@ def test_sharded_jit_under_set_mesh(devices, case):
   check_against_reference(got, inputs, opts, bias=bias)
 
 
+def test_sharded_jit_compiled_under_another_mesh(devices):
+  """Lowered for one mesh, compiled under jax.set_mesh of another (same axis
+  names, other shape): the per-device program is the lowered mesh's, its
+  psum over the batch axes included (with size-one axes dropped from types,
+  the context mesh's size-one "y" would have been skipped: wrong dbias)."""
+  mesh = mesh_2x2(devices)
+  other = jax.make_mesh((4, 1), ("x", "y"), axis_types=(AxisType.Explicit,) * 2, devices=devices)
+  inputs = make_inputs(np.random.default_rng(5), 4, 40, 40, 4, 4, 16)
+  opts = Options(is_causal=True, bias_shape=(1, 4, 40, 40))
+  q, k, v, dout = put(mesh, P("y", None, "x"), inputs.q, inputs.k, inputs.v, inputs.dout)
+  bias = opts.bias(inputs)
+  previous = jax.config.values["jax_remove_size_one_mesh_axis_from_type"]
+  jax.config.update("jax_remove_size_one_mesh_axis_from_type", True)
+  try:
+    lowered = flash_and_grads(opts.kwargs(inputs), with_bias=True).lower(q, k, v, dout, bias)
+    with jax.set_mesh(other):
+      compiled = lowered.compile()
+  finally:
+    jax.config.update("jax_remove_size_one_mesh_axis_from_type", previous)
+  check_against_reference(compiled(q, k, v, dout, bias), inputs, opts, bias=bias)
+
+
 @pytest.mark.parametrize("case", ["multi_query_heads", "broadcast_bias_batch",
                                   "broadcast_bias_not_differentiated"])
 def test_sharded_gradients_sum_what_they_must(devices, case):

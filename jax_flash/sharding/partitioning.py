@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax._src import dispatch
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.interpreters import mlir
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
 
 Role = str | None
 
@@ -193,28 +193,31 @@ def _warn_gathers(layout: Layout, shapes, shardings, specs) -> None:
     warnings.warn(message, ShardingFallbackWarning, stacklevel=2)
 
 
-def _per_device(fn):
-  """`fn` traced as the program of one device: every axis of the mesh manual.
+def _per_device(fn, mesh):
+  """`fn` traced as the program of one device of `mesh`: all its axes manual.
 
-  jax traces the partition callback's function under the caller's abstract
-  mesh. With explicit axes (jax.set_mesh) jax 0.11 then wraps every op in it
-  in a Sharding custom call, which no partitioner removes once the callback
-  has run: the compiled program fails ("No registered implementation for
-  untyped custom call to Sharding"). The function is per device, as a
-  shard_map body is, so its ops see all axes manual.
+  jax traces the partition callback's function under whatever abstract mesh
+  is current when XLA runs the callback: the caller's (jax.set_mesh), or
+  none, and not necessarily `mesh`. With explicit axes there, jax 0.11 wraps
+  every op of the function in a Sharding custom call that no partitioner
+  removes once the callback has run ("No registered implementation for
+  untyped custom call to Sharding"), and psum takes the axes it may skip
+  from that mesh. The function is one device's program of `mesh`, as a
+  shard_map body is.
   """
+  manual = mesh.abstract_mesh.update_axis_types({a: AxisType.Manual for a in mesh.axis_names})
+
   def traced(*args):
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.are_all_axes_manual:
-      return fn(*args)
-    manual = mesh.update_axis_types({a: AxisType.Manual for a in mesh.axis_names})
-    with jax.sharding.use_abstract_mesh(manual):
+    # Through the empty mesh: use_abstract_mesh refuses to swap a current
+    # mesh for one of another size.
+    with jax.sharding.use_abstract_mesh(AbstractMesh((), ())), \
+        jax.sharding.use_abstract_mesh(manual):
       return fn(*args)
 
   return traced
 
 
-def _local_fn(local_prim, layout: Layout, params: dict, plan: _Plan, local_shapes):
+def _local_fn(local_prim, layout: Layout, params: dict, plan: _Plan, local_shapes, mesh):
   """Runs on each device's shard: offsets for its place, the kernel, sums."""
   query_rows = layout.size(local_shapes, "s")
   batch = layout.size(local_shapes, "b")
@@ -245,7 +248,7 @@ def _local_fn(local_prim, layout: Layout, params: dict, plan: _Plan, local_shape
       summed.append(result)
     return tuple(summed)
 
-  return _per_device(fn)
+  return _per_device(fn, mesh)
 
 
 def _result_shardings(layout, mesh, plan):
@@ -267,7 +270,7 @@ def _partition(local_prim, layout, params, mesh, arg_shapes, result_shape):
   _warn_gathers(layout, shapes, shardings, specs)
   arg_shardings = tuple(NamedSharding(mesh, s) for s in specs)
   local_shapes = [s.shard_shape(shape) for s, shape in zip(arg_shardings, shapes)]
-  fn = _local_fn(local_prim, layout, dict(params), plan, local_shapes)
+  fn = _local_fn(local_prim, layout, dict(params), plan, local_shapes, mesh)
   return mesh, fn, _result_shardings(layout, mesh, plan), arg_shardings
 
 
