@@ -137,8 +137,9 @@ struct SectionedPosition {
 struct KeyBlockSectionScheduler {
   // Bytes of rows a section holds: 16 MB (32 MB: 0-8% slower at S = 1k), and
   // 64 MB under a causal mask with 32 or more key blocks of 128 per pair:
-  // there 16 MB was up to 14% slower (D = 96 at S = 4k) and never faster by
-  // more than 3%; with blocks of 64 keys (D > 128) 64 MB was 2-4% slower
+  // there 16 MB was up to 18% slower (D = 96 at S = 4k: 2.62 against 2.22
+  // ms) and never faster by more than 3%; with blocks of 64 keys (D > 128)
+  // 64 MB was 2-4% slower
   // (cpp/cuda/NOTES.md, Hopper backward, item 11).
   static int64_t SectionBytes(int64_t n_blocks, int block_n, bool causal) {
 #ifdef JAX_FLASH_TUNE_BWD_SECTION_MB
