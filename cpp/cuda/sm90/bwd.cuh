@@ -60,9 +60,7 @@ struct BwdSm90Traits {
   static constexpr int kBlockM = kTile.block_m;  // queries per step
   static constexpr int kThreads = kTile.threads;
   static constexpr int kStages = kTile.stages;
-  // Tiles hold whole 64-column blocks (a head dim of 96 leaves half of its
-  // second block zero).
-  static constexpr int kSmemCols = (kHeadDim + 63) / 64 * 64;
+  static constexpr int kSmemCols = SwizzledCols(kHeadDim);
   static constexpr int kKvBytes = kBlockN * kSmemCols * 2;  // K or V
   static constexpr int kQBytes = kBlockM * kSmemCols * 2;   // one stage of Q or dO
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;   // dS^T, [key][query]

@@ -41,7 +41,7 @@ struct DqSm90Traits {
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kThreads = kTile.threads;
   static constexpr int kStages = kTile.stages;
-  static constexpr int kSmemCols = (kHeadDim + kSwizzleElems - 1) / kSwizzleElems * kSwizzleElems;
+  static constexpr int kSmemCols = SwizzledCols(kHeadDim);
   static constexpr int kQBytes = kBlockM * kSmemCols * 2;   // Q or dO
   static constexpr int kKvBytes = kBlockN * kSmemCols * 2;  // one K or V stage
   // + the TMA barriers (Q and dO's, one per K/V stage) + one swizzle period

@@ -48,9 +48,7 @@ struct FwdSm90Traits {
   static constexpr bool kTma = kTile.tma;
   static constexpr int kWarpRows = 16;
   static constexpr int kDTiles = kHeadDim / kMmaN;  // n-tiles of O per warp
-  // Tiles hold whole 64-column blocks (a head dim of 96 leaves half of its
-  // second block unused).
-  static constexpr int kSmemCols = (kHeadDim + kSwizzleElems - 1) / kSwizzleElems * kSwizzleElems;
+  static constexpr int kSmemCols = SwizzledCols(kHeadDim);
   static constexpr int kQBytes = kBlockM * kSmemCols * 2;
   static constexpr int kKvBytes = kBlockN * kSmemCols * 2;  // one K or V stage
   // + one swizzle period so that the tiles can start 1024-byte aligned,

@@ -44,9 +44,7 @@ struct FwdWsTraits {
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
-  // Tiles hold whole 64-column blocks (a head dim of 96 leaves half of its
-  // second block unused: TMA fills it with zeros).
-  static constexpr int kSmemCols = (kHeadDim + kSwizzleElems - 1) / kSwizzleElems * kSwizzleElems;
+  static constexpr int kSmemCols = SwizzledCols(kHeadDim);
   static constexpr int kQBytes = kBlockM * kSmemCols * 2;  // one Q stage
   static constexpr int kKvBytes = kBlockN * kSmemCols * 2;  // one K or V stage
   // + one swizzle period so that the tiles can start 1024-byte aligned.

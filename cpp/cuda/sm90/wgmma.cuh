@@ -30,6 +30,13 @@ inline constexpr int kSwizzleBytes = 128;          // one row of a swizzle atom
 inline constexpr int kSwizzleElems = 64;           // 16-bit elements per atom row
 inline constexpr int kAtomBytes = 8 * kSwizzleBytes;  // 8 rows: the swizzle period
 
+// Columns of a swizzled tile holding `cols` columns: whole 64-column blocks
+// (a head dim of 96 leaves half of its second block unused; TMA fills it
+// with zeros).
+inline constexpr int SwizzledCols(int cols) {
+  return (cols + kSwizzleElems - 1) / kSwizzleElems * kSwizzleElems;
+}
+
 // Byte offset of the 16-byte chunk `chunk` (column chunk * 8) of row `row` in
 // a swizzled tile of `rows` rows.
 __device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk, int rows) {
