@@ -119,9 +119,10 @@ inline ffi::Error DecodeShape(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
 }
 
 // An optional operand is absent when it has shape (0,), as jax_flash.primitives
-// lowers it (0-d in its jaxprs: absent_operand says why). Present operands have rank >= 1 and may be empty (a bias of an
-// empty problem, (1, 1, 0, S)): element_count() == 0 would take that for
-// "no bias" and then refuse its gradient, which has the bias's shape.
+// lowers it (0-d in its jaxprs: absent_operand says why). Present operands
+// have rank >= 1 and may be empty (a bias of an empty problem, (1, 1, 0, S)):
+// element_count() == 0 would take that for "no bias" and then refuse its
+// gradient, which has the bias's shape.
 inline bool IsAbsent(ffi::AnyBuffer::Dimensions d) { return d.size() == 1 && d[0] == 0; }
 inline bool IsAbsent(const ffi::AnyBuffer& b) { return IsAbsent(b.dimensions()); }
 

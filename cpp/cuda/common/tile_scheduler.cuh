@@ -139,8 +139,7 @@ struct KeyBlockSectionScheduler {
   // 64 MB under a causal mask with 32 or more key blocks of 128 per pair:
   // there 16 MB was up to 18% slower (D = 96 at S = 4k: 2.62 against 2.22
   // ms) and never faster by more than 3%; with blocks of 64 keys (D > 128)
-  // 64 MB was 2-4% slower
-  // (cpp/cuda/NOTES.md, Hopper backward, item 11).
+  // 64 MB was 2-4% slower (cpp/cuda/NOTES.md, Hopper backward, item 11).
   static int64_t SectionBytes(int64_t n_blocks, int block_n, bool causal) {
 #ifdef JAX_FLASH_TUNE_BWD_SECTION_MB
     return int64_t{JAX_FLASH_TUNE_BWD_SECTION_MB} << 20;
