@@ -156,41 +156,94 @@ __device__ __forceinline__ void MaskFragment(float (&s)[kNTiles][4], const Batch
                                  g, t, hidden);
 }
 
-// The elementwise parts of the mask at one visible-by-the-band element:
-// segments and the dense mask (BatchMask::Visible without the band).
-__device__ __forceinline__ bool ElementwiseVisible(const BatchMask& mask, int64_t i, int64_t j) {
-  if (mask.q_seg != nullptr && mask.q_seg[i] != mask.kv_seg[j]) return false;
-  return mask.dense == nullptr || mask.dense[i * mask.dense_row_stride + j * mask.dense_col_stride];
-}
-
 // MaskFragment for the tiles the tile map (common/tile_map.h) leaves partial:
 // the band through the row's window, then segments and the dense mask per
 // element. A separate function, not a branch in MaskFragment, so that the
 // kernels without a dense mask keep their code as it is.
+// A row's loads depend on its window alone, never on another element's
+// test, so that they are in flight together: tested one after another (the
+// mask byte read only where the segment ids matched, each element behind a
+// branch), a partial tile cost about six full ones on the H100
+// (cuda/NOTES_score_terms.md, "Partial tiles"). Half a row per iteration
+// of a loop that is not unrolled: unrolled, every row's loads and addresses
+// at once spilled hundreds of bytes in the D = 128 kernels, which carry this
+// code whether or not a call has a dense mask.
 template <Rows kRows, int kMT, int kNTiles>
 __device__ __forceinline__ void MaskFragmentElementwise(float (&s)[kMT][kNTiles][4],
                                                         const BatchMask& mask, int64_t row0,
                                                         int64_t col0, int g, int t,
                                                         float hidden) {
+  static_assert(kNTiles <= 16, "a row's elements are the bits of one word");
+  constexpr bool kQueryRows = kRows == Rows::kQueries;
+  const int32_t* col_seg = kQueryRows ? mask.kv_seg : mask.q_seg;
+  const int32_t* row_segs = kQueryRows ? mask.q_seg : mask.kv_seg;
+  // The dense mask's rows are queries: its strides along this fragment's
+  // rows and columns.
+  const int64_t dense_row = kQueryRows ? mask.dense_row_stride : mask.dense_col_stride;
+  const int64_t dense_col = kQueryRows ? mask.dense_col_stride : mask.dense_row_stride;
+  // Bit 2 nt + c of row i (rows g and g + 8 of each m-tile): hidden.
+  uint32_t hidden_bits[2 * kMT];
+#pragma unroll
+  for (int i = 0; i < 2 * kMT; ++i) hidden_bits[i] = 0;
+  // A row in kParts pieces of kPartTiles n-tiles, one piece per iteration.
+  constexpr int kParts = kNTiles % 2 == 0 && kNTiles >= 8 ? 2 : 1;
+  constexpr int kPartTiles = kNTiles / kParts;
+#pragma unroll 1
+  for (int i = 0; i < 2 * kMT * kParts; ++i) {
+    const int row = i / kParts;
+    const int nt0 = (i % kParts) * kPartTiles;
+    const int64_t r = row0 + (row / 2) * 16 + g + (row % 2) * 8;
+    const ColWindow w = kQueryRows ? KeyWindow(mask, r, col0, kNTiles * 8)
+                                   : QueryWindow(mask, r, col0, kNTiles * 8);
+    // The window's bits first; then each term's loads, unconditional and
+    // independent of one another (out of the window they read the view's
+    // first element, which is in range, and their bit is set already): a
+    // predicated load holds a predicate register until its test, and the
+    // seven of them kept three loads in flight.
+    uint32_t bits = 0;
+#pragma unroll
+    for (int k = 0; k < kPartTiles; ++k)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        bits |= static_cast<uint32_t>(!w.Contains((nt0 + k) * 8 + 2 * t + c)) << (2 * k + c);
+    if (mask.q_seg != nullptr) {
+      const int32_t row_seg = __ldg(w.lo < w.hi ? row_segs + r : row_segs);
+      const int32_t* seg = col_seg + col0 + nt0 * 8 + 2 * t;
+#pragma unroll
+      for (int k = 0; k < kPartTiles; ++k)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const bool in = w.Contains((nt0 + k) * 8 + 2 * t + c);
+          const int32_t id = __ldg(in ? seg + 8 * k + c : col_seg);
+          bits |= static_cast<uint32_t>(id != row_seg) << (2 * k + c);
+        }
+    }
+    if (mask.dense != nullptr) {
+      // Column 2t of each n-tile, stepped by additions (a 64-bit multiply
+      // per element kept fewer loads in flight).
+      const uint8_t* col = mask.dense + r * dense_row + (col0 + nt0 * 8 + 2 * t) * dense_col;
+#pragma unroll
+      for (int k = 0; k < kPartTiles; ++k, col += 8 * dense_col)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const bool in = w.Contains((nt0 + k) * 8 + 2 * t + c);
+          const uint8_t keep = __ldg(in ? col + c * dense_col : mask.dense);
+          bits |= static_cast<uint32_t>(keep == 0) << (2 * k + c);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 2 * kMT; ++j)  // registers, not a local array indexed by row
+      if (j == row) hidden_bits[j] |= bits << (2 * nt0);
+  }
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const int64_t r = row0 + mt * 16 + g + hr * 8;
-      const ColWindow w = kRows == Rows::kQueries ? KeyWindow(mask, r, col0, kNTiles * 8)
-                                                  : QueryWindow(mask, r, col0, kNTiles * 8);
+    for (int hr = 0; hr < 2; ++hr)
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int cr = nt * 8 + 2 * t + c;
-          // In the window, so (r, col0 + cr) is inside the sequences.
-          const bool visible =
-              w.Contains(cr) && (kRows == Rows::kQueries ? ElementwiseVisible(mask, r, col0 + cr)
-                                                         : ElementwiseVisible(mask, col0 + cr, r));
-          if (!visible) s[mt][nt][2 * hr + c] = hidden;
-        }
-    }
+        for (int c = 0; c < 2; ++c)
+          if ((hidden_bits[2 * mt + hr] >> (2 * nt + c)) & 1u) s[mt][nt][2 * hr + c] = hidden;
 }
 
 template <Rows kRows, int kNTiles>
