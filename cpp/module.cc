@@ -53,11 +53,13 @@ nb::dict Contract() {
   contract["mask_operands"] =
       List([](nb::list& list) { JAX_FLASH_MASK_OPERANDS(JAX_FLASH_BUFFER_ENTRY) });
   // Results a platform's handler has beyond the op's (sized at lowering).
-  nb::dict cuda_bwd;
-  cuda_bwd[JAX_FLASH_BWD_TARGET] =
+  nb::dict cuda_extra;
+  cuda_extra[JAX_FLASH_FWD_TARGET] =
+      List([](nb::list& list) { JAX_FLASH_CUDA_FWD_EXTRA_RESULTS(JAX_FLASH_BUFFER_ENTRY) });
+  cuda_extra[JAX_FLASH_BWD_TARGET] =
       List([](nb::list& list) { JAX_FLASH_CUDA_BWD_EXTRA_RESULTS(JAX_FLASH_BUFFER_ENTRY) });
   nb::dict extra;
-  extra["cuda"] = cuda_bwd;
+  extra["cuda"] = cuda_extra;
   contract["extra_results"] = extra;
   // Query rows and keys per block_mask cell (mask.h).
   nb::dict constants;
@@ -103,6 +105,8 @@ NB_MODULE(_jax_flash, m) {
         "'cell_full': ...}}.");
 
 #ifdef JAX_FLASH_WITH_CUDA
+  m.def("cuda_fwd_workspace_bytes", []() { return jax_flash::CudaFwdWorkspaceBytes(); },
+        "Bytes of the CUDA forward's workspace result (any problem).");
   m.def("cuda_bwd_workspace_bytes",
         [](int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t num_heads_q,
            int64_t num_heads_kv, int64_t head_dim, const std::string& dtype, bool deterministic) {

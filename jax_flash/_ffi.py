@@ -106,13 +106,23 @@ def build_info() -> dict:
   return info
 
 
-def cuda_bwd_workspace_bytes(q_shape, k_shape, dtype, deterministic: bool) -> int:
-  """Bytes of the CUDA backward's workspace result (see primitives.py)."""
+def _require_cuda_build():
   if not hasattr(_jax_flash, "cuda_bwd_workspace_bytes"):
     raise RuntimeError(
         "jax_flash was built without CUDA kernels (jax_flash.build_info()['cuda'] is False), "
         "so it cannot run on a GPU; reinstall it where nvcc is found, or set "
         "JAX_FLASH_CUDA_ARCHS (see README.md)")
+
+
+def cuda_fwd_workspace_bytes() -> int:
+  """Bytes of the CUDA forward's workspace result (see primitives.py)."""
+  _require_cuda_build()
+  return int(_jax_flash.cuda_fwd_workspace_bytes())
+
+
+def cuda_bwd_workspace_bytes(q_shape, k_shape, dtype, deterministic: bool) -> int:
+  """Bytes of the CUDA backward's workspace result (see primitives.py)."""
+  _require_cuda_build()
   batch, seqlen_q, num_heads_q, head_dim = q_shape
   _, seqlen_k, num_heads_kv, _ = k_shape
   return int(_jax_flash.cuda_bwd_workspace_bytes(batch, seqlen_q, seqlen_k, num_heads_q,

@@ -46,7 +46,7 @@ flash_jvp_p.multiple_results = True
 
 # Where each platform's handler lives. Lowering rules exist for both; a
 # platform whose handler was not compiled in fails at lowering with an error
-# that says so (see _ffi.cuda_bwd_workspace_bytes) or at compile time with
+# that says so (see _ffi._require_cuda_build) or at compile time with
 # XLA's "no registered implementation" error, which build_info() explains.
 _LOWERING_PLATFORMS = ("cpu", "cuda")
 
@@ -246,31 +246,42 @@ def _cpu_lowering(target):
   return make
 
 
-def _cuda_bwd_lowering():
-  """The CUDA backward has one more result than the primitive: its workspace.
+def _cuda_workspace_lowering(target, workspace_bytes):
+  """The CUDA forward and backward have one more result than the primitive:
+  their workspace.
 
-  delta = rowsum(dout * out) and the tensor-core kernels' float32 dQ
-  accumulator live there. As a result of the call (rather than scratch from
-  XLA's ScratchAllocator, which is returned when the handler returns), XLA
-  owns it for as long as the call may run, which is what lets the handler be
+  The forward keeps its persistent scheduler's tile counter there; the
+  backward delta = rowsum(dout * out) and the tensor-core kernels' float32 dQ
+  accumulator. As a result of the call (rather than scratch from XLA's
+  ScratchAllocator, which is returned when the handler returns), XLA owns it
+  for as long as the call may run, which is what lets the handler be
   recorded into a CUDA graph. Its size comes from the C++ side, which alone
-  knows the kernels' needs.
+  knows the kernels' needs: `workspace_bytes(q_aval, k_aval, params)`.
   """
-  lower = _lowering(_ffi.BWD_TARGET)
+  lower = _lowering(target)
 
   def rule(ctx, *args, **params):
     q, k = ctx.avals_in[:2]
-    nbytes = _ffi.cuda_bwd_workspace_bytes(q.shape, k.shape, q.dtype, params["deterministic"])
-    workspace = jax.core.ShapedArray((nbytes,), np.uint8)
+    workspace = jax.core.ShapedArray((workspace_bytes(q, k, params),), np.uint8)
     ctx = ctx.replace(avals_out=[*ctx.avals_out, workspace])
     return lower(ctx, *args, **params)[:-1]
 
   return rule
 
 
+_CUDA_WORKSPACE_BYTES = {
+    _ffi.FWD_TARGET: lambda q, k, params: _ffi.cuda_fwd_workspace_bytes(),
+    _ffi.BWD_TARGET: lambda q, k, params: _ffi.cuda_bwd_workspace_bytes(
+        q.shape, k.shape, q.dtype, params["deterministic"]),
+}
+
+
 def _platform_rules(target):
   """Rule makers (kernel primitive -> lowering rule) by platform."""
-  cuda = _cuda_bwd_lowering() if target == _ffi.BWD_TARGET else _lowering(target)
+  if target in _CUDA_WORKSPACE_BYTES:
+    cuda = _cuda_workspace_lowering(target, _CUDA_WORKSPACE_BYTES[target])
+  else:
+    cuda = _lowering(target)
   return {"cpu": _cpu_lowering(target), "cuda": lambda kernel: cuda}
 
 

@@ -9,6 +9,7 @@ calls into command buffers.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -48,6 +49,22 @@ def _custom_call_results(stablehlo: str, target: str) -> list[str]:
   assert len(calls) == 1, f"expected one call to {target}, found {len(calls)}"
   signature = calls[0].rsplit("->", 1)[1]
   return re.findall(r"tensor<[^>]*>", signature)
+
+
+@needs_cuda_build
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_cuda_forward_returns_its_workspace(dtype):
+  """The forward's last result is its workspace (the persistent scheduler's
+  tile counter), the size the C++ side asks for, for every problem."""
+  q, k, v = _shapes(dtype)
+  lowered = jax.jit(functools.partial(jax_flash.dot_product_attention, is_causal=True)).trace(
+      q, k, v).lower(lowering_platforms=("cuda",))
+  results = _custom_call_results(lowered.as_text(), _ffi.FWD_TARGET)
+  # out, lse, then the workspace.
+  assert len(results) == 3, results
+  nbytes = _ffi.cuda_fwd_workspace_bytes()
+  assert 4 <= nbytes <= 1024
+  assert results[-1] == f"tensor<{nbytes}xui8>"
 
 
 @needs_cuda_build
@@ -135,7 +152,7 @@ def test_cpu_converts_a_16bit_bias_just_before_the_call():
 def test_cuda_calls_take_a_16bit_bias_as_it_is(bias_dtype):
   """On CUDA the kernels read a bfloat16 bias as it is: every call gets it
   unconverted, and no call has a result beyond the contract's (but the
-  backward's workspace)."""
+  forward's and backward's workspaces)."""
   text = jax.jit(_with_bias_every_call).trace(*_bias_shapes(jnp.bfloat16, bias_dtype)).lower(
       lowering_platforms=("cuda",)).as_text()
   shape = "x".join(map(str, _BIAS_SHAPE))

@@ -54,6 +54,7 @@
 #include "cuda/dispatch.h"
 #include "cuda/kernels.h"
 #include "cuda/launch.h"
+#include "cuda/sm90/scheduler_persistent.cuh"
 #include "cuda/sm90/tile_size.h"
 #include "jax_flash/supported.h"
 
@@ -383,7 +384,13 @@ KernelPath JvpPath(const JvpParams& params, DType dtype) {
 }
 // ===========================================================================
 
-cudaError_t LaunchFwd(const FwdParams& params, DType dtype, cudaStream_t stream) {
+size_t FwdWorkspaceBytes() { return sm90::PersistentScheduler::kWorkspaceBytes; }
+
+cudaError_t LaunchFwd(const FwdParams& params_in, DType dtype, void* workspace,
+                      cudaStream_t stream) {
+  if (workspace == nullptr) return cudaErrorInvalidValue;
+  FwdParams params = params_in;
+  params.tile_scheduler_workspace = workspace;
   switch (FwdPath(params, dtype)) {
 #ifdef JAX_FLASH_HAS_SM80
     case KernelPath::kSm90: return RunFwdPath<90>(params, dtype, stream);

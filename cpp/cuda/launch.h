@@ -4,7 +4,8 @@
 // Everything here is stream-ordered and command-buffer compatible: no
 // cudaMalloc, no synchronisation, no host reads of device data. Workspace
 // memory comes from the caller (in the handler, an extra result of the FFI
-// call, sized by BwdWorkspaceBytes when the call is lowered).
+// call, sized by FwdWorkspaceBytes or BwdWorkspaceBytes when the call is
+// lowered).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -23,8 +24,14 @@ enum class DType { kFloat32, kFloat64, kBFloat16, kFloat16 };
 // accesses); XLA's buffers are aligned to more.
 inline constexpr size_t kWorkspaceAlignment = 16;
 
-// Writes params.out and params.lse.
-cudaError_t LaunchFwd(const FwdParams& params, DType dtype, cudaStream_t stream);
+// Bytes of device workspace LaunchFwd needs (the persistent forward's tile
+// counter), for any problem: a constant, never 0.
+size_t FwdWorkspaceBytes();
+
+// Writes params.out and params.lse. `workspace` holds FwdWorkspaceBytes()
+// bytes aligned to kWorkspaceAlignment; params.tile_scheduler_workspace is
+// ignored (set from it).
+cudaError_t LaunchFwd(const FwdParams& params, DType dtype, void* workspace, cudaStream_t stream);
 
 // Forward mode: writes params.out_dot and params.lse_dot from the forward's
 // out and lse and the tangents (null = zero). Needs no workspace.

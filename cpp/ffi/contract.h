@@ -11,7 +11,7 @@
 // and the call site that passes it.
 //
 // The targets have the same operands, results and attributes on every
-// platform, except the CUDA backward's extra workspace result.
+// platform, except the CUDA forward's and backward's extra workspace results.
 #pragma once
 
 // Operands and results: X(name, dtype, shape). dtype is one of "input" (q's
@@ -59,6 +59,10 @@
 #define JAX_FLASH_FWD_RESULTS(X) \
   X(out, "input", "like q")      \
   X(lse, "acc", "(B, Hq, Sq); -inf for rows that see nothing")
+// CUDA only: the persistent forward's tile counter, owned by XLA so that the
+// call can be recorded into a CUDA graph (sized at lowering by
+// cuda_fwd_workspace_bytes).
+#define JAX_FLASH_CUDA_FWD_EXTRA_RESULTS(X) X(workspace, "uint8", "(CudaFwdWorkspaceBytes,)")
 
 // Backward: the forward's operands and results and dout -> the gradients.
 #define JAX_FLASH_BWD_OPERANDS(X) \

@@ -1,9 +1,9 @@
 // CUDA FFI handlers: the ops of ops.h (decoded and validated as on every
 // platform), launched on XLA's stream.
 //
-// Command-buffer compatible: no synchronisation, no cudaMalloc (the
-// backward's workspace is an extra result of the call, which XLA allocates and
-// keeps for the life of a recorded graph), no host reads of device data
+// Command-buffer compatible: no synchronisation, no cudaMalloc (the forward's
+// and the backward's workspaces are extra results of the calls, which XLA
+// allocates and keeps for the life of a recorded graph), no host reads of device data
 // (sequence lengths, segment ids, the dense mask, the bias and the dropout
 // keys stay on the device and are read by the kernels).
 #include <cuda_runtime_api.h>
@@ -51,6 +51,23 @@ ffi::Error LaunchError(const char* what, cudaError_t err) {
                               cudaGetErrorString(err));
 }
 
+// A workspace result as the lowering sized it (`sizer`, its Python name):
+// uint8, rank 1, at least `needed` bytes, aligned for the kernels.
+ffi::Error CheckWorkspace(ffi::Result<ffi::AnyBuffer>& workspace, size_t needed, const char* op,
+                          const char* sizer, void** base) {
+  if (workspace->element_type() != ffi::DataType::U8 || workspace->dimensions().size() != 1 ||
+      workspace->size_bytes() < needed)
+    return ffi::Error::InvalidArgument(std::string("jax_flash: the ") + op +
+                                       " workspace must be uint8 with at least " +
+                                       std::to_string(needed) +
+                                       " bytes (jax_flash.primitives sizes it with " + sizer + ")");
+  *base = workspace->untyped_data();
+  if (reinterpret_cast<uintptr_t>(*base) % cuda::kWorkspaceAlignment != 0)
+    return ffi::Error::InvalidArgument(std::string("jax_flash: the ") + op +
+                                       " workspace is misaligned");
+  return ffi::Error::Success();
+}
+
 // The CUDA platform of ops.h: XLA's stream as context.
 struct Cuda {
   using ContextBinding = ffi::PlatformStream<cudaStream_t>;
@@ -60,33 +77,38 @@ struct Cuda {
   static constexpr bool kReads16BitBias = true;
   static constexpr const char* kName = "CUDA";
 
-  static ffi::Error Fwd(cudaStream_t stream, const FwdParams& p, ffi::DataType dtype,
-                        ffi_ops::NoExtraResults&) {
-    CountIfCapturing(stream, captured_fwd);
-    if (cudaError_t err = cuda::LaunchFwd(p, ToCudaDType(dtype), stream); err != cudaSuccess)
-      return LaunchError("forward", err);
-    return ffi::Error::Success();
-  }
-
-  // The backward's results after the contract's (ops.h's ExtraResults).
+  // The forward's and backward's results after the contract's (ops.h's
+  // ExtraResults).
+  struct FwdExtra {
+    JAX_FLASH_CUDA_FWD_EXTRA_RESULTS(JAX_FLASH_FFI_RESULT_FIELD)
+  };
   struct BwdExtra {
     JAX_FLASH_CUDA_BWD_EXTRA_RESULTS(JAX_FLASH_FFI_RESULT_FIELD)
   };
 
+  static ffi::Error Fwd(cudaStream_t stream, const FwdParams& p, ffi::DataType dtype,
+                        FwdExtra& extra) {
+    void* workspace = nullptr;
+    if (ffi::Error error = CheckWorkspace(extra.workspace, cuda::FwdWorkspaceBytes(), "forward",
+                                          "cuda_fwd_workspace_bytes", &workspace);
+        error.failure())
+      return error;
+    CountIfCapturing(stream, captured_fwd);
+    if (cudaError_t err = cuda::LaunchFwd(p, ToCudaDType(dtype), workspace, stream);
+        err != cudaSuccess)
+      return LaunchError("forward", err);
+    return ffi::Error::Success();
+  }
+
   static ffi::Error Bwd(cudaStream_t stream, BwdParams& p, ffi::DataType input_type,
                         bool deterministic, BwdExtra& extra) {
     const cuda::DType dtype = ToCudaDType(input_type);
-    const size_t needed = cuda::BwdWorkspaceBytes(p.shape, dtype, deterministic);
-    ffi::Result<ffi::AnyBuffer>& workspace = extra.workspace;
-    if (workspace->element_type() != ffi::DataType::U8 || workspace->dimensions().size() != 1 ||
-        workspace->size_bytes() < needed)
-      return ffi::Error::InvalidArgument(
-          "jax_flash: the backward workspace must be uint8 with at least " +
-          std::to_string(needed) +
-          " bytes (jax_flash.primitives sizes it with cuda_bwd_workspace_bytes)");
-    void* base = workspace->untyped_data();
-    if (reinterpret_cast<uintptr_t>(base) % cuda::kWorkspaceAlignment != 0)
-      return ffi::Error::InvalidArgument("jax_flash: the backward workspace is misaligned");
+    void* base = nullptr;
+    if (ffi::Error error =
+            CheckWorkspace(extra.workspace, cuda::BwdWorkspaceBytes(p.shape, dtype, deterministic),
+                           "backward", "cuda_bwd_workspace_bytes", &base);
+        error.failure())
+      return error;
     CountIfCapturing(stream, captured_bwd);
     if (cudaError_t err = cuda::LaunchBwd(p, dtype, base, deterministic, stream);
         err != cudaSuccess)
@@ -105,6 +127,11 @@ struct Cuda {
 }  // namespace
 
 template <>
+struct ffi_ops::ExtraResults<Cuda, ffi_ops::FwdOp> {
+  using type = Cuda::FwdExtra;
+  static constexpr size_t kCount = 0 JAX_FLASH_CUDA_FWD_EXTRA_RESULTS(JAX_FLASH_FFI_COUNT);
+};
+template <>
 struct ffi_ops::ExtraResults<Cuda, ffi_ops::BwdOp> {
   using type = Cuda::BwdExtra;
   static constexpr size_t kCount = 0 JAX_FLASH_CUDA_BWD_EXTRA_RESULTS(JAX_FLASH_FFI_COUNT);
@@ -115,6 +142,8 @@ using CudaBwd = ffi_ops::Handler<ffi_ops::BwdOp, Cuda>;
 using CudaJvp = ffi_ops::Handler<ffi_ops::JvpOp, Cuda>;
 
 CapturedCalls CudaCapturedCalls() { return {captured_fwd.load(), captured_bwd.load()}; }
+
+size_t CudaFwdWorkspaceBytes() { return cuda::FwdWorkspaceBytes(); }
 
 size_t CudaBwdWorkspaceBytes(const AttentionShape& shape, std::string_view dtype,
                              bool deterministic) {

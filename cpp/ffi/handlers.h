@@ -22,6 +22,9 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxFlashBwdCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxFlashJvpCuda);
 
 namespace jax_flash {
+// Bytes of the CUDA forward's workspace result (its last result, uint8): the
+// same for every problem.
+size_t CudaFwdWorkspaceBytes();
 // Bytes of the CUDA backward's workspace result (its last result, uint8) for
 // a problem of this shape and dtype name ("float32", "bfloat16", ...; 0 for
 // any other name). The lowering asks this, the handler checks it.

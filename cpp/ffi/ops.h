@@ -108,8 +108,8 @@ struct JvpOp {
   }
 };
 
-// Results a platform adds to an op after the contract's (the CUDA backward's
-// workspace): none unless specialised.
+// Results a platform adds to an op after the contract's (the CUDA forward's
+// and backward's workspaces): none unless specialised.
 struct NoExtraResults {};
 template <typename Platform, typename Op>
 struct ExtraResults {

@@ -142,6 +142,14 @@ struct DeviceBytes : DeviceArray<unsigned char> {
   void* p() const { return ptr; }
 };
 
+// cuda::LaunchFwd with the workspace it needs: one buffer for the driver's
+// process (its calls are stream-ordered on one device).
+inline cudaError_t LaunchFwd(const jax_flash::FwdParams& p, jax_flash::cuda::DType dtype,
+                             cudaStream_t stream) {
+  static DeviceBytes workspace(jax_flash::cuda::FwdWorkspaceBytes());
+  return jax_flash::cuda::LaunchFwd(p, dtype, workspace.p(), stream);
+}
+
 // Normal random values rounded to T; `host` keeps the rounded values as
 // doubles, so a reference sees exactly what the kernel sees.
 template <typename T>

@@ -270,7 +270,7 @@ bool RunCase(const Case& c, uint64_t seed) {
 
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
-  CHECK_CUDA(jax_flash::cuda::LaunchFwd(p, c.dtype, stream));
+  CHECK_CUDA(check::LaunchFwd(p, c.dtype, stream));
   DeviceArray<unsigned char> ws(jax_flash::cuda::BwdWorkspaceBytes(p.shape, c.dtype, true));
   ws.Poison();
   CHECK_CUDA(jax_flash::cuda::LaunchBwd(p, c.dtype, ws.ptr, /*deterministic=*/true, stream));
@@ -362,7 +362,7 @@ bool RunDropoutRecovery(bool broadcast, int64_t key_batch, uint64_t seed) {
   p.q = q.ptr; p.k = k.ptr; p.v = v.ptr; p.out = out.ptr; p.lse = lse.ptr;
   p.q_strides = p.out_strides = SeqStrides::Contiguous(Sq, Hq, D);
   p.k_strides = p.v_strides = SeqStrides::Contiguous(Sk, Hq, D);
-  CHECK_CUDA(jax_flash::cuda::LaunchFwd(p, DType::kFloat32, nullptr));
+  CHECK_CUDA(check::LaunchFwd(p, DType::kFloat32, nullptr));
   CHECK_CUDA(cudaDeviceSynchronize());
   const std::vector<float> got = out.Download();
 

@@ -239,7 +239,7 @@ bool RunCase(const Case& c, uint64_t seed) {
   CHECK_CUDA(cudaEventCreate(&mid));
   CHECK_CUDA(cudaEventCreate(&stop));
   CHECK_CUDA(cudaEventRecord(start, stream));
-  CHECK_CUDA(jax_flash::cuda::LaunchFwd(p, c.dtype, stream));
+  CHECK_CUDA(check::LaunchFwd(p, c.dtype, stream));
   CHECK_CUDA(cudaEventRecord(mid, stream));
   if (c.check_bwd) {
     const size_t ws_bytes = jax_flash::cuda::BwdWorkspaceBytes(p.shape, c.dtype, true);
@@ -412,7 +412,7 @@ bool RunLarge() {
   CHECK_CUDA(cudaEventCreate(&mid));
   CHECK_CUDA(cudaEventCreate(&stop));
   CHECK_CUDA(cudaEventRecord(start));
-  CHECK_CUDA(jax_flash::cuda::LaunchFwd(p, c.dtype, nullptr));
+  CHECK_CUDA(check::LaunchFwd(p, c.dtype, nullptr));
   CHECK_CUDA(cudaEventRecord(mid));
   CHECK_CUDA(jax_flash::cuda::LaunchBwd(p, c.dtype, ws.ptr, true, nullptr));
   CHECK_CUDA(cudaEventRecord(stop));

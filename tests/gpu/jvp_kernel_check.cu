@@ -307,7 +307,7 @@ bool RunCase(const Case& c, uint64_t seed) {
       SeqStrides::Contiguous(Sk, Hkv, D);
 
   const KernelPath path = cuda::JvpPath(p, c.dtype);
-  CHECK_CUDA(cuda::LaunchFwd(p, c.dtype, nullptr));
+  CHECK_CUDA(check::LaunchFwd(p, c.dtype, nullptr));
   CHECK_CUDA(cuda::LaunchJvp(p, c.dtype, nullptr));
   CHECK_CUDA(cudaDeviceSynchronize());
 
@@ -525,7 +525,7 @@ void Bench(DType dtype, double dropout) {
         p.out_dot = out_dot.ptr; p.lse_dot = lse_dot.ptr;
         p.q_strides = p.k_strides = p.v_strides = p.out_strides = p.q_dot_strides =
             p.k_dot_strides = p.v_dot_strides = p.out_dot_strides = SeqStrides::Contiguous(S, H, D);
-        const float fwd = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchFwd(p, dtype, nullptr)); }, 20);
+        const float fwd = check::TimeMs([&] { CHECK_CUDA(check::LaunchFwd(p, dtype, nullptr)); }, 20);
         const float jvp = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchJvp(p, dtype, nullptr)); }, 20);
         const double flops = 10.0 * B * H * double(S) * S * D * (causal ? 0.5 : 1.0);
         std::printf("%s D%lld S%lld causal=%d dropout=%.2f  fwd %.3f ms  jvp %.3f ms (%s)  "

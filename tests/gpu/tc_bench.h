@@ -20,7 +20,7 @@
 #include "jax_flash/params.h"
 
 inline void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once = false,
-                  float softcap = 0.f, bool fwd_only = false) {
+                  float softcap = 0.f, bool fwd_only = false, float dropout = 0.f) {
   using namespace jax_flash;  // BwdParams, AttentionShape, cuda::
   using Dev = check::DeviceBytes;
   if (check::RoutesAsTuring()) bf16 = false;  // as tc_kernel_check.cu's RunCase
@@ -35,6 +35,12 @@ inline void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once 
   p.mask.causal = causal;
   p.score.scale = 1.0 / std::sqrt((double)D);
   p.score.softcap = softcap;
+  const uint32_t keys_h[2] = {0x2545f491u, 0x9e3779b9u};
+  Dev keys(sizeof keys_h);
+  CHECK_CUDA(cudaMemcpy(keys.p(), keys_h, sizeof keys_h, cudaMemcpyHostToDevice));
+  p.dropout.rate = dropout;
+  p.dropout.keys = static_cast<const uint32_t*>(keys.p());
+  p.dropout.key_batch = 1;
   p.q = q.p(); p.k = k.p(); p.v = v.p(); p.out = o.p(); p.lse = lse.p(); p.dout = dout.p(); p.dq = dq.p(); p.dk = dk.p();
   p.dv = dv.p();
   check::SetContiguousStrides(&p);
@@ -42,33 +48,38 @@ inline void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once 
   Dev ws(cuda::BwdWorkspaceBytes(p.shape, dtype, false));
   const double flops = 4.0 * B * H * (double)S * S * D * (causal ? 0.5 : 1.0);
   if (once) {  // one launch of each, for a profiler
-    CHECK_CUDA(cuda::LaunchFwd(p, dtype, nullptr));
+    CHECK_CUDA(check::LaunchFwd(p, dtype, nullptr));
     CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), false, nullptr));
     CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), true, nullptr));
     CHECK_CUDA(cudaDeviceSynchronize());
     return;
   }
-  float tf = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchFwd(p, dtype, nullptr)); }, 20);
+  float tf = check::TimeMs([&] { CHECK_CUDA(check::LaunchFwd(p, dtype, nullptr)); }, 20);
   if (fwd_only) {
-    std::printf("BENCH %s B%d S%d H%d D%d %s%s: fwd %.3f ms %.0f TF/s\n", bf16 ? "bf16" : "fp16", B,
-                S, H, D, causal ? "causal" : "full", softcap > 0 ? " cap" : "", tf,
-                flops / tf * 1e-9);
+    std::printf("BENCH %s B%d S%d H%d D%d %s%s%s: fwd %.3f ms %.0f TF/s\n", bf16 ? "bf16" : "fp16",
+                B, S, H, D, causal ? "causal" : "full", softcap > 0 ? " cap" : "",
+                dropout > 0 ? " dropout" : "", tf, flops / tf * 1e-9);
     return;
   }
   float tb = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), false, nullptr)); }, 10);
   float td = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), true, nullptr)); }, 5);
-  std::printf("BENCH %s B%d S%d H%d D%d %s%s: fwd %.3f ms %.0f TF/s | bwd %.3f ms %.0f TF/s | bwd-det %.3f ms %.0f TF/s\n",
-              bf16 ? "bf16" : "fp16", B, S, H, D, causal ? "causal" : "full", softcap > 0 ? " cap" : "", tf, flops / tf * 1e-9, tb,
+  std::printf("BENCH %s B%d S%d H%d D%d %s%s%s: fwd %.3f ms %.0f TF/s | bwd %.3f ms %.0f TF/s | bwd-det %.3f ms %.0f TF/s\n",
+              bf16 ? "bf16" : "fp16", B, S, H, D, causal ? "causal" : "full", softcap > 0 ? " cap" : "",
+              dropout > 0 ? " dropout" : "", tf, flops / tf * 1e-9, tb,
               2.5 * flops / tb * 1e-9, td, 2.5 * flops / td * 1e-9);
 }
 
 // Runs `mode` if it is a timing mode: bench, bench_fp16, bench_cap,
-// bench_fwd, bench_d, or bench1 / prof with D S causal (argv[2..4]); false
-// for any other mode, bench1 and prof without their three numbers included.
+// bench_fwd, bench_d, or bench1 / bench1_fwd (the forward alone) / prof with
+// D S causal [dropout rate] (argv[2..5]); false for any other mode, the
+// one-shape modes without their three numbers included.
 inline bool RunBenchMode(const std::string& mode, int argc, char** argv) {
-  if ((mode == "bench1" || mode == "prof") && argc == 5) {  // one shape: bench1 D S causal
+  const bool one_shape = mode == "bench1" || mode == "bench1_fwd" || mode == "prof";
+  if (one_shape && (argc == 5 || argc == 6)) {
     const int D = std::atoi(argv[2]), S = std::atoi(argv[3]);
-    Bench(16384 / S, S, 2048 / D, D, std::atoi(argv[4]) != 0, true, mode == "prof");
+    const float dropout = argc == 6 ? std::strtof(argv[5], nullptr) : 0.f;
+    Bench(16384 / S, S, 2048 / D, D, std::atoi(argv[4]) != 0, true, mode == "prof", 0.f,
+          mode == "bench1_fwd", dropout);
     return true;
   }
   if (mode == "bench" || mode == "bench_fp16") {

@@ -14,7 +14,7 @@
 // the elements the CPU drops.
 //
 // Build: tests/gpu/build.sh. Usage: tc_kernel_check [check|small|features|bench|bench_fp16|
-// bench_cap|bench_d|bench_fwd|bench1 D S causal|prof D S causal]
+// bench_cap|bench_d|bench_fwd|bench1 D S causal [rate]|bench1_fwd D S causal [rate]|prof D S causal]
 // check and features take an optional range, FIRST [COUNT]: those cases alone, with the
 // seeds of the whole run, so that a long run (forced onto sm75) can be split over calls.
 // (tests/gpu/fwd_ws_run.sh checks and times the warp-specialized Hopper
@@ -365,7 +365,7 @@ static bool RunCase(const Case& given, uint64_t seed, bool verbose = true) {
     std::printf("UNSUPPORTED (exact kernels) %s\n", c.name().c_str());
     return false;
   }
-  CHECK_CUDA(cuda::LaunchFwd(p, dtype, nullptr));
+  CHECK_CUDA(check::LaunchFwd(p, dtype, nullptr));
   CHECK_CUDA(cudaGetLastError());
   // The workspace starts with delta (cuda/bwd/workspace.h).
   size_t ws_bytes = cuda::BwdWorkspaceBytes(p.shape, dtype, c.det);

@@ -3,13 +3,18 @@
 the producer thread, the two consumer warpgroups (one agent each, arriving for
 its four warps), mbarriers with parity waits, arrival counts and tx bytes,
 the ping-pong named barriers, TMA copies completing at random later times.
+The producer hands out the tiles: each Q stage carries a tile index (stored,
+then announced on the stage's tile_q barrier), an empty tile's stage no Q,
+and an index past the last ends the consumers.
 Random interleavings over random tile lists (empty tiles, one-block tiles),
-2-4 K/V stages and 1-2 Q buffers; fails on a deadlock, on a TMA copy landing in a stage a consumer
-still reads, on a consumer reading a stage that does not hold its block, and
-on barriers or named-barrier arrivals left unpaired at the end. It checks the
-protocol, not the CUDA code: keep the two in step when either changes.
-(Mutations it catches: the producer's empty wait without the ^ 1, V released
-before its PV GEMM's wait, no final ping-pong sync, Q released early.)
+2-4 K/V stages and 1-2 Q buffers; fails on a deadlock, on a TMA copy landing
+in a stage a consumer still reads, on the producer storing an index a
+consumer still reads, on a consumer reading a stage that does not hold its
+block or tile, and on barriers or named-barrier arrivals left unpaired at the
+end. It checks the protocol, not the CUDA code: keep the two in step when
+either changes. (Mutations it catches: the producer's empty wait without the
+^ 1, V released before its PV GEMM's wait, no final ping-pong sync, Q
+released early, an empty tile's full_q not completed.)
 
   python3 tests/gpu/ws_pipeline_model.py [tile lists, default 3000]"""
 import random
@@ -61,6 +66,7 @@ def run(tiles, stages, seed, qstages=1):
     rng = random.Random(seed)
     full_q = [MBar(1) for _ in range(qstages)]
     empty_q = [MBar(8) for _ in range(qstages)]
+    tile_q = [MBar(1) for _ in range(qstages)]
     full_k = [MBar(1) for _ in range(stages)]
     empty_k = [MBar(8) for _ in range(stages)]
     full_v = [MBar(1) for _ in range(stages)]
@@ -77,11 +83,19 @@ def run(tiles, stages, seed, qstages=1):
     def producer():
         kv = 0
         qc = 0
-        for ti, (nb, ne) in enumerate(tiles):
-            if nb >= ne:
-                continue
+        for ti in range(len(tiles) + 1):  # the last index ends the consumers
             qs, qph = qc % qstages, (qc // qstages) & 1
             yield from wait(empty_q[qs], qph ^ 1)
+            assert not busy.get(("i", qs)), f"index of stage {qs} stored while read"
+            slot[("i", qs)] = ti
+            tile_q[qs].arrive()
+            if ti == len(tiles):
+                return
+            nb, ne = tiles[ti]
+            if nb >= ne:  # the index alone
+                full_q[qs].arrive()
+                qc += 1
+                continue
             full_q[qs].arrive(expect_tx=1)
             inflight.append((("q", qs), (ti, "q"), full_q[qs], 1))
             qc += 1
@@ -109,13 +123,22 @@ def run(tiles, stages, seed, qstages=1):
         qc = 0
         if wg == 1:
             nbar[1].arrive(128)
-        for ti, (nb, ne) in enumerate(tiles):
-            if nb >= ne:
-                yield "step"
-                continue
+        for want in range(len(tiles) + 1):
             qs, qph = qc % qstages, (qc // qstages) & 1
+            yield from wait(tile_q[qs], qph)
+            use(("i", qs), wg, want)
+            ti = slot[("i", qs)]
+            if ti == len(tiles):
+                break
+            nb, ne = tiles[ti]
             yield from wait(full_q[qs], qph)
             qc += 1
+            if nb >= ne:
+                unuse(("i", qs), wg)
+                for _ in range(4):
+                    empty_q[qs].arrive()
+                yield "step"
+                continue
             s, ph = kv % stages, (kv // stages) & 1
             yield from wait(full_k[s], ph)
             # WaitTurn
@@ -132,6 +155,7 @@ def run(tiles, stages, seed, qstages=1):
                 empty_k[s].arrive()
             if nb + 1 == ne:
                 unuse(("q", qs), wg)
+                unuse(("i", qs), wg)
                 for _ in range(4):
                     empty_q[qs].arrive()
             prev = kv
@@ -155,6 +179,7 @@ def run(tiles, stages, seed, qstages=1):
                     empty_k[s].arrive()
                 if n + 1 == ne:
                     unuse(("q", qs), wg)
+                    unuse(("i", qs), wg)
                     for _ in range(4):
                         empty_q[qs].arrive()
                 yield "step"  # softmax; PV done
@@ -213,7 +238,7 @@ def run(tiles, stages, seed, qstages=1):
             if blocked_rounds > 50:
                 raise RuntimeError(f"deadlock: done={done} tiles={tiles}")
     assert nbar[1].arrived == 0 and nbar[2].arrived == 0, "unpaired named-barrier arrivals"
-    for b in full_q + empty_q + full_k + empty_k + full_v + empty_v:
+    for b in full_q + empty_q + tile_q + full_k + empty_k + full_v + empty_v:
         assert b.pending == b.count and b.tx == 0, "barrier left mid-phase"
 
 

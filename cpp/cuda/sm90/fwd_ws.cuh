@@ -48,7 +48,7 @@ struct FwdWsTraits {
   static constexpr int kQBytes = kBlockM * kSmemCols * 2;  // one Q stage
   static constexpr int kKvBytes = kBlockN * kSmemCols * 2;  // one K or V stage
   // + one swizzle period so that the tiles can start 1024-byte aligned.
-  static constexpr int kBarrierBytes = 16 * kQStages + 32 * kStages + 32;  // FwdWsSmem
+  static constexpr int kBarrierBytes = 32 * kQStages + 32 * kStages + 32;  // FwdWsSmem
   static constexpr int kSmemBytes =
       kQStages * kQBytes + 2 * kStages * kKvBytes + kBarrierBytes + kAtomBytes;
   static_assert(kConsumerWarpgroups == 2, "ping-pong of two consumer warpgroups");
@@ -83,7 +83,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   RingPos<Traits::kStages> kv;
   RingPos<Traits::kQStages> q;
   ping.Start();
-  for (int index = blockIdx.x; index < a.sched.tiles; index += gridDim.x) {
+  for (;;) {
+    // The next tile's index, which the producer stores with its Q stage.
+    MbarrierWait(sm.tile_q(q.stage()), q.phase());
+    const int index = sm.LoadTileIndex(q.stage());
+    if (index >= a.sched.tiles) break;
     const QueryBlockScheduler::Tile tile = PersistentScheduler::Get(a.sched, index);
     FwdBlock<T> blk =
         FwdBlock<T>::template Make<Traits::kBlockM, Traits::kBlockN, /*kTileMap=*/true>(a.args.p,
@@ -91,9 +95,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     blk.mask.dense = nullptr;  // a dense mask runs on sm90/fwd.cuh (RunFwd)
     float o[1][Traits::kHeadDim / kMmaN][4], row_m[1][2], row_l[1][2];
     InitFwdState(o, row_m, row_l);
-    if (blk.n_begin < blk.n_end)
+    if (blk.n_begin < blk.n_end) {
       FwdWsConsumerTile<T, Traits, Bias, kDropout>(a, sm, blk, ping, consumer_warp, pos.lane, pos.g,
                                                    pos.t, kv, q, o, row_m, row_l);
+    } else {  // no key to see: the stage carried the index alone, and no Q
+      MbarrierWait(sm.full_q(q.stage()), q.phase());
+      sm.ReleaseQ(q.stage(), pos.lane);
+      q.Advance();
+    }
     if constexpr (kDropout)  // the kept P's 1 / (1 - rate)
       ScaleFragment(o, static_cast<float>(a.args.p.dropout.keep_scale()));
     StoreOutput<T>(a.args.p, blk.b, blk.h, blk.m0 + consumer_warp * 16, o, row_m, row_l,
@@ -115,6 +124,9 @@ cudaError_t LaunchFwdWsKernel(const FwdWsArgs& a, cudaStream_t stream) {
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     if (err != cudaSuccess) return err;
+    if (const cudaError_t zero = PersistentScheduler::ResetCounter(a.tile_counter, stream);
+        zero != cudaSuccess)
+      return zero;
     kernel<<<PersistentScheduler::Grid(a.sched, SmCount()), Traits::kThreads, kSmemBytes, stream>>>(
         a);
     return cudaGetLastError();
@@ -135,6 +147,8 @@ cudaError_t LaunchFwdWs(const FwdParams& params, cudaStream_t stream) {
   if (m_blocks == 0 || s.num_heads_q == 0 || s.batch == 0) return cudaSuccess;
   FwdWsArgs a;
   a.args = MakeFwdArgs(params);
+  if (params.tile_scheduler_workspace == nullptr) return cudaErrorInvalidValue;
+  a.tile_counter = static_cast<int*>(params.tile_scheduler_workspace);
   if (!PersistentScheduler::MakeArgs(m_blocks, s, a.args.order, &a.sched) ||
       s.seqlen_k > INT32_MAX)
     return cudaErrorNotSupported;

@@ -7,7 +7,14 @@
 // stages (sm90/pipeline.cuh), each behind its stage's empty barrier. With two
 // Q buffers the next tile's Q is loaded as soon as this tile's last K/V load
 // is issued, not after the consumers' last S GEMM of this tile: at tile
-// boundaries the consumers then find Q there.
+// boundaries the consumers then find Q there. The producer also picks the
+// tiles (sm90/scheduler_persistent.cuh) and hands each tile's index to the
+// consumers with its Q stage: stored and announced on the stage's tile_q
+// barrier as soon as the stage is free, so that the consumers know the tile
+// (and work out its key range) while its Q still loads; the stage's empty
+// barrier guards it as it guards Q. A tile with no key to see gets a stage
+// with its index and no Q (full_q then completes on the producer's arrival
+// alone), and an index past the last tile ends the consumers.
 //
 // Consumers (warpgroups 1.., 64 query rows each, all reading the same K/V
 // stages), per tile, with P of block n - 1 kept in registers:
@@ -61,6 +68,7 @@ struct FwdWsArgs {
   CUtensorMap q_map, k_map, v_map;
   CUtensorMap bias_map;
   PersistentScheduler::Args sched;
+  int* tile_counter;  // zeroed before the launch (PersistentScheduler::ResetCounter)
 };
 
 // Shared-memory addresses: Q (kBlockM rows), the K and V rings, with a bias
@@ -70,14 +78,23 @@ struct FwdWsSmem {
   static constexpr int kBytes = Traits::kSmemBytes + Traits::kConsumerWarpgroups * kBiasTileBytes<Bias>;
   uint32_t q, k, v;  // tiles, 1024-byte aligned
   uint32_t bias;     // one Bias tile per consumer warpgroup
-  // per Q stage full_q, empty_q, then per K/V stage full_k, empty_k, full_v,
-  // empty_v, then per consumer warpgroup full_bias, empty_bias:
-  // Traits::kBarrierBytes = 16 * kQStages + 32 * kStages + 32.
+  // per Q stage full_q, empty_q, tile_q, then per K/V stage full_k, empty_k,
+  // full_v, empty_v, then per consumer warpgroup full_bias, empty_bias, then
+  // per Q stage its tile index (4 bytes): Traits::kBarrierBytes.
   uint32_t bars;
-  static constexpr int kKvBars = 16 * Traits::kQStages;
+  static constexpr int kKvBars = 24 * Traits::kQStages;
   static constexpr int kBiasBars = kKvBars + 32 * Traits::kStages;
+  static constexpr int kTileIndices = kBiasBars + 16 * Traits::kConsumerWarpgroups;
+  static_assert(kTileIndices + 4 * Traits::kQStages <= Traits::kBarrierBytes,
+                "FwdWsTraits::kBarrierBytes");
   __device__ __forceinline__ uint32_t full_q(int s) const { return bars + 16 * s; }
   __device__ __forceinline__ uint32_t empty_q(int s) const { return bars + 8 + 16 * s; }
+  __device__ __forceinline__ uint32_t tile_q(int s) const {
+    return bars + 16 * Traits::kQStages + 8 * s;
+  }
+  __device__ __forceinline__ uint32_t tile_index(int s) const {
+    return bars + kTileIndices + 4 * s;
+  }
   __device__ __forceinline__ uint32_t q_tile(int s) const { return q + s * Traits::kQBytes; }
   __device__ __forceinline__ uint32_t full_k(int s) const { return bars + kKvBars + 32 * s; }
   __device__ __forceinline__ uint32_t empty_k(int s) const { return bars + kKvBars + 8 + 32 * s; }
@@ -91,6 +108,29 @@ struct FwdWsSmem {
   }
   __device__ __forceinline__ uint32_t bias_tile(int wg) const {
     return bias + wg * kBiasTileBytes<Bias>;
+  }
+  // The index of the tile whose Q goes into stage s: the producer (one
+  // thread) stores it and arrives on tile_q(s), a release; the consumers
+  // read it once tile_q(s) has completed (an acquire), and their warps
+  // __syncwarp before lane 0 arrives on empty_q(s) (ReleaseQ), so that the
+  // producer's next store follows every lane's read. (Read in lane 0 alone
+  // and shuffled, the index was no longer warp-uniform to ptxas, and the
+  // consumers spilled 200 B more at D = 128.) compute-sanitizer's racecheck
+  // reports this slot's accesses as hazards (cpp/cuda/NOTES.md).
+  __device__ __forceinline__ void StoreTileIndex(int s, int index) const {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(tile_index(s)), "r"(index) : "memory");
+    ArriveBarrier(tile_q(s));
+  }
+  __device__ __forceinline__ int LoadTileIndex(int s) const {
+    int index;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(index) : "r"(tile_index(s)) : "memory");
+    return index;
+  }
+  // One consumer warp's arrival on empty_q(s): it no longer reads Q or the
+  // tile index.
+  __device__ __forceinline__ void ReleaseQ(int s, int lane) const {
+    __syncwarp();
+    if (lane == 0) ArriveBarrier(empty_q(s));
   }
 
   __device__ __forceinline__ static FwdWsSmem Carve(uint32_t smem_raw) {
@@ -108,6 +148,7 @@ struct FwdWsSmem {
     for (int s = 0; s < Traits::kQStages; ++s) {
       MbarrierInit(full_q(s), 1);
       MbarrierInit(empty_q(s), Traits::kConsumerWarps);
+      MbarrierInit(tile_q(s), 1);
     }
     for (int s = 0; s < Traits::kStages; ++s) {
       MbarrierInit(full_k(s), 1);
@@ -125,7 +166,8 @@ struct FwdWsSmem {
 
 // ---- producer ------------------------------------------------------------------
 
-// One thread: every load of every tile of this CTA, in the consumers' order.
+// One thread: picks this CTA's tiles and issues every load of them, in the
+// consumers' order.
 // Bias: the bias's tile type (void without a bias): its own instantiation
 // of the kernel, so that the plain one keeps its registers.
 template <typename T, typename Traits, typename Bias>
@@ -136,16 +178,27 @@ __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSme
   const int group = static_cast<int>(p.shape.group_size());
   RingPos<Traits::kStages> kv;
   RingPos<Traits::kQStages> q;
-  for (int index = blockIdx.x; index < a.sched.tiles; index += gridDim.x) {
-    const QueryBlockScheduler::Tile tile = PersistentScheduler::Get(a.sched, index);
+  for (int index = blockIdx.x;;) {
+    const bool done = index >= a.sched.tiles;
+    // The tile's key range before the wait, off the path from the stage's
+    // release to its Q load.
+    const QueryBlockScheduler::Tile tile = PersistentScheduler::Get(a.sched, done ? 0 : index);
     FwdBlock<T> blk =
         FwdBlock<T>::template Make<kBlockM, kBlockN, /*kTileMap=*/true>(p, tile);
     blk.mask.dense = nullptr;  // a dense mask runs on sm90/fwd.cuh (RunFwd)
-    if (blk.n_begin >= blk.n_end) continue;  // the consumers skip it too
-    const int b = static_cast<int>(tile.b), h = static_cast<int>(tile.h), h_kv = h / group;
-    // Q: after both consumer warpgroups' last S GEMM of the tile that used
-    // this buffer before (the previous tile with one buffer).
+    // The Q stage: after both consumer warpgroups' last S GEMM of the tile
+    // that used it before (the previous tile with one buffer).
     MbarrierWait(sm.empty_q(q.stage()), q.phase() ^ 1);
+    sm.StoreTileIndex(q.stage(), index);
+    if (done) return;  // that index ends the consumers
+    // Asked now, used once this tile's loads are issued.
+    index = PersistentScheduler::NextIndex(a.tile_counter);
+    if (blk.n_begin >= blk.n_end) {  // nothing to load: the index alone
+      ArriveBarrier(sm.full_q(q.stage()));
+      q.Advance();
+      continue;
+    }
+    const int b = static_cast<int>(tile.b), h = static_cast<int>(tile.h), h_kv = h / group;
     MbarrierArriveExpectTx(sm.full_q(q.stage()), Traits::kQBytes);
 #pragma unroll
     for (int cb = 0; cb < kColBlocks; ++cb)
@@ -347,7 +400,7 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     WgmmaWait<0>();
     FenceRegisters(s[0]);
     release(sm.empty_k(kv.stage()));
-    if (next == n_end) release(sm.empty_q(q_stage));
+    if (next == n_end) sm.ReleaseQ(q_stage, lane);
     add_bias(s);
     // O is still 0: no rescale whatever the softmax says.
     ScoresToP<T, Traits>(s, row_m, row_l, alpha, args, blk, warp_row0, n_begin, g, t);
@@ -371,7 +424,7 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     WgmmaWait<1>();  // S_n (O += P V may still run)
     FenceRegisters(s[0]);
     release(sm.empty_k(kv.stage()));
-    if (next == n_end) release(sm.empty_q(q_stage));
+    if (next == n_end) sm.ReleaseQ(q_stage, lane);
     add_bias(s);
     const bool rescale =
         ScoresToP<T, Traits>(s, row_m, row_l, alpha, args, blk, warp_row0, n, g, t);
