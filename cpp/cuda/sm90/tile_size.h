@@ -109,7 +109,9 @@ constexpr DqTile DqTileSize(int head_dim) { return TilesFor(head_dim).dq; }
 // and -DJAX_FLASH_TUNE_WS_QSTAGES=<1 or 2> replace that field of the
 // bucket's warp-specialized forward tile.
 constexpr FwdWsTile FwdWsTileSize(int head_dim) {
-  FwdWsTile t = head_dim <= 64 ? FwdWsTile{128, 128, 4, 24, 240} : FwdWsTile{128, 128, 2, 24, 240};
+  FwdWsTile t = head_dim <= 64    ? FwdWsTile{128, 128, 4, 24, 240}
+                : head_dim <= 128 ? FwdWsTile{128, 128, 2, 24, 240}
+                                  : FwdWsTile{128, 64, 2, 24, 240};
 #ifdef JAX_FLASH_TUNE_D
   if (head_dim != JAX_FLASH_TUNE_D) return t;
 #ifdef JAX_FLASH_TUNE_WS_STAGES
