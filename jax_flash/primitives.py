@@ -35,6 +35,7 @@ from jax.interpreters import batching, mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_flash import _ffi
+from jax_flash._absent import absent_operand, is_absent  # noqa: F401 (re-exported)
 from jax_flash.sharding import partitioning
 
 flash_fwd_p = Primitive("flash_fwd")
@@ -82,22 +83,6 @@ def mask_operands(dtype, **present) -> tuple:
   return tuple(present[name] if name in present else
                absent_operand(dtypes.get(absent[name], absent[name]))
                for name in MASK_OPERANDS)
-
-
-def absent_operand(dtype):
-  """An absent optional operand: 0-d in jaxprs, shape (0,) in the call.
-
-  Every operand that is present has a dimension, so a 0-d one says "absent";
-  the lowering passes the call the (0,) it expects (contract.h). Not (0,)
-  in jaxprs: under shard_map jax passes such constants (and residuals) into
-  the manual computation as arguments, and XLA 0.11's CPU compiler crashed
-  (segfault in its SPMD pipeline) on zero-sized arguments there.
-  """
-  return np.zeros((), dtype)
-
-
-def is_absent(x) -> bool:
-  return x.ndim == 0
 
 
 # -- abstract evaluation -------------------------------------------------------

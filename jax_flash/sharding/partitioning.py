@@ -36,6 +36,8 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.interpreters import mlir
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
 
+from jax_flash._absent import is_absent
+
 Role = str | None
 
 # Offsets operand entries (cpp/include/jax_flash/mask.h, enum Offset).
@@ -52,7 +54,7 @@ class Layout:
   """What the partitioner needs to know about one primitive call (static).
 
   operand_roles / result_roles: one role per dimension of each array.
-  offsets_index: the operand that holds the offsets (absent when 0-d).
+  offsets_index: the operand that holds the offsets (maybe absent: _absent.py).
   needs_positions: the result depends on query positions (causal, window,
     lengths, dropout), so a sequence shard must be told its position.
   needs_ids: dropout: shards must be told their global batch and head.
@@ -234,7 +236,7 @@ def _local_fn(local_prim, layout: Layout, params: dict, plan: _Plan, local_shape
     args = list(args)
     if shifts:
       offsets = args[layout.offsets_index]
-      offsets = jnp.zeros((NUM_OFFSETS,), jnp.int32) if offsets.ndim == 0 else offsets
+      offsets = jnp.zeros((NUM_OFFSETS,), jnp.int32) if is_absent(offsets) else offsets
       for i, (axes, size) in shifts.items():
         offsets = offsets.at[i].add(index(axes).astype(jnp.int32) * size)
       args[layout.offsets_index] = offsets
