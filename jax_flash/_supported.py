@@ -37,8 +37,8 @@ CUDA_SM90_FWD_BUCKETS = (64, 96, 128, 192, 256)
 # grid); the others run sm90/fwd.cuh. D=64 ran on mma.sync before: the wgmma
 # forward without warp specialization measured 269-281 TFLOP/s against
 # 315-323 (H100, cpp/cuda/NOTES.md). D=96: tiles of two 64-column blocks,
-# columns 96-127 zero-filled by TMA. D=192 and 256: 64-key blocks, 9-25%
-# faster than sm90/fwd.cuh (15-25% causal, with the dynamic tile order).
+# columns 96-127 zero-filled by TMA. D=192 and 256: 64-key blocks, 3-24%
+# faster than sm90/fwd.cuh alone (H100, S 1k-16k; BENCHMARKS.md).
 CUDA_SM90_FWD_WS_BUCKETS = (64, 96, 128, 192, 256)
 # Buckets with a Hopper backward, both modes (all GEMMs on wgmma;
 # deterministic=True: the dK/dV kernel without dQ, then a wgmma dQ kernel
