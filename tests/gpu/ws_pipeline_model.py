@@ -3,9 +3,10 @@
 the producer thread, the two consumer warpgroups (one agent each, arriving for
 its four warps), mbarriers with parity waits, arrival counts and tx bytes,
 the ping-pong named barriers, TMA copies completing at random later times.
-The producer hands out the tiles: each Q stage carries a tile index (stored,
-then announced on the stage's tile_q barrier), an empty tile's stage no Q,
-and an index past the last ends the consumers.
+The producer warp hands out the tiles: each tile's index through one slot
+between named barriers (per consumer warpgroup, index full and index empty)
+once its Q stage is free, an empty tile's Q stage without Q, and an index past the last ends the
+consumers.
 Random interleavings over random tile lists (empty tiles, one-block tiles),
 2-4 K/V stages and 1-2 Q buffers; fails on a deadlock, on a TMA copy landing
 in a stage a consumer still reads, on the producer storing an index a
@@ -14,7 +15,8 @@ block or tile, and on barriers or named-barrier arrivals left unpaired at the
 end. It checks the protocol, not the CUDA code: keep the two in step when
 either changes. (Mutations it catches: the producer's empty wait without the
 ^ 1, V released before its PV GEMM's wait, no final ping-pong sync, Q
-released early, an empty tile's full_q not completed.)
+released early, an empty tile's full_q not completed, the index-empty sync
+left out.)
 
   python3 tests/gpu/ws_pipeline_model.py [tile lists, default 3000]"""
 import random
@@ -66,12 +68,13 @@ def run(tiles, stages, seed, qstages=1):
     rng = random.Random(seed)
     full_q = [MBar(1) for _ in range(qstages)]
     empty_q = [MBar(8) for _ in range(qstages)]
-    tile_q = [MBar(1) for _ in range(qstages)]
     full_k = [MBar(1) for _ in range(stages)]
     empty_k = [MBar(8) for _ in range(stages)]
     full_v = [MBar(1) for _ in range(stages)]
     empty_v = [MBar(8) for _ in range(stages)]
-    nbar = {1: NamedBar(256), 2: NamedBar(256)}
+    # 1, 2 ping-pong; 3 + wg index full, 5 + wg index empty (the producer warp and one warpgroup)
+    nbar = {1: NamedBar(256), 2: NamedBar(256), 3: NamedBar(160), 4: NamedBar(160),
+            5: NamedBar(160), 6: NamedBar(160)}
     slot = {}   # ('k', s) -> block id written
     busy = {}   # ('k', s) -> set of wg reading
     inflight = []  # pending TMA: (key, content, bar, bytes)
@@ -80,16 +83,28 @@ def run(tiles, stages, seed, qstages=1):
         while not bar.ready(parity):
             yield "block"
 
+    def sync(bar_id, n):
+        g = nbar[bar_id].gen
+        nbar[bar_id].arrive(n)
+        while nbar[bar_id].gen == g:
+            yield "block"
+
     def producer():
         kv = 0
         qc = 0
         for ti in range(len(tiles) + 1):  # the last index ends the consumers
             qs, qph = qc % qstages, (qc // qstages) & 1
             yield from wait(empty_q[qs], qph ^ 1)
-            assert not busy.get(("i", qs)), f"index of stage {qs} stored while read"
-            slot[("i", qs)] = ti
-            tile_q[qs].arrive()
+            if ti > 0:  # index empty, each warpgroup's
+                yield from sync(5, 32)
+                yield from sync(6, 32)
+            assert not busy.get("i"), "index stored while read"
+            slot["i"] = ti
+            nbar[3].arrive(32)  # index full
+            nbar[4].arrive(32)
             if ti == len(tiles):
+                yield from sync(5, 32)
+                yield from sync(6, 32)
                 return
             nb, ne = tiles[ti]
             if nb >= ne:  # the index alone
@@ -125,16 +140,18 @@ def run(tiles, stages, seed, qstages=1):
             nbar[1].arrive(128)
         for want in range(len(tiles) + 1):
             qs, qph = qc % qstages, (qc // qstages) & 1
-            yield from wait(tile_q[qs], qph)
-            use(("i", qs), wg, want)
-            ti = slot[("i", qs)]
+            yield from sync(3 + wg, 128)  # index full
+            use("i", wg, want)
+            ti = slot["i"]
+            yield "step"  # the read in flight
+            unuse("i", wg)
+            nbar[5 + wg].arrive(128)  # index empty
             if ti == len(tiles):
                 break
             nb, ne = tiles[ti]
             yield from wait(full_q[qs], qph)
             qc += 1
             if nb >= ne:
-                unuse(("i", qs), wg)
                 for _ in range(4):
                     empty_q[qs].arrive()
                 yield "step"
@@ -155,7 +172,6 @@ def run(tiles, stages, seed, qstages=1):
                 empty_k[s].arrive()
             if nb + 1 == ne:
                 unuse(("q", qs), wg)
-                unuse(("i", qs), wg)
                 for _ in range(4):
                     empty_q[qs].arrive()
             prev = kv
@@ -179,7 +195,6 @@ def run(tiles, stages, seed, qstages=1):
                     empty_k[s].arrive()
                 if n + 1 == ne:
                     unuse(("q", qs), wg)
-                    unuse(("i", qs), wg)
                     for _ in range(4):
                         empty_q[qs].arrive()
                 yield "step"  # softmax; PV done
@@ -237,8 +252,8 @@ def run(tiles, stages, seed, qstages=1):
             blocked_rounds = 0 if any_p else blocked_rounds + 1
             if blocked_rounds > 50:
                 raise RuntimeError(f"deadlock: done={done} tiles={tiles}")
-    assert nbar[1].arrived == 0 and nbar[2].arrived == 0, "unpaired named-barrier arrivals"
-    for b in full_q + empty_q + tile_q + full_k + empty_k + full_v + empty_v:
+    assert all(b.arrived == 0 for b in nbar.values()), "unpaired named-barrier arrivals"
+    for b in full_q + empty_q + full_k + empty_k + full_v + empty_v:
         assert b.pending == b.count and b.tx == 0, "barrier left mid-phase"
 
 

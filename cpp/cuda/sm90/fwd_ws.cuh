@@ -48,7 +48,7 @@ struct FwdWsTraits {
   static constexpr int kQBytes = kBlockM * kSmemCols * 2;  // one Q stage
   static constexpr int kKvBytes = kBlockN * kSmemCols * 2;  // one K or V stage
   // + one swizzle period so that the tiles can start 1024-byte aligned.
-  static constexpr int kBarrierBytes = 32 * kQStages + 32 * kStages + 32;  // FwdWsSmem
+  static constexpr int kBarrierBytes = 16 * kQStages + 32 * kStages + 32 + 16;  // FwdWsSmem
   static constexpr int kSmemBytes =
       kQStages * kQBytes + 2 * kStages * kKvBytes + kBarrierBytes + kAtomBytes;
   static_assert(kConsumerWarpgroups == 2, "ping-pong of two consumer warpgroups");
@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   if (pos.warp < 4) {  // producer warpgroup
     SetMaxRegsDec<Traits::kTile.producer_regs>();
-    if (pos.tid == 0) FwdWsProducer<T, Traits, Bias>(a, sm);
+    if (pos.warp == 0) FwdWsProducer<T, Traits, Bias>(a, sm, pos.lane);
     return;
   }
   SetMaxRegsInc<Traits::kTile.consumer_regs>();
@@ -83,10 +83,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   RingPos<Traits::kStages> kv;
   RingPos<Traits::kQStages> q;
   ping.Start();
+  const TileIndexHandoff<Traits::kConsumerWarpgroups> handoff{sm.tile_index()};
   for (;;) {
-    // The next tile's index, which the producer stores with its Q stage.
-    MbarrierWait(sm.tile_q(q.stage()), q.phase());
-    const int index = sm.LoadTileIndex(q.stage());
+    const int index = handoff.Take(ping.wg);  // the producer's next tile
     if (index >= a.sched.tiles) break;
     const QueryBlockScheduler::Tile tile = PersistentScheduler::Get(a.sched, index);
     FwdBlock<T> blk =
@@ -100,7 +99,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                                    pos.t, kv, q, o, row_m, row_l);
     } else {  // no key to see: the stage carried the index alone, and no Q
       MbarrierWait(sm.full_q(q.stage()), q.phase());
-      sm.ReleaseQ(q.stage(), pos.lane);
+      if (pos.lane == 0) ArriveBarrier(sm.empty_q(q.stage()));
       q.Advance();
     }
     if constexpr (kDropout)  // the kept P's 1 / (1 - rate)

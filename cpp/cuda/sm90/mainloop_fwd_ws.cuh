@@ -2,19 +2,18 @@
 // structure, our code): the producer's loads and the consumers' GEMMs and
 // softmax for one tile of kBlockM query rows, all K/V blocks of its key range.
 //
-// Producer (one thread of warpgroup 0): per tile, Q by TMA once into a ring
+// Producer (warp 0, one lane issuing): per tile, Q by TMA once into a ring
 // of kQStages buffers, then K and V of every block into the ring of kStages
 // stages (sm90/pipeline.cuh), each behind its stage's empty barrier. With two
 // Q buffers the next tile's Q is loaded as soon as this tile's last K/V load
 // is issued, not after the consumers' last S GEMM of this tile: at tile
 // boundaries the consumers then find Q there. The producer also picks the
 // tiles (sm90/scheduler_persistent.cuh) and hands each tile's index to the
-// consumers with its Q stage: stored and announced on the stage's tile_q
-// barrier as soon as the stage is free, so that the consumers know the tile
-// (and work out its key range) while its Q still loads; the stage's empty
-// barrier guards it as it guards Q. A tile with no key to see gets a stage
-// with its index and no Q (full_q then completes on the producer's arrival
-// alone), and an index past the last tile ends the consumers.
+// consumers (TileIndexHandoff: a shared slot between two named barriers) as
+// soon as the tile's Q stage is free, so that the consumers know the tile
+// (and work out its key range) while its Q still loads. A tile with no key
+// to see gets a Q stage without Q (full_q then completes on the producer's
+// arrival alone), and an index past the last tile ends the consumers.
 //
 // Consumers (warpgroups 1.., 64 query rows each, all reading the same K/V
 // stages), per tile, with P of block n - 1 kept in registers:
@@ -78,23 +77,18 @@ struct FwdWsSmem {
   static constexpr int kBytes = Traits::kSmemBytes + Traits::kConsumerWarpgroups * kBiasTileBytes<Bias>;
   uint32_t q, k, v;  // tiles, 1024-byte aligned
   uint32_t bias;     // one Bias tile per consumer warpgroup
-  // per Q stage full_q, empty_q, tile_q, then per K/V stage full_k, empty_k,
-  // full_v, empty_v, then per consumer warpgroup full_bias, empty_bias, then
-  // per Q stage its tile index (4 bytes): Traits::kBarrierBytes.
+  // per Q stage full_q, empty_q, then per K/V stage full_k, empty_k, full_v,
+  // empty_v, then per consumer warpgroup full_bias, empty_bias, then the tile
+  // index (4 bytes): Traits::kBarrierBytes.
   uint32_t bars;
-  static constexpr int kKvBars = 24 * Traits::kQStages;
+  static constexpr int kKvBars = 16 * Traits::kQStages;
   static constexpr int kBiasBars = kKvBars + 32 * Traits::kStages;
   static constexpr int kTileIndices = kBiasBars + 16 * Traits::kConsumerWarpgroups;
-  static_assert(kTileIndices + 4 * Traits::kQStages <= Traits::kBarrierBytes,
+  static_assert(kTileIndices + 4 <= Traits::kBarrierBytes,
                 "FwdWsTraits::kBarrierBytes");
   __device__ __forceinline__ uint32_t full_q(int s) const { return bars + 16 * s; }
   __device__ __forceinline__ uint32_t empty_q(int s) const { return bars + 8 + 16 * s; }
-  __device__ __forceinline__ uint32_t tile_q(int s) const {
-    return bars + 16 * Traits::kQStages + 8 * s;
-  }
-  __device__ __forceinline__ uint32_t tile_index(int s) const {
-    return bars + kTileIndices + 4 * s;
-  }
+  __device__ __forceinline__ uint32_t tile_index() const { return bars + kTileIndices; }
   __device__ __forceinline__ uint32_t q_tile(int s) const { return q + s * Traits::kQBytes; }
   __device__ __forceinline__ uint32_t full_k(int s) const { return bars + kKvBars + 32 * s; }
   __device__ __forceinline__ uint32_t empty_k(int s) const { return bars + kKvBars + 8 + 32 * s; }
@@ -109,30 +103,6 @@ struct FwdWsSmem {
   __device__ __forceinline__ uint32_t bias_tile(int wg) const {
     return bias + wg * kBiasTileBytes<Bias>;
   }
-  // The index of the tile whose Q goes into stage s: the producer (one
-  // thread) stores it and arrives on tile_q(s), a release; the consumers
-  // read it once tile_q(s) has completed (an acquire), and their warps
-  // __syncwarp before lane 0 arrives on empty_q(s) (ReleaseQ), so that the
-  // producer's next store follows every lane's read. (Read in lane 0 alone
-  // and shuffled, the index was no longer warp-uniform to ptxas, and the
-  // consumers spilled 200 B more at D = 128.) compute-sanitizer's racecheck
-  // reports this slot's accesses as hazards (cpp/cuda/NOTES.md).
-  __device__ __forceinline__ void StoreTileIndex(int s, int index) const {
-    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(tile_index(s)), "r"(index) : "memory");
-    ArriveBarrier(tile_q(s));
-  }
-  __device__ __forceinline__ int LoadTileIndex(int s) const {
-    int index;
-    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(index) : "r"(tile_index(s)) : "memory");
-    return index;
-  }
-  // One consumer warp's arrival on empty_q(s): it no longer reads Q or the
-  // tile index.
-  __device__ __forceinline__ void ReleaseQ(int s, int lane) const {
-    __syncwarp();
-    if (lane == 0) ArriveBarrier(empty_q(s));
-  }
-
   __device__ __forceinline__ static FwdWsSmem Carve(uint32_t smem_raw) {
     FwdWsSmem r;
     r.q = (smem_raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
@@ -148,7 +118,6 @@ struct FwdWsSmem {
     for (int s = 0; s < Traits::kQStages; ++s) {
       MbarrierInit(full_q(s), 1);
       MbarrierInit(empty_q(s), Traits::kConsumerWarps);
-      MbarrierInit(tile_q(s), 1);
     }
     for (int s = 0; s < Traits::kStages; ++s) {
       MbarrierInit(full_k(s), 1);
@@ -164,21 +133,77 @@ struct FwdWsSmem {
   }
 };
 
+// ---- the tile index ---------------------------------------------------------------
+
+// The producer warp hands each tile index to the consumer warpgroups through
+// one shared slot between named barriers, as FlashAttention-3 does: the
+// producer's lane 0 stores it and the warp arrives on each warpgroup's
+// "full" barrier; a warpgroup syncs on its own, reads, and arrives on its
+// "empty" barrier, on which the producer syncs (every warpgroup's) before its
+// next store. A pair per warpgroup rather than one for all, so that neither
+// waits at a tile boundary for the other to finish its tile (ping-pong lets
+// one start the next tile's GEMMs during the other's last softmax).
+// compute-sanitizer's racecheck reports the slot's accesses as hazards, as it
+// does for a race-free handoff with bar.sync on both sides
+// (tests/gpu/racecheck_probe.cu): it does not follow named barriers with a
+// thread count.
+inline constexpr int kIndexBarrier = 3;  // ids 3, 4, ... after PingPong's 1, 2
+
+// Barrier ids in registers, so ptxas reserves all 16 named barriers (one CTA
+// per SM: nothing else wants them); immediate ids through a branch on the
+// warpgroup made the consumers spill 200 B more at D = 128.
+template <int kConsumerWarpgroups>
+struct TileIndexHandoff {
+  static constexpr int kThreads = 32 + 128;  // the producer warp and one warpgroup
+  uint32_t slot;
+  __device__ __forceinline__ static int FullBarrier(int wg) { return kIndexBarrier + wg; }
+  __device__ __forceinline__ static int EmptyBarrier(int wg) {
+    return kIndexBarrier + kConsumerWarpgroups + wg;
+  }
+  // The producer warp, every lane; `first`: no index handed over before.
+  __device__ __forceinline__ void Give(int index, bool first, int lane) const {
+    if (!first) WaitEmpty();
+    if (lane == 0) asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(slot), "r"(index) : "memory");
+#pragma unroll
+    for (int wg = 0; wg < kConsumerWarpgroups; ++wg) NamedBarrierArrive(FullBarrier(wg), kThreads);
+  }
+  // The producer warp, after giving the index that ends the consumers.
+  __device__ __forceinline__ void Finish() const { WaitEmpty(); }
+  // Every thread of consumer warpgroup wg.
+  __device__ __forceinline__ int Take(int wg) const {
+    NamedBarrierSync(FullBarrier(wg), kThreads);
+    int index;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(index) : "r"(slot) : "memory");
+    NamedBarrierArrive(EmptyBarrier(wg), kThreads);
+    return index;
+  }
+
+ private:
+  __device__ __forceinline__ void WaitEmpty() const {
+#pragma unroll
+    for (int wg = 0; wg < kConsumerWarpgroups; ++wg) NamedBarrierSync(EmptyBarrier(wg), kThreads);
+  }
+};
+
 // ---- producer ------------------------------------------------------------------
 
-// One thread: picks this CTA's tiles and issues every load of them, in the
-// consumers' order.
+// The producer warp: picks this CTA's tiles and issues every load of them, in
+// the consumers' order, from lane 0; every lane runs the loop (its barrier
+// waits and the tile handoff's named barriers).
 // Bias: the bias's tile type (void without a bias): its own instantiation
 // of the kernel, so that the plain one keeps its registers.
 template <typename T, typename Traits, typename Bias>
-__device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSmem<Traits, Bias>& sm) {
+__device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSmem<Traits, Bias>& sm,
+                                              int lane) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   constexpr int kColBlocks = Traits::kSmemCols / kSwizzleElems;
   const FwdParams& p = a.args.p;
   const int group = static_cast<int>(p.shape.group_size());
+  const bool issuer = lane == 0;
+  const TileIndexHandoff<Traits::kConsumerWarpgroups> handoff{sm.tile_index()};
   RingPos<Traits::kStages> kv;
   RingPos<Traits::kQStages> q;
-  for (int index = blockIdx.x;;) {
+  for (int index = blockIdx.x, first = 1;; first = 0) {
     const bool done = index >= a.sched.tiles;
     // The tile's key range before the wait, off the path from the stage's
     // release to its Q load.
@@ -189,47 +214,60 @@ __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSme
     // The Q stage: after both consumer warpgroups' last S GEMM of the tile
     // that used it before (the previous tile with one buffer).
     MbarrierWait(sm.empty_q(q.stage()), q.phase() ^ 1);
-    sm.StoreTileIndex(q.stage(), index);
-    if (done) return;  // that index ends the consumers
+    handoff.Give(index, first, lane);
+    if (done) {  // that index ends the consumers
+      handoff.Finish();
+      return;
+    }
     // Asked now, used once this tile's loads are issued.
-    index = PersistentScheduler::NextIndex(a.tile_counter);
-    if (blk.n_begin >= blk.n_end) {  // nothing to load: the index alone
-      ArriveBarrier(sm.full_q(q.stage()));
+    int next = 0;
+    if (issuer) next = PersistentScheduler::NextIndex(a.tile_counter);
+    if (blk.n_begin >= blk.n_end) {  // nothing to load: a Q stage without Q
+      if (issuer) ArriveBarrier(sm.full_q(q.stage()));
       q.Advance();
+      index = __shfl_sync(0xffffffffu, next, 0);
       continue;
     }
     const int b = static_cast<int>(tile.b), h = static_cast<int>(tile.h), h_kv = h / group;
-    MbarrierArriveExpectTx(sm.full_q(q.stage()), Traits::kQBytes);
+    if (issuer) {
+      MbarrierArriveExpectTx(sm.full_q(q.stage()), Traits::kQBytes);
 #pragma unroll
-    for (int cb = 0; cb < kColBlocks; ++cb)
-      TmaLoadBox(sm.q_tile(q.stage()) + cb * kBlockM * kSwizzleBytes, &a.q_map,
-                 cb * kSwizzleElems, static_cast<int>(blk.m0), h, b, sm.full_q(q.stage()));
+      for (int cb = 0; cb < kColBlocks; ++cb)
+        TmaLoadBox(sm.q_tile(q.stage()) + cb * kBlockM * kSwizzleBytes, &a.q_map,
+                   cb * kSwizzleElems, static_cast<int>(blk.m0), h, b, sm.full_q(q.stage()));
+    }
     q.Advance();
     // The key blocks the consumers step through (FwdBlock::NextBlock).
     for (int64_t n = blk.n_begin; n < blk.n_end;
          n = blk.template NextBlock<kBlockN>(n + 1)) {
       const int row = static_cast<int>(n * kBlockN);
       MbarrierWait(sm.empty_k(kv.stage()), kv.phase() ^ 1);
-      MbarrierArriveExpectTx(sm.full_k(kv.stage()), Traits::kKvBytes);
+      if (issuer) {
+        MbarrierArriveExpectTx(sm.full_k(kv.stage()), Traits::kKvBytes);
 #pragma unroll
-      for (int cb = 0; cb < kColBlocks; ++cb)
-        TmaLoadBox(sm.k_tile(kv.stage()) + cb * kBlockN * kSwizzleBytes, &a.k_map,
-                   cb * kSwizzleElems, row, h_kv, b, sm.full_k(kv.stage()));
+        for (int cb = 0; cb < kColBlocks; ++cb)
+          TmaLoadBox(sm.k_tile(kv.stage()) + cb * kBlockN * kSwizzleBytes, &a.k_map,
+                     cb * kSwizzleElems, row, h_kv, b, sm.full_k(kv.stage()));
+      }
       if constexpr (!std::is_void_v<Bias>) {  // each warpgroup's rows, once it has read the last
         for (int wg = 0; wg < Traits::kConsumerWarpgroups; ++wg) {
           MbarrierWait(sm.empty_bias(wg), (kv.count & 1) ^ 1);
-          Bias::Load(sm.bias_tile(wg), &a.bias_map, p.score, row, static_cast<int>(blk.m0) + 64 * wg,
-                     h, b, sm.full_bias(wg));
+          if (issuer)
+            Bias::Load(sm.bias_tile(wg), &a.bias_map, p.score, row,
+                       static_cast<int>(blk.m0) + 64 * wg, h, b, sm.full_bias(wg));
         }
       }
       MbarrierWait(sm.empty_v(kv.stage()), kv.phase() ^ 1);
-      MbarrierArriveExpectTx(sm.full_v(kv.stage()), Traits::kKvBytes);
+      if (issuer) {
+        MbarrierArriveExpectTx(sm.full_v(kv.stage()), Traits::kKvBytes);
 #pragma unroll
-      for (int cb = 0; cb < kColBlocks; ++cb)
-        TmaLoadBox(sm.v_tile(kv.stage()) + cb * kBlockN * kSwizzleBytes, &a.v_map,
-                   cb * kSwizzleElems, row, h_kv, b, sm.full_v(kv.stage()));
+        for (int cb = 0; cb < kColBlocks; ++cb)
+          TmaLoadBox(sm.v_tile(kv.stage()) + cb * kBlockN * kSwizzleBytes, &a.v_map,
+                     cb * kSwizzleElems, row, h_kv, b, sm.full_v(kv.stage()));
+      }
       kv.Advance();
     }
+    index = __shfl_sync(0xffffffffu, next, 0);
   }
 }
 
@@ -400,7 +438,7 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     WgmmaWait<0>();
     FenceRegisters(s[0]);
     release(sm.empty_k(kv.stage()));
-    if (next == n_end) sm.ReleaseQ(q_stage, lane);
+    if (next == n_end) release(sm.empty_q(q_stage));
     add_bias(s);
     // O is still 0: no rescale whatever the softmax says.
     ScoresToP<T, Traits>(s, row_m, row_l, alpha, args, blk, warp_row0, n_begin, g, t);
@@ -424,7 +462,7 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     WgmmaWait<1>();  // S_n (O += P V may still run)
     FenceRegisters(s[0]);
     release(sm.empty_k(kv.stage()));
-    if (next == n_end) sm.ReleaseQ(q_stage, lane);
+    if (next == n_end) release(sm.empty_q(q_stage));
     add_bias(s);
     const bool rescale =
         ScoresToP<T, Traits>(s, row_m, row_l, alpha, args, blk, warp_row0, n, g, t);
