@@ -71,24 +71,25 @@ struct FwdWsArgs {
 };
 
 // Shared-memory addresses: Q (kBlockM rows), the K and V rings, with a bias
-// (Bias: its tile type, void without) its two warpgroup stages, the barriers.
+// (Bias: its tile type, void without) its two warpgroup stages, then the
+// barriers and the tile index.
 template <typename Traits, typename Bias>
 struct FwdWsSmem {
-  static constexpr int kBytes = Traits::kSmemBytes + Traits::kConsumerWarpgroups * kBiasTileBytes<Bias>;
-  uint32_t q, k, v;  // tiles, 1024-byte aligned
-  uint32_t bias;     // one Bias tile per consumer warpgroup
-  // per Q stage full_q, empty_q, then per K/V stage full_k, empty_k, full_v,
-  // empty_v, then per consumer warpgroup full_bias, empty_bias, then the tile
-  // index (4 bytes): Traits::kBarrierBytes.
-  uint32_t bars;
+  // Barriers: per Q stage full_q, empty_q; per K/V stage full_k, empty_k,
+  // full_v, empty_v; per consumer warpgroup full_bias, empty_bias; then the
+  // tile index (4 bytes, 16 kept).
   static constexpr int kKvBars = 16 * Traits::kQStages;
   static constexpr int kBiasBars = kKvBars + 32 * Traits::kStages;
-  static constexpr int kTileIndices = kBiasBars + 16 * Traits::kConsumerWarpgroups;
-  static_assert(kTileIndices + 4 <= Traits::kBarrierBytes,
-                "FwdWsTraits::kBarrierBytes");
+  static constexpr int kTileIndex = kBiasBars + 16 * Traits::kConsumerWarpgroups;
+  static constexpr int kBarrierBytes = kTileIndex + 16;
+  static constexpr int kBiasBytes = Traits::kConsumerWarpgroups * kBiasTileBytes<Bias>;
+  static constexpr int kBytes = Traits::kTileBytes + kBiasBytes + kBarrierBytes;
+  uint32_t q, k, v;  // tiles, 1024-byte aligned
+  uint32_t bias;     // one Bias tile per consumer warpgroup
+  uint32_t bars;
   __device__ __forceinline__ uint32_t full_q(int s) const { return bars + 16 * s; }
   __device__ __forceinline__ uint32_t empty_q(int s) const { return bars + 8 + 16 * s; }
-  __device__ __forceinline__ uint32_t tile_index() const { return bars + kTileIndices; }
+  __device__ __forceinline__ uint32_t tile_index() const { return bars + kTileIndex; }
   __device__ __forceinline__ uint32_t q_tile(int s) const { return q + s * Traits::kQBytes; }
   __device__ __forceinline__ uint32_t full_k(int s) const { return bars + kKvBars + 32 * s; }
   __device__ __forceinline__ uint32_t empty_k(int s) const { return bars + kKvBars + 8 + 32 * s; }
@@ -109,7 +110,7 @@ struct FwdWsSmem {
     r.k = r.q + Traits::kQStages * Traits::kQBytes;
     r.v = r.k + Traits::kStages * Traits::kKvBytes;
     r.bias = r.v + Traits::kStages * Traits::kKvBytes;
-    r.bars = r.bias + Traits::kConsumerWarpgroups * kBiasTileBytes<Bias>;
+    r.bars = r.bias + kBiasBytes;
     return r;
   }
 
