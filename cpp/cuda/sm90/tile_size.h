@@ -31,7 +31,8 @@ struct BwdTile {
 // The warp-specialized forward (sm90/fwd_ws.cuh): query rows per tile (one
 // consumer warpgroup per 64), keys per K/V block, K/V stages of the ring,
 // registers per thread of the producer warpgroup and of the consumers after
-// setmaxnreg (producer_regs * 128 + consumer_regs * block_m * 2 <= 65536),
+// setmaxnreg (producer_regs * 128 + consumer_regs * block_m * 2 at most the
+// CTA's registers at launch, 168 x 384 = 64512: FwdWsTraits::kLaunchRegs),
 // Q buffers (2: the next tile's Q loads while this tile's last blocks run,
 // instead of after its last S GEMM, off the consumers' path at tile starts).
 // FA3 uses 128 x 176 at D=128 (128 x 128 causal) and 192 x 192 at D=64.
