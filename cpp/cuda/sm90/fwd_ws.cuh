@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (blk.n_begin < blk.n_end) {
       FwdWsConsumerTile<T, Traits, Bias, kDropout>(a, sm, blk, ping, consumer_warp, pos.lane, pos.g,
                                                    pos.t, kv, q, o, row_m, row_l);
-    } else {  // no key to see: the stage carried the index alone, and no Q
+    } else {  // no key to see: the producer completed a Q stage without Q
       MbarrierWait(sm.full_q(q.stage()), q.phase());
       if (pos.lane == 0) ArriveBarrier(sm.empty_q(q.stage()));
       q.Advance();
