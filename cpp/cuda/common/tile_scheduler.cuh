@@ -132,14 +132,14 @@ struct SectionedPosition {
 // tail), and the CTAs running at a time read and add into the rows of a few
 // heads, which stay in L2. (Every pair's block n side by side, the order
 // before, streamed Q, dO and dQ from DRAM once more than about 50 heads'
-// rows were in flight: S = 1k at B * S = 16k; cpp/cuda/NOTES.md.)
+// rows were in flight: S = 1k at B * S = 16k; cpp/cuda/NOTES_sm90_bwd.md.)
 // A one-dimensional grid (at most 2^31 - 1 tiles).
 struct KeyBlockSectionScheduler {
   // Bytes of rows a section holds: 16 MB (32 MB: 0-8% slower at S = 1k), and
   // 64 MB under a causal mask with 32 or more key blocks of 128 per pair:
   // there 16 MB was up to 18% slower (D = 96 at S = 4k: 2.62 against 2.22
   // ms) and never faster by more than 3%; with blocks of 64 keys (D > 128)
-  // 64 MB was 2-4% slower (cpp/cuda/NOTES.md, Hopper backward, item 11).
+  // 64 MB was 2-4% slower (cpp/cuda/NOTES_sm90_bwd.md, item 11).
   static int64_t SectionBytes(int64_t n_blocks, int block_n, bool causal) {
 #ifdef JAX_FLASH_TUNE_BWD_SECTION_MB
     return int64_t{JAX_FLASH_TUNE_BWD_SECTION_MB} << 20;

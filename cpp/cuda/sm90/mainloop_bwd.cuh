@@ -341,7 +341,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     // dS^T buffer) are not rewritten before step s + 2: left in flight across
     // the loop's back edge, ptxas serializes the kernel's wgmmas (C7515)
     // unless dK's first k-step zeroes instead, and that variant measured no
-    // faster (NOTES.md).
+    // faster (NOTES_sm90_bwd.md).
     if (kDropout && s + 1 < steps) keep = draw_keep(gi, mi);  // (gi, mi): the next step
     sm90::WgmmaWait<0>();
     sm90::FenceRegisters(dv);
