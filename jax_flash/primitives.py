@@ -35,7 +35,7 @@ from jax.interpreters import batching, mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_flash import _ffi
-from jax_flash._absent import absent_operand, is_absent  # noqa: F401 (re-exported)
+from jax_flash._absent import absent_operand, is_absent
 from jax_flash.sharding import partitioning
 
 flash_fwd_p = Primitive("flash_fwd")
