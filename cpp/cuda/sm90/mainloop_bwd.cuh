@@ -10,7 +10,8 @@
 // and step:
 //   S^T  = K_w Q^T,  dP^T = V_w dO^T   SS, both operands K-major (64 x 64)
 //   P^T, dS^T in registers (common/softmax.cuh, common/score.cuh)
-//   dV  += P^T dO (RS: P^T from registers), dK += dS^T Q (SS), B MN-major
+//   dV  += P^T dO (RS: P^T from registers), dK += dS^T Q (RS, or SS where
+//                                        the registers are short), B MN-major
 //   dQ part = dS K                      SS: dS^T through shared memory as an
 //                                        M-major A (and as dK's K-major A),
 //                                        K as an MN-major B
@@ -161,7 +162,6 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   // This warpgroup's 64 keys: row 64 * warpgroup of every column block.
   const uint32_t k_rows = sK + warpgroup * 64 * kRow;
   const uint32_t v_rows = sV + warpgroup * 64 * kRow;
-  const uint32_t ds_rows = sdS + warpgroup * 64 * kRow;
   const int key_row0 = wg_warp * 16;  // this warp's first key within the warpgroup
   // This warpgroup's dQ columns: dq_col0.., in K's column block dq_col0 / 64
   // (an MN-major B may start inside a swizzled row: the swizzle is applied to
@@ -170,11 +170,17 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   const int dq_col0 = warpgroup * kDqCols;
   const uint32_t dq_k_cols = sK + (dq_col0 / 64) * kBlockN * kRow + (dq_col0 % 64) * 2;
   const uint32_t dq_part = sDq + warpgroup * Traits::kDqPartBytes;
+  // dK's A, dS^T: from registers (RS) where they allow, else as SS from the
+  // copy in shared memory that dQ reads anyway. With dQ at D = 128 the RS
+  // form spilled 244 bytes per thread (72 as SS) and took 1.3-1.45x the
+  // time; everywhere else it was as fast or faster, D = 96 by up to 12%
+  // (NOTES_sm90_bwd.md).
+  constexpr bool kDkFromRegisters = !(kDq && kHeadDim == 128);
   // Descriptors of the tiles that stay put (the k-steps add offsets): dS^T
   // as dQ's M-major A (all 128 keys) and as dK's K-major A (this warpgroup's
-  // rows), K's dQ columns as dQ's MN-major B.
+  // rows, SS only), K's dQ columns as dQ's MN-major B.
   const uint64_t desc_ds = sm90::SmemDescriptor(sdS, kBlockN * kRow, sm90::kAtomBytes);
-  const uint64_t desc_dst = sm90::SmemDescriptor(ds_rows, 0, sm90::kAtomBytes);
+  const uint64_t desc_dst = sm90::SmemDescriptor(sdS + warpgroup * 64 * kRow, 0, sm90::kAtomBytes);
   const uint64_t desc_kt = sm90::SmemDescriptor(dq_k_cols, kBlockN * kRow, sm90::kAtomBytes);
   if constexpr (kDq) ZeroDqStagingPadding<Traits>(sDq, tid);
   const float scale_log2 = args.scale_log2;
@@ -282,21 +288,25 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
       if constexpr (kDropout) ApplyKeepT(dpt, keep, 1.f);
       SubtractDelta(dpt, delta_s, t, kDropout ? args.keep_scale : 1.f);
     }
-    // dS^T goes through shared memory once and feeds two GEMMs from there:
-    // dK as a K-major A (rows = keys), dQ as an M-major A (transposed).
+    // dS^T, packed to 16 bits as A fragments (the C layout of S^T, as P^T
+    // for dV): dK may take it from registers; dQ, which needs both
+    // warpgroups' keys, from shared memory as an M-major A (transposed).
     // One stmatrix per 16 queries: matrices (keys g, g + 8) x (queries
     // 16ks + 0..7, 16ks + 8..15) of this warp's 16 keys; lane l addresses
     // row l % 8 of matrix l / 8 in the swizzled [key][query] tile.
+    uint32_t ads[kBlockM / kMmaK][4];
     const int st_row = warpgroup * 64 + key_row0 + lane % 8 + ((lane / 8) % 2) * 8;
 #pragma unroll
     for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
-      const float(&d0)[4] = dpt[2 * ks];
-      const float(&d1)[4] = dpt[2 * ks + 1];
-      const float(&p0)[4] = st[2 * ks];
-      const float(&p1)[4] = st[2 * ks + 1];
+      float d0[4], d1[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        d0[i] = dpt[2 * ks][i] * st[2 * ks][i];
+        d1[i] = dpt[2 * ks + 1][i] * st[2 * ks + 1][i];
+      }
+      PackA<T>(ads[ks], d0, d1);
       sm90::StMatrixX4(sdS + ds_offset + sm90::SwizzledOffset(st_row, 2 * ks + lane / 16, kBlockN),
-                       Pack2<T>(d0[0] * p0[0], d0[1] * p0[1]), Pack2<T>(d0[2] * p0[2], d0[3] * p0[3]),
-                       Pack2<T>(d1[0] * p1[0], d1[1] * p1[1]), Pack2<T>(d1[2] * p1[2], d1[3] * p1[3]));
+                       ads[ks][0], ads[ks][1], ads[ks][2], ads[ks][3]);
     }
     if constexpr (kDq) WaitDqStagingRead(wg_tid);
     sm90::FenceProxyAsync();
@@ -320,14 +330,18 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
       sm90::WgmmaCommit();
     }
     {
-      // ---- dK += dS^T Q: A = dS^T K-major, B = Q MN-major -------------------
+      // ---- dK += dS^T Q: A = dS^T (registers or K-major), B = Q MN-major --
+      // (with dQ, dQ's fence covers the registers written above)
       if constexpr (!kDq) sm90::WgmmaFence();
       const uint64_t desc_q = sm90::SmemDescriptor(q_tile, kBlockM * kRow, sm90::kAtomBytes);
 #pragma unroll
       for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
-        sm90::WgmmaSSColumns<T, kHeadDim>(dk, sm90::DescriptorPlus(desc_dst, ds_offset + ks * 32),
-                                          sm90::DescriptorPlus(desc_q, ks * 2 * sm90::kAtomBytes),
-                                          kBlockM * kRow, 1);
+        const uint64_t b_q = sm90::DescriptorPlus(desc_q, ks * 2 * sm90::kAtomBytes);
+        if constexpr (kDkFromRegisters)
+          sm90::WgmmaRSColumns<T, kHeadDim>(dk, ads[ks], b_q, kBlockM * kRow, 1);
+        else
+          sm90::WgmmaSSColumns<T, kHeadDim>(dk, sm90::DescriptorPlus(desc_dst, ds_offset + ks * 32),
+                                            b_q, kBlockM * kRow, 1);
       }
       sm90::WgmmaCommit();
     }
