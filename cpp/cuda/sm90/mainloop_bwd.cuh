@@ -8,7 +8,8 @@
 // Q and dO come through TMA (tma.cuh), lse2 and D through cp.async,
 // double-buffered, all completing on the stage's mbarrier. Per warpgroup
 // and step:
-//   S^T  = K_w Q^T,  dP^T = V_w dO^T   SS, both operands K-major (64 x 64)
+//   S^T  = K_w Q^T,  dP^T = V_w dO^T   SS, both operands K-major (64 x 64);
+//                                        RS at D = 64 (K_w, V_w in registers)
 //   P^T, dS^T in registers (common/softmax.cuh, common/score.cuh)
 //   dV  += P^T dO (RS: P^T from registers), dK += dS^T Q (RS, or SS where
 //                                        the registers are short), B MN-major
@@ -37,6 +38,7 @@
 #include "cuda/common/softmax.cuh"
 #include "cuda/common/tile_scheduler.cuh"
 #include "cuda/common/views.cuh"
+#include "cuda/sm80/mma.cuh"
 #include "cuda/sm90/copy.cuh"
 #include "cuda/sm90/epilogue_bwd.cuh"
 #include "cuda/sm90/tma.cuh"
@@ -152,6 +154,24 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   sm90::FenceProxyAsync();
   __syncthreads();
 
+  // K and V of this warp's 16 keys as the A fragments of S^T and dP^T, read
+  // once (RS) instead of by every step's wgmmas. D = 64 only: 1-3% faster
+  // there, 5-8% with dropout; at D = 96 even V alone spilled (40-252 B) and
+  // was no faster (NOTES_sm90_bwd.md). ldmatrix's lane l addresses row l % 8
+  // of matrix l / 8: matrices (keys 0-7, 8-15) x (columns 16kk + 0-7,
+  // + 8-15), the A fragment's order.
+  constexpr bool kKvInRegisters = kHeadDim == 64;
+  constexpr int kKvFrags = kKvInRegisters ? kHeadDim / kMmaK : 1;
+  uint32_t ak[kKvFrags][4], av[kKvFrags][4];
+  if constexpr (kKvInRegisters) {
+    const int row = warpgroup * 64 + wg_warp * 16 + lane % 8 + ((lane / 8) % 2) * 8;
+#pragma unroll
+    for (int kk = 0; kk < kKvFrags; ++kk) {
+      sm80::Ldmatrix4(ak[kk], sK + sm90::SwizzledOffset(row, 2 * kk + lane / 16, kBlockN));
+      sm80::Ldmatrix4(av[kk], sV + sm90::SwizzledOffset(row, 2 * kk + lane / 16, kBlockN));
+    }
+  }
+
   // dK = dV = 0 (here rather than in the kernel: the same place as before the
   // mainloop was split out, which kept the code closest to it).
 #pragma unroll
@@ -233,9 +253,15 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     // (Opaque) they are recomputed in the loop instead.
     const uint32_t k_at = kDq ? k_rows : sm90::Opaque(k_rows);
     const uint32_t v_at = kDq ? v_rows : sm90::Opaque(v_rows);
-    sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(st, k_at, q_tile);
-    sm90::WgmmaCommit();
-    sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(dpt, v_at, do_tile);
+    if constexpr (kKvInRegisters) {
+      sm90::GemmKMajorRS<T, kHeadDim, kBlockM>(st, ak, q_tile);
+      sm90::WgmmaCommit();
+      sm90::GemmKMajorRS<T, kHeadDim, kBlockM>(dpt, av, do_tile);
+    } else {
+      sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(st, k_at, q_tile);
+      sm90::WgmmaCommit();
+      sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(dpt, v_at, do_tile);
+    }
     sm90::WgmmaCommit();
 
     // ---- P^T (common/softmax.cuh) -------------------------------------------

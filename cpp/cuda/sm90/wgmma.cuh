@@ -209,4 +209,17 @@ __device__ __forceinline__ void GemmKMajor(float (&d)[kN][4], uint32_t a, uint32
   }
 }
 
+// The same with A from registers: a[kk], the A fragments of k-step kk.
+template <typename T, int kCols, int kBRows, int kN>
+__device__ __forceinline__ void GemmKMajorRS(float (&d)[kN][4], const uint32_t (&a)[kCols / 16][4],
+                                             uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < kCols / 16; ++kk) {
+    const uint32_t block = kk / 4, step_bytes = (kk % 4) * 32;
+    const uint64_t desc_b =
+        SmemDescriptor(b + block * kBRows * kSwizzleBytes + step_bytes, 0, kAtomBytes);
+    WgmmaRS<T, 0>(d, a[kk], desc_b, kk > 0);
+  }
+}
+
 }  // namespace jax_flash::cuda::sm90
