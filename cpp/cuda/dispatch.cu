@@ -277,17 +277,18 @@ cudaError_t ByTerms(const FwdParams& params, Fn&& fn) {
 }
 
 template <int kArch>
-cudaError_t RunFwdPath(const FwdParams& params, DType dtype, cudaStream_t stream) {
+cudaError_t RunFwdPath(const FwdParams& params, DType dtype, void* workspace,
+                       cudaStream_t stream) {
   return ByBucket<kArch, true>(HeadDimBucket(params.shape.head_dim), [&](auto bucket) {
     return ByTerms<kArch>(params, [&](auto terms) {
       constexpr int kBucket = decltype(bucket)::value;
       constexpr bool kTerms = decltype(terms)::value;
       if constexpr (kArch == 75) {  // float16 only (TensorCorePath)
-        return RunFwd<kArch, __half, kBucket, kTerms>(params, stream);
+        return RunFwd<kArch, __half, kBucket, kTerms>(params, workspace, stream);
       } else {
         return dtype == DType::kBFloat16
-                   ? RunFwd<kArch, __nv_bfloat16, kBucket, kTerms>(params, stream)
-                   : RunFwd<kArch, __half, kBucket, kTerms>(params, stream);
+                   ? RunFwd<kArch, __nv_bfloat16, kBucket, kTerms>(params, workspace, stream)
+                   : RunFwd<kArch, __half, kBucket, kTerms>(params, workspace, stream);
       }
     });
   });
@@ -386,18 +387,16 @@ KernelPath JvpPath(const JvpParams& params, DType dtype) {
 
 size_t FwdWorkspaceBytes() { return sm90::PersistentScheduler::kWorkspaceBytes; }
 
-cudaError_t LaunchFwd(const FwdParams& params_in, DType dtype, void* workspace,
+cudaError_t LaunchFwd(const FwdParams& params, DType dtype, void* workspace,
                       cudaStream_t stream) {
   if (workspace == nullptr) return cudaErrorInvalidValue;
-  FwdParams params = params_in;
-  params.tile_scheduler_workspace = workspace;
   switch (FwdPath(params, dtype)) {
 #ifdef JAX_FLASH_HAS_SM80
-    case KernelPath::kSm90: return RunFwdPath<90>(params, dtype, stream);
-    case KernelPath::kSm80: return RunFwdPath<80>(params, dtype, stream);
+    case KernelPath::kSm90: return RunFwdPath<90>(params, dtype, workspace, stream);
+    case KernelPath::kSm80: return RunFwdPath<80>(params, dtype, workspace, stream);
 #endif
 #ifdef JAX_FLASH_HAS_SM75
-    case KernelPath::kSm75: return RunFwdPath<75>(params, dtype, stream);
+    case KernelPath::kSm75: return RunFwdPath<75>(params, dtype, workspace, stream);
 #endif
     default: break;
   }

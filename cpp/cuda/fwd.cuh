@@ -31,7 +31,7 @@ constexpr bool InSm90FwdWsBuckets(int head_dim) {
 }
 
 template <int kArch, typename T, int kHeadDim, bool kTerms>
-cudaError_t RunFwd(const FwdParams& params, cudaStream_t stream) {
+cudaError_t RunFwd(const FwdParams& params, void* workspace, cudaStream_t stream) {
   static_assert(kArch == 75 || kArch == 80 || kArch == 90,
                 "arch paths: 75 (mma.sync, Turing), 80 (mma.sync), 90 (wgmma)");
   static_assert(kArch != 90 || !kTerms, "score terms: the mma.sync kernels only");
@@ -41,7 +41,7 @@ cudaError_t RunFwd(const FwdParams& params, cudaStream_t stream) {
     // registers in every block.
     if constexpr (JAX_FLASH_SM90_FWD_WS && InSm90FwdWsBuckets(kHeadDim)) {
       if (params.mask.dense == nullptr) {
-        const cudaError_t err = sm90::LaunchFwdWs<T, kHeadDim>(params, stream);
+        const cudaError_t err = sm90::LaunchFwdWs<T, kHeadDim>(params, workspace, stream);
         if (err != cudaErrorNotSupported) return err;
       }
     }
@@ -53,7 +53,7 @@ cudaError_t RunFwd(const FwdParams& params, cudaStream_t stream) {
     if (err != cudaErrorNotSupported) return err;
     if (HasScoreTerms(params)) {
 #ifdef JAX_FLASH_HAS_SM80
-      return RunFwd<80, T, kHeadDim, true>(params, stream);
+      return RunFwd<80, T, kHeadDim, true>(params, workspace, stream);
 #else
       return cudaErrorNotSupported;
 #endif
@@ -67,9 +67,10 @@ cudaError_t RunFwd(const FwdParams& params, cudaStream_t stream) {
 // the first): declared here, not instantiated.
 #ifdef JAX_FLASH_HAS_SM80
 #define JAX_FLASH_EXTERN_TERMS_FWD(D)                                                        \
-  extern template cudaError_t RunFwd<80, __nv_bfloat16, D, true>(const FwdParams&,          \
+  extern template cudaError_t RunFwd<80, __nv_bfloat16, D, true>(const FwdParams&, void*,   \
                                                                  cudaStream_t);            \
-  extern template cudaError_t RunFwd<80, __half, D, true>(const FwdParams&, cudaStream_t);
+  extern template cudaError_t RunFwd<80, __half, D, true>(const FwdParams&, void*,          \
+                                                          cudaStream_t);
 JAX_FLASH_FOR_EACH_BUCKET(JAX_FLASH_EXTERN_TERMS_FWD)
 #undef JAX_FLASH_EXTERN_TERMS_FWD
 #endif

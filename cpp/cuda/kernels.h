@@ -22,9 +22,10 @@ namespace jax_flash::cuda {
 // _supported.py's CUDA_TERMS_ARCHS; the others run problems without them. Defined in
 // cuda/fwd.cuh and cuda/bwd/run.cuh.
 //
-// RunFwd writes params.out and params.lse.
+// RunFwd writes params.out and params.lse; `workspace`: FwdWorkspaceBytes()
+// bytes (cuda/launch.h), the Hopper persistent forward's tile counter.
 template <int kArch, typename T, int kHeadDim, bool kTerms>
-cudaError_t RunFwd(const FwdParams& params, cudaStream_t stream);
+cudaError_t RunFwd(const FwdParams& params, void* workspace, cudaStream_t stream);
 
 // RunBwd writes dq, dk, dv (and params.delta = rowsum(dout * out));
 // `workspace`: Lse2AndDqAccumBytes<kHeadDim>(...) bytes (bwd/workspace.h),
@@ -67,7 +68,7 @@ cudaError_t RunJvp(const JvpParams& params, cudaStream_t stream);
 // The explicit instantiations, one per generated file.
 #define JAX_FLASH_INSTANTIATE_FWD(kArch, T, kHeadDim, kTerms)                \
   template cudaError_t jax_flash::cuda::RunFwd<kArch, T, kHeadDim, kTerms>(  \
-      const jax_flash::FwdParams&, cudaStream_t);
+      const jax_flash::FwdParams&, void*, cudaStream_t);
 #define JAX_FLASH_INSTANTIATE_BWD(kArch, T, kHeadDim, kTerms)                \
   template cudaError_t jax_flash::cuda::RunBwd<kArch, T, kHeadDim, kTerms>(  \
       const jax_flash::BwdParams&, void*, bool, cudaStream_t);

@@ -29,8 +29,8 @@ inline constexpr size_t kWorkspaceAlignment = 16;
 size_t FwdWorkspaceBytes();
 
 // Writes params.out and params.lse. `workspace` holds FwdWorkspaceBytes()
-// bytes aligned to kWorkspaceAlignment; params.tile_scheduler_workspace is
-// ignored (set from it).
+// bytes aligned to kWorkspaceAlignment (the Hopper persistent forward's tile
+// counter, passed down to sm90::LaunchFwdWs).
 cudaError_t LaunchFwd(const FwdParams& params, DType dtype, void* workspace, cudaStream_t stream);
 
 // Forward mode: writes params.out_dot and params.lse_dot from the forward's

@@ -139,9 +139,10 @@ cudaError_t LaunchFwdWsKernel(const FwdWsArgs& a, cudaStream_t stream) {
 // EncodeRowsTensorMap, EncodeBiasTensorMap), the bias stages do not fit, the
 // tiles do not fit an int, or for a bias with dropout (a kernel of its own
 // that no one has measured): the caller runs the forward without warp
-// specialization then.
+// specialization then. `workspace`: PersistentScheduler::kWorkspaceBytes
+// bytes for the tile counter (zeroed here, before the launch).
 template <typename T, int kHeadDim>
-cudaError_t LaunchFwdWs(const FwdParams& params, cudaStream_t stream) {
+cudaError_t LaunchFwdWs(const FwdParams& params, void* workspace, cudaStream_t stream) {
   using Traits = FwdWsTraits<kHeadDim>;
   const AttentionShape& s = params.shape;
   if (s.head_dim > kHeadDim) return cudaErrorInvalidValue;
@@ -149,8 +150,8 @@ cudaError_t LaunchFwdWs(const FwdParams& params, cudaStream_t stream) {
   if (m_blocks == 0 || s.num_heads_q == 0 || s.batch == 0) return cudaSuccess;
   FwdWsArgs a;
   a.args = MakeFwdArgs(params);
-  if (params.tile_scheduler_workspace == nullptr) return cudaErrorInvalidValue;
-  a.tile_counter = static_cast<int*>(params.tile_scheduler_workspace);
+  if (workspace == nullptr) return cudaErrorInvalidValue;
+  a.tile_counter = static_cast<int*>(workspace);
   if (!PersistentScheduler::MakeArgs(m_blocks, s, a.args.order, &a.sched) ||
       s.seqlen_k > INT32_MAX)
     return cudaErrorNotSupported;

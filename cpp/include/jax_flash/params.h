@@ -78,9 +78,6 @@ struct FwdParams {
   const void* v = nullptr;
   void* out = nullptr;
   void* lse = nullptr;
-  // CUDA: the persistent forward's tile scheduler state, the workspace that
-  // cuda::LaunchFwd takes (it sets this; cuda/launch.h).
-  void* tile_scheduler_workspace = nullptr;
 
   SeqStrides q_strides, k_strides, v_strides, out_strides;
 };
