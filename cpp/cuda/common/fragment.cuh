@@ -72,6 +72,21 @@ __device__ __forceinline__ void PackA(uint32_t (&a)[4], const float (&c0)[4], co
   a[3] = Pack2<T>(c1[2], c1[3]);
 }
 
+// PackA of elementwise products, x0 o y0 and x1 o y1: dS = P o (dP - D) as
+// the A operand of the GEMM that takes it from registers.
+template <typename T>
+__device__ __forceinline__ void PackProductA(uint32_t (&a)[4], const float (&x0)[4],
+                                             const float (&x1)[4], const float (&y0)[4],
+                                             const float (&y1)[4]) {
+  float c0[4], c1[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    c0[r] = x0[r] * y0[r];
+    c1[r] = x1[r] * y1[r];
+  }
+  PackA<T>(a, c0, c1);
+}
+
 template <typename T>
 __device__ __forceinline__ float ToFloat(T x) {
   if constexpr (std::is_same_v<T, __half>) {

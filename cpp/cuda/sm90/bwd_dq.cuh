@@ -211,15 +211,8 @@ __device__ __forceinline__ void DqMainloop(const DqTmaArgs& ta, const FwdBlock<T
     // ---- dQ += dS K: A = dS from registers, B = K MN-major ------------------
     uint32_t a[kBlockN / kMmaK][4];
 #pragma unroll
-    for (int ks = 0; ks < kBlockN / kMmaK; ++ks) {
-      float d0[4], d1[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        d0[r] = s[2 * ks][r] * dp[2 * ks][r];
-        d1[r] = s[2 * ks + 1][r] * dp[2 * ks + 1][r];
-      }
-      PackA<T>(a[ks], d0, d1);
-    }
+    for (int ks = 0; ks < kBlockN / kMmaK; ++ks)
+      PackProductA<T>(a[ks], s[2 * ks], s[2 * ks + 1], dp[2 * ks], dp[2 * ks + 1]);
     WgmmaFence();
     FenceRegisters(dq);
 #pragma unroll

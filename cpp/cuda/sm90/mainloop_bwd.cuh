@@ -324,13 +324,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     const int st_row = warpgroup * 64 + key_row0 + lane % 8 + ((lane / 8) % 2) * 8;
 #pragma unroll
     for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
-      float d0[4], d1[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        d0[i] = dpt[2 * ks][i] * st[2 * ks][i];
-        d1[i] = dpt[2 * ks + 1][i] * st[2 * ks + 1][i];
-      }
-      PackA<T>(ads[ks], d0, d1);
+      PackProductA<T>(ads[ks], dpt[2 * ks], dpt[2 * ks + 1], st[2 * ks], st[2 * ks + 1]);
       sm90::StMatrixX4(sdS + ds_offset + sm90::SwizzledOffset(st_row, 2 * ks + lane / 16, kBlockN),
                        ads[ks][0], ads[ks][1], ads[ks][2], ads[ks][3]);
     }
