@@ -1,0 +1,53 @@
+#!/bin/bash
+# Kernel variants against this tree, in one device call. This tree is built
+# whole (tests/gpu/build.sh); each variant is another commit's snapshot,
+# tests/gpu/ab_src/NAME.tgz, made beforehand on the machine with git:
+#   mkdir -p tests/gpu/ab_src &&
+#     git archive BRANCH cpp jax_flash tests | gzip > tests/gpu/ab_src/NAME.tgz
+# and rebuilt only in the units matching its regex (with extra nvcc flags
+# where given: a tuning hook), the rest taken from this tree's build. Each
+# variant is checked with `tc_kernel_check features` and memcheck on `small`;
+# then every build is timed side by side, two rounds, D 64 / 128, S 1k / 4k /
+# 16k, causal and not: the backward (bench1, bwd ms) or the forward
+# (bench1_fwd, fwd ms). Logs and bench.txt under $OUT.
+# Usage (repo root, on the GPU machine):
+#   tests/gpu/ab_run.sh bwd "maskbwd:." "dqred:^bwd_sm90:-DJAX_FLASH_TUNE_BWD_DQ_RED=1"
+#   tests/gpu/ab_run.sh fwd "ostore:^fwd"
+# A regex of "." rebuilds everything (a change to a header that every unit
+# includes); about 2 minutes per whole build, variants built in parallel.
+set -uo pipefail
+direction=$1; shift
+out=${OUT:-/tmp/ab_out}; mkdir -p "$out"
+start=$(date +%s)
+say() { echo "$(( $(date +%s) - start )) s: $*"; }
+ARCH=90a JOBS=16 bash tests/gpu/build.sh /tmp/ab_this > "$out/build_this.log" 2>&1 || say "BUILD FAILED: this tree"
+say built this tree
+names=()
+for spec in "$@"; do
+  IFS=: read -r name regex flags <<< "$spec"
+  names+=("$name")
+  mkdir -p "/tmp/ab_src_$name" && tar -xzf "tests/gpu/ab_src/$name.tgz" -C "/tmp/ab_src_$name"
+  (cd "/tmp/ab_src_$name" && REUSE=/tmp/ab_this REBUILD="$regex" ARCH=90a JOBS=8 \
+     bash tests/gpu/build.sh "/tmp/ab_$name" ${flags:-} > "$out/build_$name.log" 2>&1 ||
+     echo "BUILD FAILED: $name") &
+done
+wait
+say built variants
+for name in "${names[@]}"; do
+  timeout 120 "/tmp/ab_$name/tc_kernel_check" features > "$out/features_$name.log" 2>&1
+  say "features $name: rc $?, $(tail -1 "$out/features_$name.log")"
+  timeout 90 compute-sanitizer --tool memcheck "/tmp/ab_$name/tc_kernel_check" small \
+    > "$out/memcheck_$name.log" 2>&1
+  say "memcheck $name: rc $?, $(tail -1 "$out/memcheck_$name.log")"
+done
+mode=bench1; [ "$direction" = fwd ] && mode=bench1_fwd
+time_of() {  # $1: build dir; D S c from the loop
+  timeout 30 "$1/tc_kernel_check" $mode $D $S $c 2>&1 | grep BENCH |
+    sed "s/.*| bwd \([0-9.]*\) ms.*/\1/; s/.*: fwd \([0-9.]*\) ms.*/\1/"
+}
+for round in 1 2; do for D in 64 128; do for S in 1024 4096 16384; do for c in 0 1; do
+  line="$direction D$D S$S causal$c this $(time_of /tmp/ab_this)"
+  for name in "${names[@]}"; do line="$line $name $(time_of "/tmp/ab_$name")"; done
+  echo "$line"
+done; done; done; done | tee "$out/bench.txt"
+say done
