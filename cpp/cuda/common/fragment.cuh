@@ -20,6 +20,22 @@
 
 namespace jax_flash::cuda {
 
+// Four 8x8 16-bit matrices from shared memory into registers in the fragment
+// layout (register i: matrix i, row lane / 4, columns 2 (lane % 4) and + 1;
+// .trans: transposed); lanes 8i..8i+7 give the addresses of matrix i's rows.
+// sm_75 and later: the mma.sync kernels' A and B loads, and the Hopper
+// backward's K and V fragments (sm90/mainloop_bwd.cuh).
+__device__ __forceinline__ void Ldmatrix4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void Ldmatrix4Trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
 // Which way a warp's score fragment runs: rows are queries and columns keys
 // (S: the forwards and the deterministic dQ kernel), or rows are keys and
 // columns queries (S^T: the dK/dV kernels, whose P^T and dS^T are then the A

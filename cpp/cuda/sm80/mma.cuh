@@ -1,6 +1,6 @@
-// The sm_80 tensor-core instructions as inline PTX: ldmatrix(.trans) and
-// mma.sync m16n8k16 with float accumulation (two m16n8k8 on sm_75; fragment
-// layouts: common/fragment.cuh).
+// The sm_80 tensor-core instruction as inline PTX: mma.sync m16n8k16 with
+// float accumulation (two m16n8k8 on sm_75; fragment layouts and ldmatrix:
+// common/fragment.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,17 +10,6 @@
 #include <type_traits>
 
 namespace jax_flash::cuda::sm80 {
-
-__device__ __forceinline__ void Ldmatrix4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void Ldmatrix4Trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 
 // c += a * b on one 16x8x16 tile, float accumulation.
 //

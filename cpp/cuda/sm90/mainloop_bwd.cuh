@@ -38,7 +38,6 @@
 #include "cuda/common/softmax.cuh"
 #include "cuda/common/tile_scheduler.cuh"
 #include "cuda/common/views.cuh"
-#include "cuda/sm80/mma.cuh"
 #include "cuda/sm90/copy.cuh"
 #include "cuda/sm90/epilogue_bwd.cuh"
 #include "cuda/sm90/tma.cuh"
@@ -167,8 +166,8 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     const int row = warpgroup * 64 + wg_warp * 16 + lane % 8 + ((lane / 8) % 2) * 8;
 #pragma unroll
     for (int kk = 0; kk < kKvFrags; ++kk) {
-      sm80::Ldmatrix4(ak[kk], sK + sm90::SwizzledOffset(row, 2 * kk + lane / 16, kBlockN));
-      sm80::Ldmatrix4(av[kk], sV + sm90::SwizzledOffset(row, 2 * kk + lane / 16, kBlockN));
+      Ldmatrix4(ak[kk], sK + sm90::SwizzledOffset(row, 2 * kk + lane / 16, kBlockN));
+      Ldmatrix4(av[kk], sV + sm90::SwizzledOffset(row, 2 * kk + lane / 16, kBlockN));
     }
   }
 
