@@ -154,12 +154,11 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   __syncthreads();
 
   // K and V of this warp's 16 keys as the A fragments of S^T and dP^T, read
-  // once (RS) instead of by every step's wgmmas. D = 64 only: 1-3% faster
-  // there, 5-8% with dropout; at D = 96 even V alone spilled (40-252 B) and
-  // was no faster (NOTES_sm90_bwd.md). ldmatrix's lane l addresses row l % 8
-  // of matrix l / 8: matrices (keys 0-7, 8-15) x (columns 16kk + 0-7,
-  // + 8-15), the A fragment's order.
-  constexpr bool kKvInRegisters = kHeadDim == 64;
+  // once (RS) instead of by every step's wgmmas, where the bucket's row says
+  // so (sm90/tile_size.h). ldmatrix's lane l addresses row l % 8 of matrix
+  // l / 8: matrices (keys 0-7, 8-15) x (columns 16kk + 0-7, + 8-15), the A
+  // fragment's order.
+  constexpr bool kKvInRegisters = Traits::kTile.kv_rs;
   constexpr int kKvFrags = kKvInRegisters ? kHeadDim / kMmaK : 1;
   uint32_t ak[kKvFrags][4], av[kKvFrags][4];
   if constexpr (kKvInRegisters) {
@@ -189,12 +188,10 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   const int dq_col0 = warpgroup * kDqCols;
   const uint32_t dq_k_cols = sK + (dq_col0 / 64) * kBlockN * kRow + (dq_col0 % 64) * 2;
   const uint32_t dq_part = sDq + warpgroup * Traits::kDqPartBytes;
-  // dK's A, dS^T: from registers (RS) where they allow, else as SS from the
-  // copy in shared memory that dQ reads anyway. With dQ at D = 128 the RS
-  // form spilled 244 bytes per thread (72 as SS) and took 1.3-1.45x the
-  // time; everywhere else it was as fast or faster, D = 96 by up to 12%
-  // (NOTES_sm90_bwd.md).
-  constexpr bool kDkFromRegisters = !(kDq && kHeadDim == 128);
+  // dK's A, dS^T: from registers (RS), or as SS from the copy in shared
+  // memory that dQ reads anyway where the bucket's row says the registers
+  // are short (sm90/tile_size.h).
+  constexpr bool kDkFromRegisters = !kDq || Traits::kTile.dk_rs_with_dq;
   // Descriptors of the tiles that stay put (the k-steps add offsets): dS^T
   // as dQ's M-major A (all 128 keys) and as dK's K-major A (this warpgroup's
   // rows, SS only), K's dQ columns as dQ's MN-major B.
