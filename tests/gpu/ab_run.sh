@@ -7,9 +7,12 @@
 # and rebuilt only in the units matching its regex (with extra nvcc flags
 # where given: a tuning hook), the rest taken from this tree's build. Each
 # variant is checked with `tc_kernel_check features` and memcheck on `small`;
-# then every build is timed side by side, two rounds, D 64 / 128, S 1k / 4k /
-# 16k, causal and not: the backward (bench1, bwd ms) or the forward
-# (bench1_fwd, fwd ms). Logs and bench.txt under $OUT.
+# then every build is timed side by side, ROUNDS rounds (default 2), D 64 /
+# 128, S 1k / 4k / 16k, causal and not: the backward (bench1, bwd ms) or the
+# forward (bench1_fwd, fwd ms). Logs and bench.txt under $OUT. MEMCHECK=0
+# skips memcheck. Budget of one call (600 s): about 100 s for this tree, 100-
+# 130 s for the variants, 75 s of checks per variant, 1.8 s per timed run:
+# three variants fit with ROUNDS=1, two with the defaults.
 # Usage (repo root, on the GPU machine):
 #   tests/gpu/ab_run.sh bwd "maskbwd:." "dqred:^bwd_sm90:-DJAX_FLASH_TUNE_BWD_DQ_RED=1"
 #   tests/gpu/ab_run.sh fwd "ostore:^fwd"
@@ -36,6 +39,7 @@ say built variants
 for name in "${names[@]}"; do
   timeout 120 "/tmp/ab_$name/tc_kernel_check" features > "$out/features_$name.log" 2>&1
   say "features $name: rc $?, $(tail -1 "$out/features_$name.log")"
+  [ "${MEMCHECK:-1}" = 0 ] && continue
   timeout 90 compute-sanitizer --tool memcheck "/tmp/ab_$name/tc_kernel_check" small \
     > "$out/memcheck_$name.log" 2>&1
   say "memcheck $name: rc $?, $(tail -1 "$out/memcheck_$name.log")"
@@ -45,7 +49,7 @@ time_of() {  # $1: build dir; D S c from the loop
   timeout 30 "$1/tc_kernel_check" $mode $D $S $c 2>&1 | grep BENCH |
     sed "s/.*| bwd \([0-9.]*\) ms.*/\1/; s/.*: fwd \([0-9.]*\) ms.*/\1/"
 }
-for round in 1 2; do for D in 64 128; do for S in 1024 4096 16384; do for c in 0 1; do
+for round in $(seq "${ROUNDS:-2}"); do for D in 64 128; do for S in 1024 4096 16384; do for c in 0 1; do
   line="$direction D$D S$S causal$c this $(time_of /tmp/ab_this)"
   for name in "${names[@]}"; do line="$line $name $(time_of "/tmp/ab_$name")"; done
   echo "$line"
