@@ -243,17 +243,17 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     // each wait names how many of the latest may still run.
     float st[kQTiles][4], dpt[kQTiles][4];
     sm90::WgmmaFence();
-    // Without dQ, the compiler keeps every k-step's descriptor of K and V live
-    // across the loop and spills them (D = 128: 104 bytes; 36 left, the dS^T
-    // store addresses, loaded once per step); from bases it cannot hoist
-    // (Opaque) they are recomputed in the loop instead.
-    const uint32_t k_at = kDq ? k_rows : sm90::Opaque(k_rows);
-    const uint32_t v_at = kDq ? v_rows : sm90::Opaque(v_rows);
     if constexpr (kKvInRegisters) {
       sm90::GemmKMajorRS<T, kHeadDim, kBlockM>(st, ak, q_tile);
       sm90::WgmmaCommit();
       sm90::GemmKMajorRS<T, kHeadDim, kBlockM>(dpt, av, do_tile);
     } else {
+      // Without dQ, the compiler keeps every k-step's descriptor of K and V
+      // live across the loop and spills them (D = 128: 104 bytes; 36 left,
+      // the dS^T store addresses, loaded once per step); from bases it cannot
+      // hoist (Opaque) they are recomputed in the loop instead.
+      const uint32_t k_at = kDq ? k_rows : sm90::Opaque(k_rows);
+      const uint32_t v_at = kDq ? v_rows : sm90::Opaque(v_rows);
       sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(st, k_at, q_tile);
       sm90::WgmmaCommit();
       sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(dpt, v_at, do_tile);

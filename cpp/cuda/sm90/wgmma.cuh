@@ -190,23 +190,23 @@ __device__ __forceinline__ void WgmmaSSColumns(float (&d)[kTiles][4], uint64_t d
   }
 }
 
+// The descriptor of k-step kk (columns 16kk..16kk+15) of a K-major swizzled
+// tile of kRows rows at `tile`, its columns in 64-column blocks: column block
+// kk / 4, 32 bytes per step inside the block's 128-byte rows.
+template <int kRows>
+__device__ __forceinline__ uint64_t KMajorStep(uint32_t tile, int kk) {
+  return SmemDescriptor(tile + (kk / 4) * kRows * kSwizzleBytes + (kk % 4) * 32, 0, kAtomBytes);
+}
+
 // d = A B^T summed over kCols columns (one commit group's worth of wgmmas,
 // not committed): A = rows a.. (64 of them) of a swizzled tile of kARows
-// rows, B = a swizzled tile of kBRows rows, both K-major with their columns
-// in 64-column blocks (S = Q K^T in the forward, S^T = K Q^T and dP^T =
-// V dO^T in the backward). k-step kk covers columns 16kk..16kk+15: column
-// block kk / 4, 32 bytes per step inside the block's 128-byte rows.
+// rows, B = a swizzled tile of kBRows rows, both K-major (S = Q K^T in the
+// forward, S^T = K Q^T and dP^T = V dO^T in the backward).
 template <typename T, int kCols, int kARows, int kBRows, int kN>
 __device__ __forceinline__ void GemmKMajor(float (&d)[kN][4], uint32_t a, uint32_t b) {
 #pragma unroll
-  for (int kk = 0; kk < kCols / 16; ++kk) {
-    const uint32_t block = kk / 4, step_bytes = (kk % 4) * 32;
-    const uint64_t desc_a =
-        SmemDescriptor(a + block * kARows * kSwizzleBytes + step_bytes, 0, kAtomBytes);
-    const uint64_t desc_b =
-        SmemDescriptor(b + block * kBRows * kSwizzleBytes + step_bytes, 0, kAtomBytes);
-    WgmmaSS<T, 0>(d, desc_a, desc_b, kk > 0);
-  }
+  for (int kk = 0; kk < kCols / 16; ++kk)
+    WgmmaSS<T, 0>(d, KMajorStep<kARows>(a, kk), KMajorStep<kBRows>(b, kk), kk > 0);
 }
 
 // The same with A from registers: a[kk], the A fragments of k-step kk.
@@ -214,12 +214,7 @@ template <typename T, int kCols, int kBRows, int kN>
 __device__ __forceinline__ void GemmKMajorRS(float (&d)[kN][4], const uint32_t (&a)[kCols / 16][4],
                                              uint32_t b) {
 #pragma unroll
-  for (int kk = 0; kk < kCols / 16; ++kk) {
-    const uint32_t block = kk / 4, step_bytes = (kk % 4) * 32;
-    const uint64_t desc_b =
-        SmemDescriptor(b + block * kBRows * kSwizzleBytes + step_bytes, 0, kAtomBytes);
-    WgmmaRS<T, 0>(d, a[kk], desc_b, kk > 0);
-  }
+  for (int kk = 0; kk < kCols / 16; ++kk) WgmmaRS<T, 0>(d, a[kk], KMajorStep<kBRows>(b, kk), kk > 0);
 }
 
 }  // namespace jax_flash::cuda::sm90
