@@ -255,26 +255,52 @@ __device__ __forceinline__ void MaskFragmentElementwise(float (&s)[kNTiles][4],
                                  g, t, hidden);
 }
 
-// The mask on a warp's fragment of the tile queries [i0, i1) x keys [j0,
-// j1), by the tile's class (the tile map's, common/tile_map.cuh; partial
-// without one): nothing where every pair is visible, the band alone where
-// the map says the elementwise terms hide nothing (full), the band, segments
-// and a dense mask otherwise (the dense mask: the wgmma forward, with a tile
-// map). row0, col0: the fragment's first row and column (queries and keys,
-// or keys and queries: kRows).
+// What the mask does to the tile queries [i0, i1) x keys [j0, j1), by the
+// tile's class (the tile map's, common/tile_map.cuh; partial without one):
+// nothing where every pair is visible, the band alone where the map says the
+// elementwise terms hide nothing (full), the band, segments and a dense mask
+// otherwise (the dense mask: the wgmma kernels, with a tile map). Decided
+// apart from applying it (ApplyMask) so that a kernel can decide while the
+// tile's GEMMs run: the decision is a chain of 64-bit compares, which after
+// the GEMM's wait sits on the step's critical path.
+enum class MaskPath : uint8_t { kNone, kBand, kElementwise, kPartial };
+
+__device__ __forceinline__ MaskPath MaskPathOf(const BatchMask& mask, CellClass cls, int64_t i0,
+                                               int64_t i1, int64_t j0, int64_t j1) {
+  if (cls == kCellFull) return mask.AllVisibleByBand(i0, i1, j0, j1) ? MaskPath::kNone : MaskPath::kBand;
+  if (mask.dense != nullptr) return MaskPath::kElementwise;
+  return mask.AllVisible(i0, i1, j0, j1) ? MaskPath::kNone : MaskPath::kPartial;
+}
+
+// The mask on a warp's fragment of a tile whose path is `path`. row0, col0:
+// the fragment's first row and column (queries and keys, or keys and
+// queries: kRows).
+template <Rows kRows, int kMT, int kNTiles>
+__device__ __forceinline__ void ApplyMask(float (&s)[kMT][kNTiles][4], const BatchMask& mask,
+                                          MaskPath path, int64_t row0, int64_t col0, int g, int t,
+                                          float hidden) {
+  if (path == MaskPath::kBand)
+    MaskFragment<kRows, /*kSegments=*/false>(s, mask, row0, col0, g, t, hidden);
+  else if (path == MaskPath::kElementwise)
+    MaskFragmentElementwise<kRows>(s, mask, row0, col0, g, t, hidden);
+  else if (path == MaskPath::kPartial)
+    MaskFragment<kRows>(s, mask, row0, col0, g, t, hidden);
+}
+template <Rows kRows, int kNTiles>
+__device__ __forceinline__ void ApplyMask(float (&s)[kNTiles][4], const BatchMask& mask,
+                                          MaskPath path, int64_t row0, int64_t col0, int g, int t,
+                                          float hidden) {
+  ApplyMask<kRows>(reinterpret_cast<float(&)[1][kNTiles][4]>(s), mask, path, row0, col0, g, t,
+                   hidden);
+}
+
+// Both at once, for the tile queries [i0, i1) x keys [j0, j1).
 template <Rows kRows, int kMT, int kNTiles>
 __device__ __forceinline__ void MaskTile(float (&s)[kMT][kNTiles][4], const BatchMask& mask,
                                          CellClass cls, int64_t i0, int64_t i1, int64_t j0,
                                          int64_t j1, int64_t row0, int64_t col0, int g, int t,
                                          float hidden) {
-  if (cls == kCellFull) {
-    if (!mask.AllVisibleByBand(i0, i1, j0, j1))
-      MaskFragment<kRows, /*kSegments=*/false>(s, mask, row0, col0, g, t, hidden);
-  } else if (mask.dense != nullptr) {
-    MaskFragmentElementwise<kRows>(s, mask, row0, col0, g, t, hidden);
-  } else if (!mask.AllVisible(i0, i1, j0, j1)) {
-    MaskFragment<kRows>(s, mask, row0, col0, g, t, hidden);
-  }
+  ApplyMask<kRows>(s, mask, MaskPathOf(mask, cls, i0, i1, j0, j1), row0, col0, g, t, hidden);
 }
 template <Rows kRows, int kNTiles>
 __device__ __forceinline__ void MaskTile(float (&s)[kNTiles][4], const BatchMask& mask,

@@ -168,6 +168,10 @@ __device__ __forceinline__ void DqMainloop(const DqTmaArgs& ta, const FwdBlock<T
     WgmmaCommit();
     GemmKMajor<T, kHeadDim, kBlockM, kBlockN>(dp, do_rows, v_tile);
     WgmmaCommit();
+    // What the mask does to this block, decided while the GEMMs run.
+    const int64_t n0 = n * kBlockN;
+    const MaskPath mask_path = MaskPathOf(blk.mask, blk.template BlockClass<kBlockN>(n), m0,
+                                          m0 + kBlockM, n0, n0 + kBlockN);
     const auto keep = [&] {  // this warp's keep bits of the block (common/dropout.cuh)
       if constexpr (kDropout)
         return RowKeep<kNTiles>::Draw(dropout, m0 + warp_row0, n * kBlockN, g, t);
@@ -204,9 +208,7 @@ __device__ __forceinline__ void DqMainloop(const DqTmaArgs& ta, const FwdBlock<T
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
       for (int r = 0; r < 4; ++r) s[nt][r] = FastExp2(fmaf(s[nt][r], scale_log2, -lse2[r / 2]));
-    const int64_t n0 = n * kBlockN;
-    MaskTile<Rows::kQueries>(s, blk.mask, blk.template BlockClass<kBlockN>(n), m0, m0 + kBlockM,
-                             n0, n0 + kBlockN, m0 + warp_row0, n0, g, t, 0.f);
+    ApplyMask<Rows::kQueries>(s, blk.mask, mask_path, m0 + warp_row0, n0, g, t, 0.f);
 
     // ---- dQ += dS K: A = dS from registers, B = K MN-major ------------------
     uint32_t a[kBlockN / kMmaK][4];

@@ -259,6 +259,8 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
       sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(dpt, v_at, do_tile);
     }
     sm90::WgmmaCommit();
+    // What the mask does to this step's tile, decided while the GEMMs run.
+    const MaskPath mask_path = MaskPathOf(mask, cls, m0, m0 + kBlockM, n0w, n0w + 64);
 
     // ---- P^T (common/softmax.cuh) -------------------------------------------
     // With softcap, d x / d s needs x, which P overwrites: wait for dP^T too
@@ -274,8 +276,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
       sm90::FenceRegisters(st);
     }
     ExpScoresT(st, lse2_s, scale_log2, t);
-    MaskTile<Rows::kKeys>(st, mask, cls, m0, m0 + kBlockM, n0w, n0w + 64, n0w + key_row0, m0, g,
-                          t, 0.f);
+    ApplyMask<Rows::kKeys>(st, mask, mask_path, n0w + key_row0, m0, g, t, 0.f);
 
     // ---- dV += P^T dO: P^T from registers (RS), B = dO MN-major ------------
     uint32_t ap[kBlockM / kMmaK][4];

@@ -231,6 +231,9 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
     WgmmaCommit();
     GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(dpt, sV, do_tile + q_col0 * kRow);
     WgmmaCommit();
+    // What the mask does to this step's tile, decided while the GEMMs run.
+    const MaskPath mask_path =
+        MaskPathOf(mask, cls, m0 + q_col0, m0 + q_col0 + kBlockM / 2, n0, n0 + kBlockN);
     if constexpr (kSoftcap) {
       WgmmaWait<0>();
       FenceRegisters(st);
@@ -246,8 +249,7 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
                              g, t);
     }
     ExpScoresT(st, lse2_s, scale_log2, t);
-    MaskTile<Rows::kKeys>(st, mask, cls, m0 + q_col0, m0 + q_col0 + kBlockM / 2, n0, n0 + kBlockN,
-                          n0 + key_row0, m0 + q_col0, g, t, 0.f);
+    ApplyMask<Rows::kKeys>(st, mask, mask_path, n0 + key_row0, m0 + q_col0, g, t, 0.f);
     if constexpr (!kSoftcap) {
       WgmmaWait<0>();
       FenceRegisters(dpt);
