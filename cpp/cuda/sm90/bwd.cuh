@@ -80,6 +80,9 @@ struct BwdSm90Traits {
   static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128,
                 "two warpgroups of 64 keys hold dK and dV up to D = 128 (bwd_wide.cuh above)");
   static_assert(kDqCols % 64 == 0 || kSmemCols == kHeadDim, "a dQ part of whole column blocks");
+  static_assert((2 * kKvBytes + 2 * kStages * kQBytes + kDsBuffers * kDsBytes + 2 * kDqPartBytes +
+                 kStages * kStatBytes) % 128 == 0,
+                "lse2 and D stages 128-byte aligned (TMA)");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
 
@@ -131,6 +134,9 @@ struct BwdWideTraits {
   static_assert(kBlockN == 64 && kBlockM == 64 && kThreads == 2 * 128,
                 "64 keys, 64 queries per step (32 per warpgroup), two warpgroups");
   static_assert(kHeadDim % 64 == 0 && kHeadDim >= 128, "whole 64-column blocks, from D = 128");
+  static_assert((2 * kKvBytes + 2 * kStages * kQBytes + 2 * kPBuffers * kPBytes +
+                 kStages * kStatBytes) % 128 == 0,
+                "lse2 and D stages 128-byte aligned (TMA)");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
 
@@ -185,6 +191,12 @@ cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t str
                            shape.seqlen_q, shape.num_heads_q, shape.head_dim, Traits::kBlockM,
                            kBf16))
     return cudaErrorNotSupported;
+  const int64_t stat_rows = shape.batch * shape.num_heads_q;
+  tma_args.stats_by_tma =
+      EncodeRowStatsTensorMap(&tma_args.lse_map, args.lse2, shape.seqlen_q, stat_rows,
+                              Traits::kBlockM) &&
+      EncodeRowStatsTensorMap(&tma_args.delta_map, static_cast<const float*>(args.p.delta),
+                              shape.seqlen_q, stat_rows, Traits::kBlockM);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          Traits::kSmemBytes);
   if (err != cudaSuccess) return err;

@@ -46,13 +46,49 @@
 namespace jax_flash::cuda::sm90 {
 
 // The kernel's parameters: Q and dO come through TMA (tma.cuh), in boxes
-// of 64 columns x kBlockM rows.
+// of 64 columns x kBlockM rows; lse2 and D in boxes of kBlockM rows where
+// stats_by_tma (seqlen_q % 4 == 0), else by cp.async (LoadRowStats).
 struct BwdTmaArgs {
   BwdArgs args;
   CUtensorMap q_map;
   CUtensorMap dout_map;
+  CUtensorMap lse_map;
+  CUtensorMap delta_map;
+  bool stats_by_tma;
   KeyBlockSectionScheduler::Args sched;
 };
+
+// A step's lse2 and D (kBlockM rows of (batch, head) bh from query m0) into a
+// stage, completing on the stage's mbarrier `bar`: by thread 0 through TMA,
+// which costs the other threads nothing (ncu: 128 threads' cp.async were ~5%
+// of the D = 64 step's samples, all in warpgroup 0), or by cp.async from
+// 2 kBlockM threads, each an arrival of the barrier (RowStatsArrivals).
+// The TMA bytes: RowStatsTxBytes, for thread 0's expect_tx.
+template <int kBlockM>
+__device__ __forceinline__ uint32_t RowStatsArrivals(const BwdTmaArgs& tma_args) {
+  return tma_args.stats_by_tma ? 0 : 2 * kBlockM;
+}
+template <int kBlockM>
+__device__ __forceinline__ uint32_t RowStatsTxBytes(const BwdTmaArgs& tma_args) {
+  return tma_args.stats_by_tma ? 2 * kBlockM * 4 : 0;
+}
+template <int kBlockM>
+__device__ __forceinline__ void IssueRowStats(const BwdTmaArgs& tma_args, int64_t bh, int64_t m0,
+                                              float* lse_stage, float* delta_stage, uint32_t bar,
+                                              int tid) {
+  if (tma_args.stats_by_tma) {
+    if (tid == 0) {
+      sm90::TmaLoadBox2D(SmemAddr(lse_stage), &tma_args.lse_map, static_cast<int>(m0),
+                         static_cast<int>(bh), bar);
+      sm90::TmaLoadBox2D(SmemAddr(delta_stage), &tma_args.delta_map, static_cast<int>(m0),
+                         static_cast<int>(bh), bar);
+    }
+  } else {
+    const int64_t seqlen_q = tma_args.args.p.shape.seqlen_q;
+    LoadRowStats<kBlockM>(tma_args.args, bh * seqlen_q, m0, seqlen_q, lse_stage, delta_stage, tid);
+    if (tid < 2 * kBlockM) sm90::CpAsyncArriveOn(bar);
+  }
+}
 
 // kSoftcap: a template parameter rather than a branch, because ptxas
 // serializes every wgmma of the kernel when the two waits of the two paths
@@ -115,14 +151,13 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
 
   // A step's loads, all onto the stage's mbarrier: Q and dO through TMA
   // (thread 0; rows past seqlen_q and columns past head_dim arrive as
-  // zeros), lse2 and D with cp.async (threads 0..2 kBlockM - 1).
-  constexpr int kStatThreads = 2 * kBlockM;  // LoadRowStats
+  // zeros), lse2 and D by IssueRowStats.
   auto issue = [&](int64_t gi, int64_t mi, int stage) {
     const int64_t h = h_kv * group + gi;
     const int64_t m0 = (m_begin + mi) * kBlockM;
+    const uint32_t bar = full_bar + 8 * stage;
     if (tid == 0) {
-      const uint32_t bar = full_bar + 8 * stage;
-      sm90::MbarrierArriveExpectTx(bar, 2 * Traits::kQBytes);
+      sm90::MbarrierArriveExpectTx(bar, 2 * Traits::kQBytes + RowStatsTxBytes<kBlockM>(tma_args));
 #pragma unroll
       for (int block = 0; block < Traits::kSmemCols / 64; ++block) {
         const uint32_t offset = stage * Traits::kQBytes + block * kBlockM * kRow;
@@ -132,9 +167,8 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
                          static_cast<int>(h), static_cast<int>(b), bar);
       }
     }
-    LoadRowStats<kBlockM>(args, (b * num_heads_q + h) * seqlen_q, m0, seqlen_q,
-                          sLse + stage * kBlockM, sDelta + stage * kBlockM, tid);
-    if (tid < kStatThreads) sm90::CpAsyncArriveOn(full_bar + 8 * stage);
+    IssueRowStats<kBlockM>(tma_args, b * num_heads_q + h, m0, sLse + stage * kBlockM,
+                           sDelta + stage * kBlockM, bar, tid);
   };
 
   // All kSmemCols columns, so that those past the head dim are zeros: the dQ
@@ -144,7 +178,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   CpAsyncCommit();
   if (tid == 0) {
     for (int stage = 0; stage < Traits::kStages; ++stage)
-      sm90::MbarrierInit(full_bar + 8 * stage, 1 + kStatThreads);
+      sm90::MbarrierInit(full_bar + 8 * stage, 1 + RowStatsArrivals<kBlockM>(tma_args));
     sm90::FenceBarrierInit();
   }
   __syncthreads();  // the barriers are initialized before anyone uses them

@@ -139,13 +139,12 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
   const int64_t m_begin = walk.m_begin, steps = walk.count;
 
   // A step's loads, all onto the stage's mbarrier (as mainloop_bwd.cuh).
-  constexpr int kStatThreads = 2 * kBlockM;  // LoadRowStats
   auto issue = [&](int64_t gi, int64_t mi, int stage) {
     const int64_t h = h_kv * group + gi;
     const int64_t m0 = (m_begin + mi) * kBlockM;
+    const uint32_t bar = full_bar + 8 * stage;
     if (tid == 0) {
-      const uint32_t bar = full_bar + 8 * stage;
-      MbarrierArriveExpectTx(bar, 2 * Traits::kQBytes);
+      MbarrierArriveExpectTx(bar, 2 * Traits::kQBytes + RowStatsTxBytes<kBlockM>(tma_args));
 #pragma unroll
       for (int block = 0; block < kHeadDim / 64; ++block) {
         const uint32_t offset = stage * Traits::kQBytes + block * kBlockM * kRow;
@@ -155,9 +154,8 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
                    static_cast<int>(h), static_cast<int>(b), bar);
       }
     }
-    LoadRowStats<kBlockM>(args, (b * num_heads_q + h) * seqlen_q, m0, seqlen_q,
-                          sLse + stage * kBlockM, sDelta + stage * kBlockM, tid);
-    if (tid < kStatThreads) CpAsyncArriveOn(full_bar + 8 * stage);
+    IssueRowStats<kBlockM>(tma_args, b * num_heads_q + h, m0, sLse + stage * kBlockM,
+                           sDelta + stage * kBlockM, bar, tid);
   };
 
   LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sK, k, n0, tid);
@@ -165,7 +163,7 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
   CpAsyncCommit();
   if (tid == 0) {
     for (int stage = 0; stage < Traits::kStages; ++stage)
-      MbarrierInit(full_bar + 8 * stage, 1 + kStatThreads);
+      MbarrierInit(full_bar + 8 * stage, 1 + RowStatsArrivals<kBlockM>(tma_args));
     FenceBarrierInit();
   }
   __syncthreads();  // the barriers are initialized before anyone uses them

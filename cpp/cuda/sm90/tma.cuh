@@ -111,6 +111,27 @@ inline bool EncodeBiasTensorMap(CUtensorMap* map, const ScoreParams& score,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// A map of the backward's per-row float32 statistics (lse2 or D: (B Hq, Sq)
+// rows of seqlen floats, contiguous), read in boxes of box_rows queries of one
+// (batch, head); queries past seqlen arrive as zeros, as LoadRowStats's
+// cp.async zero-fill gives. False where TMA cannot address it: a row pitch or
+// base not a multiple of 16 bytes (seqlen % 4 != 0), or no driver support.
+inline bool EncodeRowStatsTensorMap(CUtensorMap* map, const float* base, int64_t seqlen,
+                                    int64_t rows, int box_rows) {
+  if (TensorMapEncoder() == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0 ||
+      seqlen * 4 % 16 != 0)
+    return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(seqlen), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t byte_strides[1] = {static_cast<cuuint64_t>(seqlen) * 4};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return TensorMapEncoder()(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(base),
+                            dims, byte_strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                            CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 // ---- device ------------------------------------------------------------------
 
 __device__ __forceinline__ void MbarrierInit(uint32_t bar, uint32_t count) {
@@ -149,6 +170,17 @@ __device__ __forceinline__ void TmaLoadBox(uint32_t dst, const CUtensorMap* map,
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(head), "r"(batch), "r"(bar)
+      : "memory");
+}
+
+// Copies the box at (col, row) of a 2-D `map` (EncodeRowStatsTensorMap) to
+// shared `dst` (128-byte aligned), completing its bytes on `bar`.
+__device__ __forceinline__ void TmaLoadBox2D(uint32_t dst, const CUtensorMap* map, int col, int row,
+                                             uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(bar)
       : "memory");
 }
 
