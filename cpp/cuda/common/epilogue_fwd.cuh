@@ -14,6 +14,31 @@
 
 namespace jax_flash::cuda {
 
+// A row's end: l summed over the row's four lanes, lse = m + log(l) written
+// (by lane t == 0, for a row below seqlen_q). A row that sees no key has
+// l == 0: its out is 0 and its lse -inf. A NaN logit makes l NaN, which
+// reaches out and lse (jax.nn semantics). A row that sees nothing writes 0
+// outright: its O may hold 0 x NaN from a NaN in a value row it cannot see.
+struct RowEnd {
+  bool sees_nothing;
+  float inv_l;
+};
+__device__ __forceinline__ RowEnd FinishRow(float row_m, float row_l, float scale_log2, float* lse,
+                                            int64_t i, int64_t seqlen_q, int t) {
+  float l = row_l;
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  const bool sees_nothing = l == 0.f;
+  if (i < seqlen_q && t == 0)
+    lse[i] = sees_nothing ? -INFINITY : (row_m * scale_log2 + __log2f(l)) * kLn2;
+  return RowEnd{sees_nothing, 1.f / l};
+}
+
+// The lse row of (batch, head) (b, h): lse[i] is query i's.
+__device__ __forceinline__ float* LseRow(const FwdParams& p, int64_t b, int64_t h) {
+  return static_cast<float*>(p.lse) + (b * p.shape.num_heads_q + h) * p.shape.seqlen_q;
+}
+
 // out = O / l and lse = m + log(l) for the warp's rows from row0 on.
 template <typename T, int kMT, int kDTiles>
 __device__ __forceinline__ void StoreOutput(const FwdParams& p, int64_t b, int64_t h,
@@ -24,33 +49,23 @@ __device__ __forceinline__ void StoreOutput(const FwdParams& p, int64_t b, int64
   const int64_t seqlen_q = p.shape.seqlen_q;
   const int head_dim = static_cast<int>(p.shape.head_dim);
   T* out = static_cast<T*>(p.out) + p.out_strides.offset(b, 0, h);
-  float* lse = static_cast<float*>(p.lse) + (b * p.shape.num_heads_q + h) * seqlen_q;
+  float* lse = LseRow(p, b, h);
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      float l = row_l[mt][hr];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      // l == 0 only for rows that see no key: out = 0, lse = -inf. A NaN
-      // logit makes l NaN, which reaches out and lse (jax.nn semantics).
-      // Such a row writes 0 outright: its O may hold 0 x NaN from a NaN in
-      // a value row it cannot see.
-      const bool sees_nothing = l == 0.f;
-      const float inv_l = 1.f / l;
       const int64_t i = row0 + mt * 16 + g + hr * 8;
+      const RowEnd end = FinishRow(row_m[mt][hr], row_l[mt][hr], scale_log2, lse, i, seqlen_q, t);
       if (i < seqlen_q) {
-        if (t == 0) {
-          lse[i] = sees_nothing ? -INFINITY : (row_m[mt][hr] * scale_log2 + __log2f(l)) * kLn2;
-        }
         T* out_row = out + i * p.out_strides.row;
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt) {
           const int col = dt * 8 + 2 * t;
           if (col < head_dim) {
             *reinterpret_cast<uint32_t*>(out_row + col) =
-                sees_nothing ? 0u
-                             : Pack2<T>(o[mt][dt][2 * hr] * inv_l, o[mt][dt][2 * hr + 1] * inv_l);
+                end.sees_nothing ? 0u
+                                 : Pack2<T>(o[mt][dt][2 * hr] * end.inv_l,
+                                            o[mt][dt][2 * hr + 1] * end.inv_l);
           }
         }
       }

@@ -23,6 +23,7 @@
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/fwd.cuh"
 #include "cuda/sm90/bias_tile.cuh"
+#include "cuda/sm90/epilogue_fwd.cuh"
 #include "cuda/sm90/mainloop_fwd_ws.cuh"
 #include "cuda/sm90/pipeline.cuh"
 #include "cuda/sm90/scheduler_persistent.cuh"
@@ -105,9 +106,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     if constexpr (kDropout)  // the kept P's 1 / (1 - rate)
       ScaleFragment(o, static_cast<float>(a.args.p.dropout.keep_scale()));
-    StoreOutput<T>(a.args.p, blk.b, blk.h, blk.m0 + consumer_warp * 16, o, row_m, row_l,
-                   a.args.scale_log2, pos.g, pos.t);  // out = O / l, lse
+    // out = O / l, lse
+    if constexpr (FwdWsSmem<Traits, Bias>::kStageO)
+      StoreOutputStaged<T, Traits::kSmemCols>(&a.o_map, a.args.p, blk.b, blk.h,
+                                              blk.m0 + 64 * ping.wg, sm.o_tile(ping.wg), ping.wg,
+                                              consumer_warp % 4, pos.lane, o, row_m, row_l,
+                                              a.args.scale_log2, pos.g, pos.t);
+    else
+      StoreOutput<T>(a.args.p, blk.b, blk.h, blk.m0 + consumer_warp * 16, o, row_m, row_l,
+                     a.args.scale_log2, pos.g, pos.t);
   }
+  if constexpr (FwdWsSmem<Traits, Bias>::kStageO) DrainStagedOutput(consumer_warp % 4, pos.lane);
   ping.Finish();
 #else
   __trap();  // built without sm_90a; the dispatch never launches it then
@@ -162,6 +171,12 @@ cudaError_t LaunchFwdWs(const FwdParams& params, void* workspace, cudaStream_t s
                            s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16) ||
       !EncodeRowsTensorMap(&a.v_map, params.v, params.v_strides, s.batch, s.seqlen_k,
                            s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16))
+    return cudaErrorNotSupported;
+  // out through TMA where the staging tiles fit (FwdWsSmem::kStageO): its
+  // strides are Q's shape's, so where Q's map exists this one does too
+  // unless out is laid out otherwise.
+  if (!EncodeRowsTensorMap(&a.o_map, params.out, params.out_strides, s.batch, s.seqlen_q,
+                           s.num_heads_q, s.head_dim, 64, kBf16))
     return cudaErrorNotSupported;
   if (params.dropout.enabled()) {
     if (params.score.bias != nullptr) return cudaErrorNotSupported;

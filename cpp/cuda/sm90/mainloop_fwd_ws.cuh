@@ -61,16 +61,19 @@ namespace jax_flash::cuda::sm90 {
 
 // The kernel's parameters: Q, K and V through TMA in boxes of 64 columns x
 // kBlockM (Q) or kBlockN (K, V) rows; with a bias, its map in boxes of 64
-// rows (one consumer warpgroup's).
+// rows (one consumer warpgroup's); out in boxes of 64 x 64, stored by TMA
+// where the staging tiles fit (FwdWsSmem::kStageO, sm90/epilogue_fwd.cuh).
 struct FwdWsArgs {
   FwdArgs args;
   CUtensorMap q_map, k_map, v_map;
   CUtensorMap bias_map;
+  CUtensorMap o_map;
   PersistentScheduler::Args sched;
   int* tile_counter;  // zeroed before the launch (PersistentScheduler::ResetCounter)
 };
 
-// Shared-memory addresses: Q (kBlockM rows), the K and V rings, with a bias
+// Shared-memory addresses: Q (kBlockM rows), the K and V rings, where it fits
+// (kStageO) each consumer warpgroup's out staging tile (64 rows), with a bias
 // (Bias: its tile type, void without) its two warpgroup stages, then the
 // barriers and the tile index.
 template <typename Traits, typename Bias>
@@ -83,8 +86,16 @@ struct FwdWsSmem {
   static constexpr int kTileIndex = kBiasBars + 16 * Traits::kConsumerWarpgroups;
   static constexpr int kBarrierBytes = kTileIndex + 16;
   static constexpr int kBiasBytes = Traits::kConsumerWarpgroups * kBiasTileBytes<Bias>;
-  static constexpr int kBytes = Traits::kTileBytes + kBiasBytes + kBarrierBytes;
+  static constexpr int kOTileBytes = 64 * Traits::kSmemCols * 2;  // one warpgroup's rows
+  static constexpr int kOBytes = Traits::kConsumerWarpgroups * kOTileBytes;
+  // Out through a staging tile where it fits (not at D = 256, nor beside a
+  // float32 bias's stages at D = 128).
+  static constexpr bool kStageO =
+      Traits::kTileBytes + kOBytes + kBiasBytes + kBarrierBytes <= kMaxSmemBytes;
+  static constexpr int kBytes =
+      Traits::kTileBytes + (kStageO ? kOBytes : 0) + kBiasBytes + kBarrierBytes;
   uint32_t q, k, v;  // tiles, 1024-byte aligned
+  uint32_t o;        // with kStageO: one out staging tile per consumer warpgroup, 1024-byte aligned
   uint32_t bias;     // one Bias tile per consumer warpgroup
   uint32_t bars;
   __device__ __forceinline__ uint32_t full_q(int s) const { return bars + 16 * s; }
@@ -104,12 +115,14 @@ struct FwdWsSmem {
   __device__ __forceinline__ uint32_t bias_tile(int wg) const {
     return bias + wg * kBiasTileBytes<Bias>;
   }
+  __device__ __forceinline__ uint32_t o_tile(int wg) const { return o + wg * kOTileBytes; }
   __device__ __forceinline__ static FwdWsSmem Carve(uint32_t smem_raw) {
     FwdWsSmem r;
     r.q = (smem_raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
     r.k = r.q + Traits::kQStages * Traits::kQBytes;
     r.v = r.k + Traits::kStages * Traits::kKvBytes;
-    r.bias = r.v + Traits::kStages * Traits::kKvBytes;
+    r.o = r.v + Traits::kStages * Traits::kKvBytes;
+    r.bias = r.o + (kStageO ? kOBytes : 0);
     r.bars = r.bias + kBiasBytes;
     return r;
   }

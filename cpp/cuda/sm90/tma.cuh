@@ -184,4 +184,18 @@ __device__ __forceinline__ void TmaLoadBox2D(uint32_t dst, const CUtensorMap* ma
       : "memory");
 }
 
+// Copies shared `src` (a box laid out as TmaLoadBox writes one) to the box at
+// (col, row, head, batch) of `map`, as a bulk group of the issuing thread
+// (BulkCommit, BulkWaitRead, BulkWait in wgmma.cuh); rows and columns
+// outside the tensor are not written. The writers of `src` fence it
+// (FenceProxyAsync) and meet the issuing thread at a barrier first.
+__device__ __forceinline__ void TmaStoreBox(const CUtensorMap* map, int col, int row, int head,
+                                           int batch, uint32_t src) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(col), "r"(row), "r"(head), "r"(batch), "r"(src)
+      : "memory");
+}
+
 }  // namespace jax_flash::cuda::sm90
