@@ -193,6 +193,7 @@ cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t str
     return cudaErrorNotSupported;
   const int64_t stat_rows = shape.batch * shape.num_heads_q;
   tma_args.stats_by_tma =
+      Traits::kTile.stats_tma &&
       EncodeRowStatsTensorMap(&tma_args.lse_map, args.lse2, shape.seqlen_q, stat_rows,
                               Traits::kBlockM) &&
       EncodeRowStatsTensorMap(&tma_args.delta_map, static_cast<const float*>(args.p.delta),

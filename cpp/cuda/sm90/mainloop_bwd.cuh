@@ -63,20 +63,27 @@ struct BwdTmaArgs {
 // which costs the other threads nothing (ncu: 128 threads' cp.async were ~5%
 // of the D = 64 step's samples, all in warpgroup 0), or by cp.async from
 // 2 kBlockM threads, each an arrival of the barrier (RowStatsArrivals).
-// The TMA bytes: RowStatsTxBytes, for thread 0's expect_tx.
-template <int kBlockM>
+// The TMA bytes: RowStatsTxBytes, for thread 0's expect_tx. The TMA path is
+// compiled only where the tile asks for it (BwdTile::stats_tma): at D = 128
+// it cost the kernels 8-90 B more spills and 1-5% of their time.
+template <class Traits>
+__device__ __forceinline__ bool RowStatsByTma(const BwdTmaArgs& tma_args) {
+  return Traits::kTile.stats_tma && tma_args.stats_by_tma;
+}
+template <class Traits>
 __device__ __forceinline__ uint32_t RowStatsArrivals(const BwdTmaArgs& tma_args) {
-  return tma_args.stats_by_tma ? 0 : 2 * kBlockM;
+  return RowStatsByTma<Traits>(tma_args) ? 0 : 2 * Traits::kBlockM;
 }
-template <int kBlockM>
+template <class Traits>
 __device__ __forceinline__ uint32_t RowStatsTxBytes(const BwdTmaArgs& tma_args) {
-  return tma_args.stats_by_tma ? 2 * kBlockM * 4 : 0;
+  return RowStatsByTma<Traits>(tma_args) ? 2 * Traits::kBlockM * 4 : 0;
 }
-template <int kBlockM>
+template <class Traits>
 __device__ __forceinline__ void IssueRowStats(const BwdTmaArgs& tma_args, int64_t bh, int64_t m0,
                                               float* lse_stage, float* delta_stage, uint32_t bar,
                                               int tid) {
-  if (tma_args.stats_by_tma) {
+  constexpr int kBlockM = Traits::kBlockM;
+  if (RowStatsByTma<Traits>(tma_args)) {
     if (tid == 0) {
       sm90::TmaLoadBox2D(SmemAddr(lse_stage), &tma_args.lse_map, static_cast<int>(m0),
                          static_cast<int>(bh), bar);
@@ -157,7 +164,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     const int64_t m0 = (m_begin + mi) * kBlockM;
     const uint32_t bar = full_bar + 8 * stage;
     if (tid == 0) {
-      sm90::MbarrierArriveExpectTx(bar, 2 * Traits::kQBytes + RowStatsTxBytes<kBlockM>(tma_args));
+      sm90::MbarrierArriveExpectTx(bar, 2 * Traits::kQBytes + RowStatsTxBytes<Traits>(tma_args));
 #pragma unroll
       for (int block = 0; block < Traits::kSmemCols / 64; ++block) {
         const uint32_t offset = stage * Traits::kQBytes + block * kBlockM * kRow;
@@ -167,7 +174,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
                          static_cast<int>(h), static_cast<int>(b), bar);
       }
     }
-    IssueRowStats<kBlockM>(tma_args, b * num_heads_q + h, m0, sLse + stage * kBlockM,
+    IssueRowStats<Traits>(tma_args, b * num_heads_q + h, m0, sLse + stage * kBlockM,
                            sDelta + stage * kBlockM, bar, tid);
   };
 
@@ -178,7 +185,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   CpAsyncCommit();
   if (tid == 0) {
     for (int stage = 0; stage < Traits::kStages; ++stage)
-      sm90::MbarrierInit(full_bar + 8 * stage, 1 + RowStatsArrivals<kBlockM>(tma_args));
+      sm90::MbarrierInit(full_bar + 8 * stage, 1 + RowStatsArrivals<Traits>(tma_args));
     sm90::FenceBarrierInit();
   }
   __syncthreads();  // the barriers are initialized before anyone uses them

@@ -144,7 +144,7 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
     const int64_t m0 = (m_begin + mi) * kBlockM;
     const uint32_t bar = full_bar + 8 * stage;
     if (tid == 0) {
-      MbarrierArriveExpectTx(bar, 2 * Traits::kQBytes + RowStatsTxBytes<kBlockM>(tma_args));
+      MbarrierArriveExpectTx(bar, 2 * Traits::kQBytes + RowStatsTxBytes<Traits>(tma_args));
 #pragma unroll
       for (int block = 0; block < kHeadDim / 64; ++block) {
         const uint32_t offset = stage * Traits::kQBytes + block * kBlockM * kRow;
@@ -154,7 +154,7 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
                    static_cast<int>(h), static_cast<int>(b), bar);
       }
     }
-    IssueRowStats<kBlockM>(tma_args, b * num_heads_q + h, m0, sLse + stage * kBlockM,
+    IssueRowStats<Traits>(tma_args, b * num_heads_q + h, m0, sLse + stage * kBlockM,
                            sDelta + stage * kBlockM, bar, tid);
   };
 
@@ -163,7 +163,7 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
   CpAsyncCommit();
   if (tid == 0) {
     for (int stage = 0; stage < Traits::kStages; ++stage)
-      MbarrierInit(full_bar + 8 * stage, 1 + RowStatsArrivals<kBlockM>(tma_args));
+      MbarrierInit(full_bar + 8 * stage, 1 + RowStatsArrivals<Traits>(tma_args));
     FenceBarrierInit();
   }
   __syncthreads();  // the barriers are initialized before anyone uses them

@@ -28,10 +28,13 @@ struct FwdTile {
 // shared memory: K and V of the warpgroup's keys for S^T and dP^T (kv_rs:
 // D = 64 only, 1-3% faster; at D = 96 it spilled), and dS^T for dK in the
 // kernel with dQ (dk_rs_with_dq; the kernels without dQ always do: at D = 128
-// with dQ it spilled 244 B and took 1.3-1.45x the time). NOTES_sm90_bwd.md.
+// with dQ it spilled 244 B and took 1.3-1.45x the time); and whether a step's
+// lse2 and D come by TMA from one thread rather than cp.async from 128
+// (stats_tma: D = 64 only, 4-6% faster; at D = 128 it added spills and took
+// 1-5% longer). NOTES_sm90_bwd.md.
 struct BwdTile {
   int block_n, block_m, threads, stages;
-  bool kv_rs = false, dk_rs_with_dq = false;
+  bool kv_rs = false, dk_rs_with_dq = false, stats_tma = false;
 };
 
 // The warp-specialized forward (sm90/fwd_ws.cuh): query rows per tile (one
@@ -65,8 +68,9 @@ struct Sm90Tiles {
 // ptxas -v, sm_90a: see NOTES.md.
 inline constexpr Sm90Tiles kTiles[] = {
     // head_dim, fwd {BM, BN, threads, stages, TMA},
-    // bwd {BN, BM, threads, stages, K/V RS, dK RS with dQ}, dq {BM, BN, threads, stages}
-    {64, {128, 128, 256, 2, false}, {128, 64, 256, 2, true, true}, {128, 64, 256, 2}},
+    // bwd {BN, BM, threads, stages, K/V RS, dK RS with dQ, lse2 / D by TMA},
+    // dq {BM, BN, threads, stages}
+    {64, {128, 128, 256, 2, false}, {128, 64, 256, 2, true, true, true}, {128, 64, 256, 2}},
     {96, {128, 128, 256, 2, true}, {128, 64, 256, 2, false, true}, {128, 64, 256, 2}},
     {128, {128, 128, 256, 2, false}, {128, 64, 256, 2, false, false}, {128, 64, 256, 2}},
     {192, {128, 96, 256, 2, true}, {64, 64, 256, 2}, {128, 64, 256, 2}},
