@@ -6,7 +6,8 @@
 #     git archive BRANCH cpp jax_flash tests | gzip > tests/gpu/ab_src/NAME.tgz
 # and rebuilt only in the units matching its regex (with extra nvcc flags
 # where given: a tuning hook), the rest taken from this tree's build. Each
-# variant is checked with `tc_kernel_check features` and memcheck on `small`;
+# variant is checked with `tc_kernel_check features` (CHECK=check: `check`)
+# and memcheck on `small`;
 # then every build is timed side by side, ROUNDS rounds (default 2), D 64 /
 # 128, S 1k / 4k / 16k, causal and not: the backward (bench1, bwd ms) or the
 # forward (bench1_fwd, fwd ms). Logs and bench.txt under $OUT. MEMCHECK=0
@@ -37,8 +38,9 @@ done
 wait
 say built variants
 for name in "${names[@]}"; do
-  timeout 120 "/tmp/ab_$name/tc_kernel_check" features > "$out/features_$name.log" 2>&1
-  say "features $name: rc $?, $(tail -1 "$out/features_$name.log")"
+  checks=${CHECK:-features}  # CHECK=check: the 343 cases (~190 s) instead of the 197
+  timeout 240 "/tmp/ab_$name/tc_kernel_check" "$checks" > "$out/${checks}_$name.log" 2>&1
+  say "$checks $name: rc $?, $(tail -1 "$out/${checks}_$name.log")"
   [ "${MEMCHECK:-1}" = 0 ] && continue
   timeout 90 compute-sanitizer --tool memcheck "/tmp/ab_$name/tc_kernel_check" small \
     > "$out/memcheck_$name.log" 2>&1
