@@ -80,9 +80,10 @@ struct BwdSm90Traits {
   static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128,
                 "two warpgroups of 64 keys hold dK and dV up to D = 128 (bwd_wide.cuh above)");
   static_assert(kDqCols % 64 == 0 || kSmemCols == kHeadDim, "a dQ part of whole column blocks");
-  static_assert((2 * kKvBytes + 2 * kStages * kQBytes + kDsBuffers * kDsBytes + 2 * kDqPartBytes +
-                 kStages * kStatBytes) % 128 == 0,
-                "lse2 and D stages 128-byte aligned (TMA)");
+  static_assert(!kTile.stats_tma ||
+                    (2 * kKvBytes + 2 * kStages * kQBytes + kDsBuffers * kDsBytes +
+                     2 * kDqPartBytes + kStages * kStatBytes) % 128 == 0,
+                "lse2 and D stages 128-byte aligned where TMA loads them");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
 
@@ -134,9 +135,9 @@ struct BwdWideTraits {
   static_assert(kBlockN == 64 && kBlockM == 64 && kThreads == 2 * 128,
                 "64 keys, 64 queries per step (32 per warpgroup), two warpgroups");
   static_assert(kHeadDim % 64 == 0 && kHeadDim >= 128, "whole 64-column blocks, from D = 128");
-  static_assert((2 * kKvBytes + 2 * kStages * kQBytes + 2 * kPBuffers * kPBytes +
-                 kStages * kStatBytes) % 128 == 0,
-                "lse2 and D stages 128-byte aligned (TMA)");
+  static_assert(!kTile.stats_tma || (2 * kKvBytes + 2 * kStages * kQBytes +
+                                      2 * kPBuffers * kPBytes + kStages * kStatBytes) % 128 == 0,
+                "lse2 and D stages 128-byte aligned where TMA loads them");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
 

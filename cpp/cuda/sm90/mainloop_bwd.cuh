@@ -47,7 +47,8 @@ namespace jax_flash::cuda::sm90 {
 
 // The kernel's parameters: Q and dO come through TMA (tma.cuh), in boxes
 // of 64 columns x kBlockM rows; lse2 and D in boxes of kBlockM rows where
-// stats_by_tma (seqlen_q % 4 == 0), else by cp.async (LoadRowStats).
+// stats_by_tma (the tile's stats_tma, and seqlen_q % 4 == 0: the launcher
+// sets it), else by cp.async (LoadRowStats).
 struct BwdTmaArgs {
   BwdArgs args;
   CUtensorMap q_map;
