@@ -36,7 +36,7 @@ CUDA_SM90_FWD_BUCKETS = (64, 96, 128, 192, 256)
 # (cpp/cuda/sm90/fwd_ws.cuh: TMA producer, ping-pong consumers, persistent
 # grid); the others run sm90/fwd.cuh. D=64 ran on mma.sync before: the wgmma
 # forward without warp specialization measured 269-281 TFLOP/s against
-# 315-323 (H100, cpp/cuda/NOTES.md). D=96: tiles of two 64-column blocks,
+# 315-323 (H100, cpp/cuda/NOTES_sm90_fwd.md). D=96: tiles of two 64-column blocks,
 # columns 96-127 zero-filled by TMA. D=192 and 256: 64-key blocks, 3-24%
 # faster than sm90/fwd.cuh alone (H100, S 1k-16k; BENCHMARKS.md).
 CUDA_SM90_FWD_WS_BUCKETS = (64, 96, 128, 192, 256)

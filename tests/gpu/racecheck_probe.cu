@@ -12,7 +12,7 @@
 // Measured (H100, CUDA 13.0, 2026-11-24): racecheck reports hazards between
 // the load and the store in all three modes, the control included, so it
 // cannot tell a correct handoff between warps on a named barrier with a
-// thread count from a racy one (cpp/cuda/NOTES.md).
+// thread count from a racy one (cpp/cuda/NOTES_sm90_fwd.md).
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -o /tmp/probe tests/gpu/racecheck_probe.cu
 //   for m in 0 1 2; do compute-sanitizer --tool racecheck /tmp/probe $m; done

@@ -7,7 +7,7 @@
 // (tile blockIdx.x + i * gridDim.x), the causal tiles left the CTAs
 // unevenly loaded: the longest CTA had 1.10-1.15x the mean work at D = 128
 // and 1.3-1.4x with the 64-key blocks of D = 256 (a model of the order;
-// cpp/cuda/NOTES.md).
+// cpp/cuda/NOTES_sm90_fwd.md).
 //
 // The order: (batch, q head) pairs are cut into sections whose K and V fit
 // in a share of L2 together, sections one after the other; inside a section

@@ -1,9 +1,9 @@
 // Tile shapes of the wgmma kernels (sm_90a), one row per head-dim bucket
 // compiled for a direction (jax_flash/_supported.py, CUDA_SM90_FWD_BUCKETS
 // and CUDA_SM90_BWD_BUCKETS); measurements and what was tried:
-// cpp/cuda/NOTES.md. The kernels' traits derive the shared-memory layout from
-// these. A bucket without a row gives zeros, which the traits'
-// static_asserts reject at compile time.
+// cpp/cuda/NOTES_sm90_fwd.md and NOTES_sm90_bwd.md. The kernels' traits
+// derive the shared-memory layout from these. A bucket without a row gives
+// zeros, which the traits' static_asserts reject at compile time.
 #pragma once
 
 namespace jax_flash::cuda::sm90 {
