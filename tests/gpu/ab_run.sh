@@ -9,8 +9,8 @@
 # variant is checked with `tc_kernel_check features` (CHECK=check: `check`)
 # and memcheck on `small`;
 # then every build is timed side by side, ROUNDS rounds (default 2), D 64 /
-# 128, S 1k / 4k / 16k, causal and not: the backward (bench1, bwd ms) or the
-# forward (bench1_fwd, fwd ms). Logs and bench.txt under $OUT. MEMCHECK=0
+# 128, S 1k / 4k / 16k, causal and not: the backward (bench1, bwd ms), the
+# forward (bench1_fwd, fwd ms), or both (direction "both"). Logs and bench.txt under $OUT. MEMCHECK=0
 # skips memcheck. Budget of one call (600 s): about 100 s for this tree, 100-
 # 130 s for the variants, 75 s of checks per variant, 1.8 s per timed run:
 # three variants fit with ROUNDS=1, two with the defaults.
@@ -31,7 +31,7 @@ for spec in "$@"; do
   IFS=: read -r name regex flags <<< "$spec"
   names+=("$name")
   mkdir -p "/tmp/ab_src_$name" && tar -xzf "tests/gpu/ab_src/$name.tgz" -C "/tmp/ab_src_$name"
-  (cd "/tmp/ab_src_$name" && REUSE=/tmp/ab_this REBUILD="$regex" ARCH=90a JOBS=8 \
+  (cd "/tmp/ab_src_$name" && REUSE=/tmp/ab_this REBUILD="$regex" ARCH=90a JOBS=$(( 16 / $# )) \
      bash tests/gpu/build.sh "/tmp/ab_$name" ${flags:-} > "$out/build_$name.log" 2>&1 ||
      echo "BUILD FAILED: $name") &
 done
@@ -46,14 +46,16 @@ for name in "${names[@]}"; do
     > "$out/memcheck_$name.log" 2>&1
   say "memcheck $name: rc $?, $(tail -1 "$out/memcheck_$name.log")"
 done
-mode=bench1; [ "$direction" = fwd ] && mode=bench1_fwd
-time_of() {  # $1: build dir; D S c from the loop
+directions=$direction; [ "$direction" = both ] && directions="fwd bwd"
+time_of() {  # $1: build dir; dir D S c from the loop
+  local mode=bench1; [ "$dir" = fwd ] && mode=bench1_fwd
   timeout 30 "$1/tc_kernel_check" $mode $D $S $c 2>&1 | grep BENCH |
     sed "s/.*| bwd \([0-9.]*\) ms.*/\1/; s/.*: fwd \([0-9.]*\) ms.*/\1/"
 }
-for round in $(seq "${ROUNDS:-2}"); do for D in 64 128; do for S in 1024 4096 16384; do for c in 0 1; do
-  line="$direction D$D S$S causal$c this $(time_of /tmp/ab_this)"
+for round in $(seq "${ROUNDS:-2}"); do for dir in $directions; do
+for D in 64 128; do for S in 1024 4096 16384; do for c in 0 1; do
+  line="$dir D$D S$S causal$c this $(time_of /tmp/ab_this)"
   for name in "${names[@]}"; do line="$line $name $(time_of "/tmp/ab_$name")"; done
   echo "$line"
-done; done; done; done | tee "$out/bench.txt"
+done; done; done; done; done | tee "$out/bench.txt"
 say done
