@@ -67,12 +67,15 @@ struct BiasTile {
 
   // x = scale * s + bias on one warp's S fragment (16 rows from tile row
   // row0, a multiple of 8, by kBlockN keys; common/fragment.cuh's layout).
-  // Returns with every lane's reads of the tile done, so that the caller
-  // may release the stage to the next TMA load: the sums (which need the
-  // loaded values) are pinned before the return, where the compiler could
-  // otherwise sink them below the caller's release, and the warp
-  // reconverges. Without this the warp-specialized forward at D=128 wrote a
-  // few hundred wrong elements per call on an H100 (B=16, H=16, S=1k; NOTES).
+  // Returns with every lane's reads of the tile performed, so that the
+  // caller may release the stage to the next TMA load: the reads are
+  // generic-proxy loads and that load an async-proxy write, so each lane
+  // fences the proxies (fence.proxy.async, which ptxas emits as a MEMBAR
+  // that waits for the loads in flight) and the warp reconverges before its
+  // arrival. Pinning the sums in registers was not enough: ptxas still put
+  // the arrive before the last loads had returned, and the D = 256 kernel
+  // with a float32 bias read the next block's bias (NOTES.md;
+  // tests/gpu/sass_release_check.py finds the pattern in SASS).
   template <int kNTiles>
   __device__ __forceinline__ static void Add(float (&s)[kNTiles][4], uint32_t tile, int row0,
                                              float scale, int g, int t) {
@@ -87,7 +90,7 @@ struct BiasTile {
         s[nt][2 * hr + 1] = fmaf(s[nt][2 * hr + 1], scale, b.y);
       }
     }
-    FenceRegisters(s);
+    FenceProxyAsync();
     __syncwarp();
   }
 
