@@ -4,11 +4,12 @@
 //   x = scale * q.k (+ bias)  ->  soft cap  ->  mask  ->  softmax  ->  dropout
 //
 // - mask: the band (causal, window, lengths) as a window of columns per row
-//   (KeyWindow / QueryWindow, exact for one row), segments per element inside
-//   it; MaskFragment applies both to a warp's fragment in either orientation
-//   (rows = queries for S, rows = keys for S^T). Whole tiles: the band cuts
-//   the key / query range (BatchMask::KeyRange / QueryRange) and
-//   BatchMask::AllVisible skips the per-element work of full tiles.
+//   (KeyWindow / QueryWindow, exact for one row); MaskFragment applies it to
+//   a warp's fragment in either orientation (rows = queries for S, rows =
+//   keys for S^T), MaskFragmentElementwise the band, segments and a dense
+//   mask per element. Whole tiles: the band cuts the key / query range
+//   (BatchMask::KeyRange / QueryRange), BatchMask::AllVisible skips the
+//   per-element work of full tiles, MaskPathOf picks the path of the others.
 // - soft cap: x = cap * tanh(x / cap) and its derivative, on the special-
 //   function unit for the tensor-core kernels, accurate for the exact ones.
 // - dense mask, dropout (the tensor-core kernels' kTerms instantiations,
@@ -109,15 +110,9 @@ __device__ __forceinline__ ColWindow QueryWindow(const BatchMask& mask, int64_t 
 // so that a masked P that overflowed to +inf (its key was not in the row's
 // lse) still gives P = dS = 0. kMT m-tiles of 16 rows from row0 (rows g and
 // g + 8 of each), kNTiles n-tiles of 8 columns from col0. The band (causal,
-// window, lengths) through the row's window of columns; segments per element
-// inside it, the one per-element test. (The segment test compares ids
-// directly rather than through BatchMask::Visible, whose band tests repeat
-// the window's in 64 bits: that freed the registers the warp-specialized
-// forward spilled, and took the Hopper D=128 backward from 40 to 4 bytes of
-// spills.)
-// kSegments = false: a tile the tile map says is full (its segment ids hide
-// nothing), only the band is left to test.
-template <Rows kRows, bool kSegments = true, int kMT, int kNTiles>
+// window, lengths) alone, through the row's window of columns: a tile with
+// no segments or dense mask, or one the tile map says they leave whole.
+template <Rows kRows, int kMT, int kNTiles>
 __device__ __forceinline__ void MaskFragment(float (&s)[kMT][kNTiles][4], const BatchMask& mask,
                                              int64_t row0, int64_t col0, int g, int t,
                                              float hidden) {
@@ -128,38 +123,26 @@ __device__ __forceinline__ void MaskFragment(float (&s)[kMT][kNTiles][4], const 
       const int64_t r = row0 + mt * 16 + g + hr * 8;
       const ColWindow w = kRows == Rows::kQueries ? KeyWindow(mask, r, col0, kNTiles * 8)
                                                   : QueryWindow(mask, r, col0, kNTiles * 8);
-      // Inside the window the band and the lengths hold (it is exact for
-      // one row), so only segments are left to test per element: this row's
-      // id against each column's (read only inside the window, hence in range).
-      const int32_t* col_seg = kRows == Rows::kQueries ? mask.kv_seg : mask.q_seg;
-      const int32_t* row_segs = kRows == Rows::kQueries ? mask.q_seg : mask.kv_seg;
-      const int32_t row_seg = kSegments && mask.q_seg != nullptr && w.lo < w.hi ? row_segs[r] : 0;
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int cr = nt * 8 + 2 * t + c;
-          const bool visible =
-              w.Contains(cr) &&
-              (!kSegments || mask.q_seg == nullptr || col_seg[col0 + cr] == row_seg);
-          if (!visible) s[mt][nt][2 * hr + c] = hidden;
-        }
+        for (int c = 0; c < 2; ++c)
+          if (!w.Contains(nt * 8 + 2 * t + c)) s[mt][nt][2 * hr + c] = hidden;
     }
 }
 
 // The same on a fragment of one m-tile.
-template <Rows kRows, bool kSegments = true, int kNTiles>
+template <Rows kRows, int kNTiles>
 __device__ __forceinline__ void MaskFragment(float (&s)[kNTiles][4], const BatchMask& mask,
                                              int64_t row0, int64_t col0, int g, int t,
                                              float hidden) {
-  MaskFragment<kRows, kSegments>(reinterpret_cast<float(&)[1][kNTiles][4]>(s), mask, row0, col0,
-                                 g, t, hidden);
+  MaskFragment<kRows>(reinterpret_cast<float(&)[1][kNTiles][4]>(s), mask, row0, col0, g, t,
+                      hidden);
 }
 
-// MaskFragment for the tiles the tile map (common/tile_map.h) leaves partial:
-// the band through the row's window, then segments and the dense mask per
-// element. A separate function, not a branch in MaskFragment, so that the
-// kernels without a dense mask keep their code as it is.
+// MaskFragment for the tiles with segments or a dense mask that the tile map
+// (common/tile_map.h) leaves partial, or without a tile map: the band through
+// the row's window, then segments and the dense mask per element.
 // A row's loads depend on its window alone, never on another element's
 // test, so that they are in flight together: tested one after another (the
 // mask byte read only where the segment ids matched, each element behind a
@@ -257,25 +240,24 @@ __device__ __forceinline__ void MaskFragmentElementwise(float (&s)[kNTiles][4],
 
 // What the mask does to the tile queries [i0, i1) x keys [j0, j1), by the
 // tile's class (the tile map's, common/tile_map.cuh; partial without one):
-// nothing where every pair is visible, the band alone where the map says the
-// elementwise terms hide nothing (full) or there are none, the band,
-// segments and a dense mask otherwise (the dense mask: the wgmma kernels,
-// with a tile map). Decided apart from applying it (ApplyMask) so that a
-// kernel can decide while the tile's GEMMs run: the decision is a chain of
-// 64-bit compares, which after the GEMM's wait sits on the step's critical
-// path.
-enum class MaskPath : uint8_t { kNone, kBand, kElementwise, kPartial };
+// nothing where every pair is visible; the band alone where there are no
+// segments or dense mask, or the map says they hide nothing in the tile
+// (full); else the band, segments and the dense mask per element. Decided
+// apart from applying it (ApplyMask) so that a kernel can decide while the
+// tile's GEMMs run: the decision is a chain of 64-bit compares, which after
+// the GEMM's wait sits on the step's critical path.
+// (Segments had a path of their own, MaskFragment testing them per element,
+// unrolled: its loads and 64-bit addresses in flight at once made the
+// warp-specialized forward spill 500 B more at 160 registers, and every
+// tile the band cut took it, with a branch per element, though there were
+// no segments: ~14% of a causal D = 64 forward at S = 1k. cpp/cuda/NOTES.md.)
+enum class MaskPath : uint8_t { kNone, kBand, kElementwise };
 
 __device__ __forceinline__ MaskPath MaskPathOf(const BatchMask& mask, CellClass cls, int64_t i0,
                                                int64_t i1, int64_t j0, int64_t j1) {
-  // Without segments or a dense mask the band is all there is to test, and
-  // the band path tests it without the partial path's per-element branches
-  // (those took ~14% of a causal D = 64 forward's samples at S = 1k, where
-  // the diagonal tile has no tile map to call it full: cpp/cuda/NOTES.md).
   if (cls == kCellFull || !mask.HasElementwiseTerms())
     return mask.AllVisibleByBand(i0, i1, j0, j1) ? MaskPath::kNone : MaskPath::kBand;
-  if (mask.dense != nullptr) return MaskPath::kElementwise;
-  return mask.AllVisible(i0, i1, j0, j1) ? MaskPath::kNone : MaskPath::kPartial;
+  return MaskPath::kElementwise;
 }
 
 // The mask on a warp's fragment of a tile whose path is `path`. row0, col0:
@@ -286,11 +268,9 @@ __device__ __forceinline__ void ApplyMask(float (&s)[kMT][kNTiles][4], const Bat
                                           MaskPath path, int64_t row0, int64_t col0, int g, int t,
                                           float hidden) {
   if (path == MaskPath::kBand)
-    MaskFragment<kRows, /*kSegments=*/false>(s, mask, row0, col0, g, t, hidden);
+    MaskFragment<kRows>(s, mask, row0, col0, g, t, hidden);
   else if (path == MaskPath::kElementwise)
     MaskFragmentElementwise<kRows>(s, mask, row0, col0, g, t, hidden);
-  else if (path == MaskPath::kPartial)
-    MaskFragment<kRows>(s, mask, row0, col0, g, t, hidden);
 }
 template <Rows kRows, int kNTiles>
 __device__ __forceinline__ void ApplyMask(float (&s)[kNTiles][4], const BatchMask& mask,
