@@ -261,12 +261,26 @@ struct BatchMask {
   JAX_FLASH_HOST_DEVICE bool AllVisible(int64_t i0, int64_t i1, int64_t j0,
                                         int64_t j1) const {
     if (q_seg != nullptr || dense != nullptr) return false;
-    if (i1 > q_len || j1 > kv_len) return false;
     if (!AllBlocksSet(i0, i1, j0, j1)) return false;
-    if (causal && j1 - 1 > i0 + diagonal) return false;
-    if (window_left >= 0 && j0 < i1 - 1 + diagonal - window_left) return false;
-    if (window_right >= 0 && j1 - 1 > i0 + diagonal + window_right) return false;
-    return true;
+    int64_t begin, end;
+    FullKeyRange(i0, i1, &begin, &end);
+    return begin <= j0 && j1 <= end;
+  }
+
+  // Keys [*begin, *end) that every row of [i0, i1) sees by the band
+  // structure (causal, window, lengths): the intersection of the rows' key
+  // ranges, where KeyRange is their union; empty (begin >= end) when a row
+  // is past q_len. A kernel can leave the mask out of the key blocks inside
+  // it when there are no segments, dense mask or block mask.
+  JAX_FLASH_HOST_DEVICE void FullKeyRange(int64_t i0, int64_t i1, int64_t* begin,
+                                          int64_t* end) const {
+    int64_t lo = 0, hi = kv_len;
+    if (i1 > q_len || i0 >= i1) { *begin = 0; *end = 0; return; }
+    if (causal) hi = Min(hi, i0 + diagonal + 1);  // j <= i0 + diagonal
+    if (window_right >= 0) hi = Min(hi, i0 + diagonal + window_right + 1);
+    if (window_left >= 0) lo = Max(lo, i1 - 1 + diagonal - window_left);
+    *begin = lo;
+    *end = hi > lo ? hi : lo;
   }
 
   // False when no (i, j) in the rectangle is visible, so a kernel can skip
