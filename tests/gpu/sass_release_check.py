@@ -16,6 +16,7 @@ across a branch and report one whose load a branch took away; read each
 report in the SASS.
 
 Usage: python3 tests/gpu/sass_release_check.py OBJ... [--filter REGEX]
+(tests/test_sass.py runs it on the installed extension.)
 Exit status 1 when something is reported.
 """
 import argparse
@@ -68,6 +69,22 @@ def check_function(name, body):
     return reports
 
 
+def check_object(obj, cuobjdump="cuobjdump", name_filter=".", arch=None):
+    """[(function, address, instruction, [(address, load) in flight])] of obj."""
+    cmd = [cuobjdump, "-sass", obj] + (["-arch", arch] if arch else [])
+    sass = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    reports = []
+    for part in re.split(r"\n\s*Function : ", sass)[1:]:
+        name = part.split("\n", 1)[0].strip()
+        if re.search(name_filter, name):
+            reports += [(name, *r) for r in check_function(name, part)]
+    return reports
+
+
+def format_report(name, addr, text, loads):
+    return f"{name}\n  {addr}: {text}\n" + "".join(f"    in flight: {a}: {t}\n" for a, t in loads)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("objects", nargs="+")
@@ -76,16 +93,9 @@ def main():
     args = ap.parse_args()
     found = 0
     for obj in args.objects:
-        sass = subprocess.run([args.cuobjdump, "-sass", obj], capture_output=True, text=True,
-                              check=True).stdout
-        for part in re.split(r"\n\s*Function : ", sass)[1:]:
-            name = part.split("\n", 1)[0].strip()
-            if not re.search(args.filter, name):
-                continue
-            for addr, text, loads in check_function(name, part):
-                found += 1
-                print(f"{obj}: {name}\n  {addr}: {text}\n" +
-                      "".join(f"    in flight: {a}: {t}\n" for a, t in loads))
+        for report in check_object(obj, args.cuobjdump, args.filter):
+            found += 1
+            print(f"{obj}: " + format_report(*report))
     print(f"{found} arrive(s) with shared loads in flight")
     return 1 if found else 0
 
