@@ -251,7 +251,8 @@ __device__ __forceinline__ void MaskFragmentElementwise(float (&s)[kNTiles][4],
 // unrolled: its loads and 64-bit addresses in flight at once made the
 // warp-specialized forward spill 500 B more at 160 registers, and every
 // tile the band cut took it, with a branch per element, though there were
-// no segments: ~14% of a causal D = 64 forward at S = 1k. cpp/cuda/NOTES.md.)
+// no segments: ~14% of a causal D = 64 forward at S = 1k;
+// cpp/cuda/NOTES_sm90_fwd.md.)
 enum class MaskPath : uint8_t { kNone, kBand, kElementwise };
 
 __device__ __forceinline__ MaskPath MaskPathOf(const BatchMask& mask, CellClass cls, int64_t i0,
