@@ -174,15 +174,12 @@ cudaError_t LaunchFwdWsWith(const FwdParams& params, void* workspace, cudaStream
       !EncodeRowsTensorMap(&a.v_map, params.v, params.v_strides, s.batch, s.seqlen_k,
                            s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16))
     return cudaErrorNotSupported;
-  // out through TMA where the staging tiles fit (FwdWsSmem::kStageO; the
-  // other kernels store it from registers and leave o_map unused): its
+  // out through TMA where the staging tiles fit (FwdWsSmem::kStageO): its
   // strides are Q's shape's, so where Q's map exists this one does too
   // unless out is laid out otherwise.
-  if constexpr (FwdWsSmem<Traits, Bias>::kStageO) {
-    if (!EncodeRowsTensorMap(&a.o_map, params.out, params.out_strides, s.batch, s.seqlen_q,
-                             s.num_heads_q, s.head_dim, 64, kBf16))
-      return cudaErrorNotSupported;
-  }
+  if (!EncodeRowsTensorMap(&a.o_map, params.out, params.out_strides, s.batch, s.seqlen_q,
+                           s.num_heads_q, s.head_dim, 64, kBf16))
+    return cudaErrorNotSupported;
   if constexpr (!std::is_void_v<Bias>) {
     if (!EncodeBiasTensorMap(&a.bias_map, params.score, s, 64)) return cudaErrorNotSupported;
   }
