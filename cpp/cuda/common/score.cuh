@@ -156,8 +156,7 @@ __device__ __forceinline__ void MaskFragmentElementwise(float (&s)[kMT][kNTiles]
                                                         const BatchMask& mask, int64_t row0,
                                                         int64_t col0, int g, int t,
                                                         float hidden) {
-  static_assert(kNTiles <= 32, "a row's elements are the bits of one word");
-  using Bits = std::conditional_t<(kNTiles > 16), uint64_t, uint32_t>;
+  static_assert(kNTiles <= 16, "a row's elements are the bits of one word");
   constexpr bool kQueryRows = kRows == Rows::kQueries;
   const int32_t* col_seg = kQueryRows ? mask.kv_seg : mask.q_seg;
   const int32_t* row_segs = kQueryRows ? mask.q_seg : mask.kv_seg;
@@ -166,7 +165,7 @@ __device__ __forceinline__ void MaskFragmentElementwise(float (&s)[kMT][kNTiles]
   const int64_t dense_row = kQueryRows ? mask.dense_row_stride : mask.dense_col_stride;
   const int64_t dense_col = kQueryRows ? mask.dense_col_stride : mask.dense_row_stride;
   // Bit 2 nt + c of row i (rows g and g + 8 of each m-tile): hidden.
-  Bits hidden_bits[2 * kMT];
+  uint32_t hidden_bits[2 * kMT];
 #pragma unroll
   for (int i = 0; i < 2 * kMT; ++i) hidden_bits[i] = 0;
   // A row in kParts pieces of kPartTiles n-tiles, one piece per iteration.
@@ -184,12 +183,12 @@ __device__ __forceinline__ void MaskFragmentElementwise(float (&s)[kMT][kNTiles]
     // first element, which is in range, and their bit is set already): a
     // predicated load holds a predicate register until its test, and the
     // seven of them kept three loads in flight.
-    Bits bits = 0;
+    uint32_t bits = 0;
 #pragma unroll
     for (int k = 0; k < kPartTiles; ++k)
 #pragma unroll
       for (int c = 0; c < 2; ++c)
-        bits |= static_cast<Bits>(!w.Contains((nt0 + k) * 8 + 2 * t + c)) << (2 * k + c);
+        bits |= static_cast<uint32_t>(!w.Contains((nt0 + k) * 8 + 2 * t + c)) << (2 * k + c);
     if (mask.q_seg != nullptr) {
       const int32_t row_seg = __ldg(w.lo < w.hi ? row_segs + r : row_segs);
       const int32_t* seg = col_seg + col0 + nt0 * 8 + 2 * t;
@@ -199,7 +198,7 @@ __device__ __forceinline__ void MaskFragmentElementwise(float (&s)[kMT][kNTiles]
         for (int c = 0; c < 2; ++c) {
           const bool in = w.Contains((nt0 + k) * 8 + 2 * t + c);
           const int32_t id = __ldg(in ? seg + 8 * k + c : col_seg);
-          bits |= static_cast<Bits>(id != row_seg) << (2 * k + c);
+          bits |= static_cast<uint32_t>(id != row_seg) << (2 * k + c);
         }
     }
     if (mask.dense != nullptr) {
@@ -212,7 +211,7 @@ __device__ __forceinline__ void MaskFragmentElementwise(float (&s)[kMT][kNTiles]
         for (int c = 0; c < 2; ++c) {
           const bool in = w.Contains((nt0 + k) * 8 + 2 * t + c);
           const uint8_t keep = __ldg(in ? col + c * dense_col : mask.dense);
-          bits |= static_cast<Bits>(keep == 0) << (2 * k + c);
+          bits |= static_cast<uint32_t>(keep == 0) << (2 * k + c);
         }
     }
 #pragma unroll
@@ -227,7 +226,7 @@ __device__ __forceinline__ void MaskFragmentElementwise(float (&s)[kMT][kNTiles]
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
         for (int c = 0; c < 2; ++c)
-          if ((hidden_bits[2 * mt + hr] >> (2 * nt + c)) & 1) s[mt][nt][2 * hr + c] = hidden;
+          if ((hidden_bits[2 * mt + hr] >> (2 * nt + c)) & 1u) s[mt][nt][2 * hr + c] = hidden;
 }
 
 template <Rows kRows, int kNTiles>

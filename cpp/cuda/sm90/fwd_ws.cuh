@@ -34,11 +34,10 @@
 
 namespace jax_flash::cuda::sm90 {
 
-// kBias: the tile of the kernels with a bias (its key blocks whole bias boxes).
-template <int kHeadDim_, bool kBias = false>
+template <int kHeadDim_>
 struct FwdWsTraits {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr FwdWsTile kTile = FwdWsTileSize(kHeadDim, kBias);  // sm90/tile_size.h
+  static constexpr FwdWsTile kTile = FwdWsTileSize(kHeadDim);  // sm90/tile_size.h
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
@@ -145,18 +144,17 @@ cudaError_t LaunchFwdWsKernel(const FwdWsArgs& a, cudaStream_t stream) {
   }
 }
 
-// The kernel of Traits, Bias and kDropout on `params`: its tensor maps (Q,
-// K and V in boxes of the tile's rows and keys, out in boxes of 64 rows, the
-// bias's), then the launch. cudaErrorNotSupported when TMA cannot address
-// one of them (see EncodeRowsTensorMap, EncodeBiasTensorMap), the bias
-// stages do not fit or the tiles do not fit an int: the caller runs the
-// forward without warp specialization then. `workspace`:
-// PersistentScheduler::kWorkspaceBytes bytes for the tile counter (zeroed
-// here, before the launch).
-template <typename T, typename Traits, typename Bias, bool kDropout = false>
-cudaError_t LaunchFwdWsWith(const FwdParams& params, void* workspace, cudaStream_t stream) {
+// cudaErrorNotSupported when TMA cannot address Q, K, V or the bias (see
+// EncodeRowsTensorMap, EncodeBiasTensorMap), the bias stages do not fit, the
+// tiles do not fit an int, or for a bias with dropout (a kernel of its own
+// that no one has measured): the caller runs the forward without warp
+// specialization then. `workspace`: PersistentScheduler::kWorkspaceBytes
+// bytes for the tile counter (zeroed here, before the launch).
+template <typename T, int kHeadDim>
+cudaError_t LaunchFwdWs(const FwdParams& params, void* workspace, cudaStream_t stream) {
+  using Traits = FwdWsTraits<kHeadDim>;
   const AttentionShape& s = params.shape;
-  if (s.head_dim > Traits::kHeadDim) return cudaErrorInvalidValue;
+  if (s.head_dim > kHeadDim) return cudaErrorInvalidValue;
   const int64_t m_blocks = CeilDiv(s.seqlen_q, Traits::kBlockM);
   if (m_blocks == 0 || s.num_heads_q == 0 || s.batch == 0) return cudaSuccess;
   FwdWsArgs a;
@@ -180,30 +178,15 @@ cudaError_t LaunchFwdWsWith(const FwdParams& params, void* workspace, cudaStream
   if (!EncodeRowsTensorMap(&a.o_map, params.out, params.out_strides, s.batch, s.seqlen_q,
                            s.num_heads_q, s.head_dim, 64, kBf16))
     return cudaErrorNotSupported;
-  if constexpr (!std::is_void_v<Bias>) {
-    if (!EncodeBiasTensorMap(&a.bias_map, params.score, s, 64)) return cudaErrorNotSupported;
-  }
-  return LaunchFwdWsKernel<T, Traits, Bias, kDropout>(a, stream);
-}
-
-// The warp-specialized forward of `params`, or cudaErrorNotSupported (see
-// LaunchFwdWsWith; and for a bias with dropout, a kernel of its own that no
-// one has measured).
-template <typename T, int kHeadDim>
-cudaError_t LaunchFwdWs(const FwdParams& params, void* workspace, cudaStream_t stream) {
-  using Plain = FwdWsTraits<kHeadDim>;
-  using WithBias = FwdWsTraits<kHeadDim, /*kBias=*/true>;
   if (params.dropout.enabled()) {
     if (params.score.bias != nullptr) return cudaErrorNotSupported;
-    return LaunchFwdWsWith<T, Plain, void, /*kDropout=*/true>(params, workspace, stream);
+    return LaunchFwdWsKernel<T, Traits, void, /*kDropout=*/true>(a, stream);
   }
-  if (params.score.bias == nullptr)
-    return LaunchFwdWsWith<T, Plain, void>(params, workspace, stream);
+  if (params.score.bias == nullptr) return LaunchFwdWsKernel<T, Traits, void>(a, stream);
+  if (!EncodeBiasTensorMap(&a.bias_map, params.score, s, 64)) return cudaErrorNotSupported;
   return params.score.bias_type == BiasType::kAcc
-             ? LaunchFwdWsWith<T, WithBias, BiasTile<64, WithBias::kBlockN, float>>(
-                   params, workspace, stream)
-             : LaunchFwdWsWith<T, WithBias, BiasTile<64, WithBias::kBlockN, T>>(
-                   params, workspace, stream);
+             ? LaunchFwdWsKernel<T, Traits, BiasTile<64, Traits::kBlockN, float>>(a, stream)
+             : LaunchFwdWsKernel<T, Traits, BiasTile<64, Traits::kBlockN, T>>(a, stream);
 }
 
 }  // namespace jax_flash::cuda::sm90

@@ -338,18 +338,13 @@ __device__ __forceinline__ void IssueQK(float (&s)[Traits::kBlockN / kMmaN][4], 
                                         uint32_t k_tile) {
   const uint64_t desc_q = OpaqueDescriptor(q_rows, 0);
   const uint64_t desc_k = OpaqueDescriptor(k_tile, 0);
-  // A key block that is no wgmma width (176) as two: its first 128 keys and
-  // the rest, 128 K rows further on.
-  constexpr int kN = Traits::kBlockN, kN0 = kWgmmaShape<kN> ? kN : 128;
 #pragma unroll
   for (int kk = 0; kk < Traits::kHeadDim / kMmaK; ++kk) {
     // k-step kk: column block kk / 4, 32 bytes per step inside its rows.
     const uint32_t block = kk / 4, step_bytes = (kk % 4) * 32;
-    const uint64_t a = DescriptorPlus(desc_q, block * Traits::kBlockM * kSwizzleBytes + step_bytes);
-    const uint64_t b = DescriptorPlus(desc_k, block * kN * kSwizzleBytes + step_bytes);
-    WgmmaSS<T, 0, 0, kN0>(s, a, b, kk > 0);
-    if constexpr (kN0 < kN)
-      WgmmaSS<T, 0, 0, kN - kN0, kN0 / 8>(s, a, DescriptorPlus(b, kN0 * kSwizzleBytes), kk > 0);
+    WgmmaSS<T, 0>(s, DescriptorPlus(desc_q, block * Traits::kBlockM * kSwizzleBytes + step_bytes),
+                  DescriptorPlus(desc_k, block * Traits::kBlockN * kSwizzleBytes + step_bytes),
+                  kk > 0);
   }
 }
 

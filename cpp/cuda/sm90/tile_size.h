@@ -116,12 +116,10 @@ constexpr BwdTile BwdTileSize(int head_dim) { return TilesFor(head_dim).bwd; }
 constexpr DqTile DqTileSize(int head_dim) { return TilesFor(head_dim).dq; }
 
 // Tuning hook (tests/gpu/fwd_ws_run.sh): with -DJAX_FLASH_TUNE_D=<bucket>,
-// -DJAX_FLASH_TUNE_WS_STAGES=<n>, -DJAX_FLASH_TUNE_WS_BN=<64, 128 or 176>
+// -DJAX_FLASH_TUNE_WS_STAGES=<n>, -DJAX_FLASH_TUNE_WS_BN=<64 or 128>
 // and -DJAX_FLASH_TUNE_WS_QSTAGES=<1 or 2> replace that field of the
 // bucket's warp-specialized forward tile.
-// With a bias (`bias`), whose tiles come in TMA boxes of 128 bytes of keys
-// (sm90/bias_tile.cuh), the key block is cut to a multiple of 64.
-constexpr FwdWsTile FwdWsTileSize(int head_dim, bool bias = false) {
+constexpr FwdWsTile FwdWsTileSize(int head_dim) {
   FwdWsTile t = head_dim <= 64    ? FwdWsTile{128, 128, 4, 24, 240}
                 : head_dim <= 128 ? FwdWsTile{128, 128, 2, 24, 240}
                                   : FwdWsTile{128, 64, 2, 24, 240};
@@ -137,7 +135,6 @@ constexpr FwdWsTile FwdWsTileSize(int head_dim, bool bias = false) {
   t.q_stages = JAX_FLASH_TUNE_WS_QSTAGES;
 #endif
 #endif
-  if (bias && t.block_n % 64 != 0) t.block_n = t.block_n / 64 * 64;
   return t;
 }
 
