@@ -4,8 +4,10 @@
 # tests/gpu/ab_src/NAME.tgz, made beforehand on the machine with git:
 #   mkdir -p tests/gpu/ab_src &&
 #     git archive BRANCH cpp jax_flash tests | gzip > tests/gpu/ab_src/NAME.tgz
-# and rebuilt only in the units matching its regex (with extra nvcc flags
-# where given: a tuning hook), the rest taken from this tree's build. Each
+# or, where there is no such snapshot, this tree itself (a tuning hook of
+# this tree: its flags are the variant), and is rebuilt only in the units
+# matching its regex (with extra nvcc flags where given), the rest taken
+# from this tree's build. Each
 # variant is checked with `tc_kernel_check features` (CHECK=check: `check`)
 # and memcheck on `small` (CHECK=none: neither);
 # then every build is timed side by side, ROUNDS rounds (default 2), D 64 /
@@ -17,6 +19,8 @@
 # Usage (repo root, on the GPU machine):
 #   tests/gpu/ab_run.sh bwd "maskbwd:." "dqred:^bwd_sm90:-DJAX_FLASH_TUNE_BWD_DQ_RED=1"
 #   tests/gpu/ab_run.sh fwd "ostore:^fwd"
+#   tests/gpu/ab_run.sh bwd "bm128:^bwd_sm90_.*hd64:-DJAX_FLASH_TUNE_SM90_D=64 \
+#     -DJAX_FLASH_TUNE_SM90_BWD_BM=128 -DJAX_FLASH_TUNE_SM90_BWD_KV_RS=0"   (no bm128.tgz)
 # A regex of "." rebuilds everything (a change to a header that every unit
 # includes); about 2 minutes per whole build, variants built in parallel.
 set -uo pipefail
@@ -30,7 +34,12 @@ names=()
 for spec in "$@"; do
   IFS=: read -r name regex flags <<< "$spec"
   names+=("$name")
-  mkdir -p "/tmp/ab_src_$name" && tar -xzf "tests/gpu/ab_src/$name.tgz" -C "/tmp/ab_src_$name"
+  mkdir -p "/tmp/ab_src_$name"
+  if [ -f "tests/gpu/ab_src/$name.tgz" ]; then
+    tar -xzf "tests/gpu/ab_src/$name.tgz" -C "/tmp/ab_src_$name"
+  else
+    cp -r cpp jax_flash tests "/tmp/ab_src_$name/"
+  fi
   (cd "/tmp/ab_src_$name" && REUSE=/tmp/ab_this REBUILD="$regex" ARCH=90a JOBS=$(( 16 / $# )) \
      bash tests/gpu/build.sh "/tmp/ab_$name" ${flags:-} > "$out/build_$name.log" 2>&1 ||
      echo "BUILD FAILED: $name") &

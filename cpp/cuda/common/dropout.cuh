@@ -26,6 +26,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "jax_flash/dropout.h"
 
@@ -342,30 +343,38 @@ __device__ __forceinline__ void DropoutRowsPair(float (&x)[kNTiles][4], float (&
   }
 }
 
+// The keep bits of kQTiles / 2 blocks of 16 queries, one byte each: a 32-bit
+// word up to 4 blocks (64 queries), 64 bits up to 8.
+template <int kQTiles>
+using KeepBitsTWord = std::conditional_t<(kQTiles > 8), uint64_t, uint32_t>;
+
 // Keys x queries orientation (S^T, dP^T of one warp: keys key0 + g (+ 8),
 // queries m0 + 8 nt + 2t + c): the keep bits of the warp's kQTiles / 2
 // blocks, one byte each, for ApplyKeepT. All 32 lanes call it together.
 // kSerial: one call at a time (the wgmma backwards, which draw while their
 // GEMMs' accumulators are in flight; see RowKeep).
 template <int kQTiles, bool kSerial = false>
-__device__ __forceinline__ uint32_t KeepBitsT(const HeadDropout& d, int64_t key0, int64_t m0,
-                                              int g, int t) {
-  static_assert(kQTiles % 2 == 0 && kQTiles <= 8, "up to 4 blocks of 16 queries in 32 bits");
+__device__ __forceinline__ KeepBitsTWord<kQTiles> KeepBitsT(const HeadDropout& d, int64_t key0,
+                                                            int64_t m0, int g, int t) {
+  static_assert(kQTiles % 2 == 0 && kQTiles <= 16, "up to 8 blocks of 16 queries in 64 bits");
   uint32_t counter[4];
   d.Counter(m0 + 2 * t, key0 + g, counter);
-  return static_cast<uint32_t>(KeepBytes<kQTiles / 2, /*kKeysByQueries=*/true, kSerial>(
-      counter, d.key, ByteThreshold(d.threshold), g & 1));
+  return static_cast<KeepBitsTWord<kQTiles>>(
+      KeepBytes<kQTiles / 2, /*kKeysByQueries=*/true, kSerial>(counter, d.key,
+                                                               ByteThreshold(d.threshold), g & 1));
 }
 
 // Kept(bits) of one element of a keys x queries fragment (see ApplyKeepT).
-__device__ __forceinline__ bool KeptT(uint32_t bits, int nt, int r) {
+template <typename Bits>
+__device__ __forceinline__ bool KeptT(Bits bits, int nt, int r) {
   return (bits >> (8 * (nt / 2) + KeyQueryBit(nt % 2, r / 2, r % 2))) & 1u;
 }
 
 // n-tile nt of a keys x queries fragment, dropped into y (the wgmma
 // backwards' P^T for dV, which they scale once at the end: dS^T still needs
 // the undropped P^T).
-__device__ __forceinline__ void DroppedTileT(const float (&x)[4], uint32_t bits, int nt,
+template <typename Bits>
+__device__ __forceinline__ void DroppedTileT(const float (&x)[4], Bits bits, int nt,
                                              float (&y)[4]) {
 #pragma unroll
   for (int r = 0; r < 4; ++r) y[r] = KeptT(bits, nt, r) ? x[r] : 0.f;
@@ -375,7 +384,8 @@ __device__ __forceinline__ void DroppedTileT(const float (&x)[4], uint32_t bits,
 // st[2 nb + qa][2 kb + c] is bit KeyQueryBit(qa, kb, c) of byte nb. (Note
 // the transposed roles: r / 2 = key half kb, nt % 2 = query half qa.)
 template <int kQTiles>
-__device__ __forceinline__ void ApplyKeepT(float (&x)[kQTiles][4], uint32_t bits, float scale) {
+__device__ __forceinline__ void ApplyKeepT(float (&x)[kQTiles][4], KeepBitsTWord<kQTiles> bits,
+                                           float scale) {
 #pragma unroll
   for (int nt = 0; nt < kQTiles; ++nt)
 #pragma unroll

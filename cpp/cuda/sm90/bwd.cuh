@@ -6,13 +6,15 @@
 //
 // Work partition: one CTA per (block of 128 keys, KV head, batch), two
 // warpgroups of 64 keys each; the CTA walks (query head of the GQA group,
-// block of 64 queries) steps.
+// block of 64 queries) steps (or 128 queries at D = 64: FA3's tile there,
+// a tuning hook until it has been timed, NOTES_sm90_bwd.md).
 //
 // dQ leaves through shared memory and the TMA unit's bulk reduce-add into the
 // float32 accumulator: warpgroup w adds columns [w D/2, (w+1) D/2) of the
-// step's 64 queries, summed over all 128 keys of the CTA (so both
-// warpgroups' dS^T must be written first: a CTA barrier), as one bulk
-// reduction of a contiguous range (DqAccumLayout). That barrier in the middle
+// step's 64 queries (with 128: all columns of queries [64 w, 64 w + 64)),
+// summed over all 128 keys of the CTA (so both warpgroups' dS^T must be
+// written first: a CTA barrier), as bulk reductions of contiguous ranges
+// (DqAccumLayout). That barrier in the middle
 // of the step is the only one: the next step's loads are issued right after
 // it, and dS^T alternates between two buffers, so a warpgroup goes on into
 // the next step while the other still finishes this one.
@@ -66,17 +68,26 @@ struct BwdSm90Traits {
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;   // dS^T, [key][query]
   static constexpr int kDsBuffers = 2;  // step s writes buffer s % 2
   static constexpr int kStatBytes = kBlockM * 4;           // one stage of lse2 or delta
-  // One warpgroup's float32 dQ part, kBlockM x kDqCols, rows padded as the
-  // accumulator's (DqAccumLayout): a half-warp's fragment stores then hit 32
-  // different banks.
-  static constexpr int kDqCols = DqAccumLayout<kHeadDim>::kHalf;
+  // Which part of a step's dQ a warpgroup adds. Steps of 64 queries: the
+  // column split, warpgroup w all 64 queries x columns [w D/2, (w+1) D/2).
+  // Steps of 128 (D = 64, FA3's tile there): the row split, warpgroup w its
+  // 64 queries [64 w, 64 w + 64) x every column. Either way summed over the
+  // CTA's 128 keys.
+  static constexpr bool kDqRowSplit = kBlockM == 128;
+  static constexpr int kDqCols = kDqRowSplit ? kHeadDim : DqAccumLayout<kHeadDim>::kHalf;
+  // One warpgroup's float32 dQ part in shared memory, as half-rows padded as
+  // the accumulator's (DqAccumLayout): kBlockM half-rows of its column half
+  // (column split), or 64 rows of each half, half 0 first (row split). A
+  // half-warp's fragment stores then hit 32 different banks.
+  static constexpr int kDqHalfCols = DqAccumLayout<kHeadDim>::kHalf;
   static constexpr int kDqRowBytes = DqAccumLayout<kHeadDim>::kHalfRowFloats * 4;
   static constexpr int kDqPartBytes = kBlockM * kDqRowBytes;
   static constexpr int kSmemBytes = 2 * kKvBytes + 2 * kStages * kQBytes + kDsBuffers * kDsBytes +
                                     2 * kDqPartBytes + 2 * kStages * kStatBytes +
                                     kStages * 8 + sm90::kAtomBytes;
-  static_assert(kBlockN == 2 * 64 && kBlockM == 64 && kThreads == 2 * 128,
-                "two warpgroups of 64 keys, 64 queries per step");
+  static_assert(kBlockN == 2 * 64 && kThreads == 2 * 128 &&
+                    (kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64)),
+                "two warpgroups of 64 keys, 64 queries per step (128 at D = 64)");
   static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128,
                 "two warpgroups of 64 keys hold dK and dV up to D = 128 (bwd_wide.cuh above)");
   static_assert(kDqCols % 64 == 0 || kSmemCols == kHeadDim, "a dQ part of whole column blocks");

@@ -7,7 +7,8 @@
 //
 // Q and dO come through TMA (tma.cuh), lse2 and D through cp.async,
 // double-buffered, all completing on the stage's mbarrier. Per warpgroup
-// and step:
+// and step (64 keys x kBlockM = 64 queries; 128 at D = 64 under the tuning
+// hook of sm90/tile_size.h, dV then issued after dS^T and dQ split by rows):
 //   S^T  = K_w Q^T,  dP^T = V_w dO^T   SS, both operands K-major (64 x 64);
 //                                        RS at D = 64 (K_w, V_w in registers)
 //   P^T, dS^T in registers (common/softmax.cuh, common/score.cuh)
@@ -225,9 +226,12 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   const int key_row0 = wg_warp * 16;  // this warp's first key within the warpgroup
   // This warpgroup's dQ columns: dq_col0.., in K's column block dq_col0 / 64
   // (an MN-major B may start inside a swizzled row: the swizzle is applied to
-  // the address, as for the k-steps of a K-major operand).
+  // the address, as for the k-steps of a K-major operand); with the row split
+  // every column, and its own 64 queries, column block `warpgroup` of dS^T.
+  constexpr bool kDqRowSplit = Traits::kDqRowSplit;
   constexpr int kDqCols = Traits::kDqCols;
-  const int dq_col0 = warpgroup * kDqCols;
+  const int dq_col0 = kDqRowSplit ? 0 : warpgroup * kDqCols;
+  const uint32_t dq_query_block = kDqRowSplit ? warpgroup * kBlockN * kRow : 0;
   const uint32_t dq_k_cols = sK + (dq_col0 / 64) * kBlockN * kRow + (dq_col0 % 64) * 2;
   const uint32_t dq_part = sDq + warpgroup * Traits::kDqPartBytes;
   // dK's A, dS^T: from registers (RS), or as SS from the copy in shared
@@ -249,7 +253,8 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   // S^T and dP^T GEMMs, with their accumulators in flight, they spilled
   // 320 bytes at D = 128).
   const HeadDropout dropout0 = kDropout ? args.Dropout(b, h_kv * group) : HeadDropout{};
-  auto draw_keep = [&](int64_t gi, int64_t mi) -> uint32_t {
+  using KeepBits = KeepBitsTWord<kQTiles>;
+  auto draw_keep = [&](int64_t gi, int64_t mi) -> KeepBits {
     if constexpr (kDropout)
       return KeepBitsT<kQTiles, /*kSerial=*/true>(dropout0.PlusHeads(p.dropout, gi),
                                                   n0w + key_row0, (m_begin + mi) * kBlockM, g, t);
@@ -257,7 +262,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   };
 
   int64_t gi = 0, mi = walk.first;
-  uint32_t keep = steps > 0 ? draw_keep(gi, mi) : 0;
+  KeepBits keep = steps > 0 ? draw_keep(gi, mi) : 0;
   for (int64_t s = 0; s < steps; ++s) {
     // No CTA barrier at the top of a step: a warpgroup that is done with
     // step s - 1 starts step s while the other's dK GEMM may still run. The
@@ -321,37 +326,53 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     ApplyMask<Rows::kKeys>(st, mask, mask_path, n0w + key_row0, m0, g, t, 0.f);
 
     // ---- dV += P^T dO: P^T from registers (RS), B = dO MN-major ------------
+    // Issued while dP^T is still computed; with 128 queries per step after
+    // dS^T instead (kLateDv): there P^T, its packed copy and dP^T in flight
+    // would not fit the registers together.
+    constexpr bool kLateDv = kBlockM == 128;
     uint32_t ap[kBlockM / kMmaK][4];
-#pragma unroll
-    for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
-      if constexpr (kDropout) {
-        float p0[4], p1[4];
-        // Kept or 0; 1 / (1 - rate) goes onto dV once, in BwdKernel.
-        DroppedTileT(st[2 * ks], keep, 2 * ks, p0);
-        DroppedTileT(st[2 * ks + 1], keep, 2 * ks + 1, p1);
-        PackA<T>(ap[ks], p0, p1);
-      } else {
-        PackA<T>(ap[ks], st[2 * ks], st[2 * ks + 1]);
-      }
-    }
-    sm90::WgmmaFence();
     const uint64_t desc_do = sm90::SmemDescriptor(do_tile, kBlockM * kRow, sm90::kAtomBytes);
+    auto issue_dv = [&] {
 #pragma unroll
-    for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
-      // k-step ks = queries 16ks..16ks+15: two 8-row groups of the dO tile.
-      sm90::WgmmaRSColumns<T, kHeadDim>(dv, ap[ks],
-                                        sm90::DescriptorPlus(desc_do, ks * 2 * sm90::kAtomBytes),
-                                        kBlockM * kRow, 1);
-    }
-    sm90::WgmmaCommit();
+      for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
+        if constexpr (kDropout) {
+          float p0[4], p1[4];
+          // Kept or 0; 1 / (1 - rate) goes onto dV once, in BwdKernel.
+          DroppedTileT(st[2 * ks], keep, 2 * ks, p0);
+          DroppedTileT(st[2 * ks + 1], keep, 2 * ks + 1, p1);
+          PackA<T>(ap[ks], p0, p1);
+        } else {
+          PackA<T>(ap[ks], st[2 * ks], st[2 * ks + 1]);
+        }
+      }
+      sm90::WgmmaFence();
+#pragma unroll
+      for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
+        // k-step ks = queries 16ks..16ks+15: two 8-row groups of the dO tile.
+        sm90::WgmmaRSColumns<T, kHeadDim>(dv, ap[ks],
+                                          sm90::DescriptorPlus(desc_do, ks * 2 * sm90::kAtomBytes),
+                                          kBlockM * kRow, 1);
+      }
+      sm90::WgmmaCommit();
+    };
+    if constexpr (!kLateDv) issue_dv();
 
     // ---- dS^T = P^T (dP^T - D) dx, to shared memory -------------------------
     if constexpr (!kSoftcap) {
-      sm90::WgmmaWait<1>();  // dP^T (dV may still run)
+      sm90::WgmmaWait<kLateDv ? 0 : 1>();  // dP^T (an early dV may still run)
       sm90::FenceRegisters(dpt);
       // Kept or 0, then 1 / (1 - rate) in SubtractDelta's FFMA.
       if constexpr (kDropout) ApplyKeepT(dpt, keep, 1.f);
       SubtractDelta(dpt, delta_s, t, kDropout ? args.keep_scale : 1.f);
+    }
+    if constexpr (kLateDv) {
+      // dS^T in place of dP^T first, so that P^T's floats die as dV's A
+      // fragments are packed from them.
+#pragma unroll
+      for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) dpt[nt][r] *= st[nt][r];
+      issue_dv();
     }
     // dS^T, packed to 16 bits as A fragments (the C layout of S^T, as P^T
     // for dV): dK may take it from registers; dQ, which needs both
@@ -363,7 +384,10 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     const int st_row = warpgroup * 64 + key_row0 + lane % 8 + ((lane / 8) % 2) * 8;
 #pragma unroll
     for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
-      PackProductA<T>(ads[ks], dpt[2 * ks], dpt[2 * ks + 1], st[2 * ks], st[2 * ks + 1]);
+      if constexpr (kLateDv)
+        PackA<T>(ads[ks], dpt[2 * ks], dpt[2 * ks + 1]);
+      else
+        PackProductA<T>(ads[ks], dpt[2 * ks], dpt[2 * ks + 1], st[2 * ks], st[2 * ks + 1]);
       sm90::StMatrixX4(sdS + ds_offset + sm90::SwizzledOffset(st_row, 2 * ks + lane / 16, kBlockN),
                        ads[ks][0], ads[ks][1], ads[ks][2], ads[ks][3]);
     }
@@ -375,7 +399,8 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     if (s + 1 < steps) issue(gi, mi, stage ^ 1);
 
     // dQ part: 64 queries x kDqCols columns, reduced over the CTA's keys, out
-    // through the epilogue (sm90/epilogue_bwd.cuh) while dK runs.
+    // through the epilogue (sm90/epilogue_bwd.cuh) while dK runs. A = dS, the
+    // M-major view of dS^T (this warpgroup's query block with the row split).
     float dq[kDq ? kDqCols / kMmaN : 1][4];
     if constexpr (kDq) {
       sm90::WgmmaFence();
@@ -383,7 +408,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
       for (int kk = 0; kk < kBlockN / kMmaK; ++kk) {
         // k-step kk = keys 16kk..16kk+15: rows of dS^T and of K.
         const uint32_t step = kk * 2 * sm90::kAtomBytes;
-        sm90::WgmmaSS<T, 1, 1>(dq, sm90::DescriptorPlus(desc_ds, ds_offset + step),
+        sm90::WgmmaSS<T, 1, 1>(dq, sm90::DescriptorPlus(desc_ds, ds_offset + dq_query_block + step),
                                sm90::DescriptorPlus(desc_kt, step), kk > 0);
       }
       sm90::WgmmaCommit();
@@ -398,17 +423,24 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
         const uint64_t b_q = sm90::DescriptorPlus(desc_q, ks * 2 * sm90::kAtomBytes);
         if constexpr (kDkFromRegisters)
           sm90::WgmmaRSColumns<T, kHeadDim>(dk, ads[ks], b_q, kBlockM * kRow, 1);
-        else
-          sm90::WgmmaSSColumns<T, kHeadDim>(dk, sm90::DescriptorPlus(desc_dst, ds_offset + ks * 32),
-                                            b_q, kBlockM * kRow, 1);
+        else  // k-step ks: queries 16ks.., in column block ks / 4 of dS^T
+          sm90::WgmmaSSColumns<T, kHeadDim>(
+              dk,
+              sm90::DescriptorPlus(desc_dst,
+                                   ds_offset + (ks / 4) * kBlockN * kRow + (ks % 4) * 32),
+              b_q, kBlockM * kRow, 1);
       }
       sm90::WgmmaCommit();
     }
     if constexpr (kDq) {
       sm90::WgmmaWait<1>();  // dQ (and dV) done; dK may still run
       sm90::FenceRegisters(dq);
-      ReduceDqPart<Traits>(dq, dq_part, args.dq_accum, b * num_heads_q + h, seqlen_q, m0,
-                           warpgroup, wg_warp, wg_tid, g, t);
+      if constexpr (kDqRowSplit)
+        ReduceDqRows<Traits>(dq, dq_part, args.dq_accum, b * num_heads_q + h, seqlen_q, m0,
+                             warpgroup, wg_warp, wg_tid, g, t);
+      else
+        ReduceDqPart<Traits>(dq, dq_part, args.dq_accum, b * num_heads_q + h, seqlen_q, m0,
+                             warpgroup, wg_warp, wg_tid, g, t);
     }
     // dK is finished within its step although its inputs (this stage, this
     // dS^T buffer) are not rewritten before step s + 2: left in flight across

@@ -79,7 +79,7 @@ inline constexpr Sm90Tiles kTiles[] = {
 
 // Tuning hook (tests/gpu/tc_run.sh variants), as sm80/tile_size.h's: with
 // -DJAX_FLASH_TUNE_SM90_D=<bucket>, each of
-// -DJAX_FLASH_TUNE_SM90_{FWD_BN,FWD_STAGES,FWD_TMA,BWD_BN,BWD_BM,DQ_BN}=<n> replaces that
+// -DJAX_FLASH_TUNE_SM90_{FWD_BN,FWD_STAGES,FWD_TMA,BWD_BN,BWD_BM,BWD_KV_RS,DQ_BN}=<n> replaces that
 // field of the bucket's row.
 constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #ifdef JAX_FLASH_TUNE_SM90_D
@@ -98,6 +98,9 @@ constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #endif
 #ifdef JAX_FLASH_TUNE_SM90_BWD_BM
   t.bwd.block_m = JAX_FLASH_TUNE_SM90_BWD_BM;
+#endif
+#ifdef JAX_FLASH_TUNE_SM90_BWD_KV_RS
+  t.bwd.kv_rs = JAX_FLASH_TUNE_SM90_BWD_KV_RS;
 #endif
 #ifdef JAX_FLASH_TUNE_SM90_DQ_BN
   t.dq.block_n = JAX_FLASH_TUNE_SM90_DQ_BN;
