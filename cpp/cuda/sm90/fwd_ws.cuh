@@ -64,7 +64,10 @@ struct FwdWsTraits {
 
 // Bias: the bias's tile type (BiasTile of 64 rows, one per consumer
 // warpgroup), void without a bias. kDropout: with dropout (no bias then).
-template <typename T, typename Traits, typename Bias, bool kDropout>
+// kDenseMask: with a dense mask (and its tile map; neither bias nor dropout
+// then); the other instantiations know there is none, which keeps its
+// per-element loads out of their code.
+template <typename T, typename Traits, typename Bias, bool kDropout, bool kDenseMask>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     FwdWsKernel(const __grid_constant__ FwdWsArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -93,7 +96,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     FwdBlock<T> blk =
         FwdBlock<T>::template Make<Traits::kBlockM, Traits::kBlockN, /*kTileMap=*/true>(a.args.p,
                                                                                          tile);
-    blk.mask.dense = nullptr;  // a dense mask runs on sm90/fwd.cuh (RunFwd)
+    if constexpr (!kDenseMask) blk.mask.dense = nullptr;  // else sm90/fwd.cuh runs it (RunFwd)
     float o[1][Traits::kHeadDim / kMmaN][4], row_m[1][2], row_l[1][2];
     InitFwdState(o, row_m, row_l);
     if (blk.n_begin < blk.n_end) {
@@ -123,7 +126,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #endif
 }
 
-template <typename T, typename Traits, typename Bias, bool kDropout = false>
+template <typename T, typename Traits, typename Bias, bool kDropout = false,
+          bool kDenseMask = false>
 cudaError_t LaunchFwdWsKernel(const FwdWsArgs& a, cudaStream_t stream) {
   constexpr int kSmemBytes = FwdWsSmem<Traits, Bias>::kBytes;
   // Only a bias's stages may not fit (the caller then runs sm90/fwd.cuh).
@@ -131,7 +135,7 @@ cudaError_t LaunchFwdWsKernel(const FwdWsArgs& a, cudaStream_t stream) {
   if constexpr (kSmemBytes > kMaxSmemBytes) {
     return cudaErrorNotSupported;
   } else {
-    auto kernel = FwdWsKernel<T, Traits, Bias, kDropout>;
+    auto kernel = FwdWsKernel<T, Traits, Bias, kDropout, kDenseMask>;
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     if (err != cudaSuccess) return err;
@@ -146,15 +150,20 @@ cudaError_t LaunchFwdWsKernel(const FwdWsArgs& a, cudaStream_t stream) {
 
 // cudaErrorNotSupported when TMA cannot address Q, K, V or the bias (see
 // EncodeRowsTensorMap, EncodeBiasTensorMap), the bias stages do not fit, the
-// tiles do not fit an int, or for a bias with dropout (a kernel of its own
-// that no one has measured): the caller runs the forward without warp
-// specialization then. `workspace`: PersistentScheduler::kWorkspaceBytes
-// bytes for the tile counter (zeroed here, before the launch).
+// tiles do not fit an int, for a bias with dropout (a kernel of its own
+// that no one has measured), or for a dense mask where the bucket's tile
+// does not take one (FwdWsTile::dense_mask; with a bias or dropout never):
+// the caller runs the forward without warp specialization then.
+// `workspace`: PersistentScheduler::kWorkspaceBytes bytes for the tile
+// counter (zeroed here, before the launch).
 template <typename T, int kHeadDim>
 cudaError_t LaunchFwdWs(const FwdParams& params, void* workspace, cudaStream_t stream) {
   using Traits = FwdWsTraits<kHeadDim>;
   const AttentionShape& s = params.shape;
   if (s.head_dim > kHeadDim) return cudaErrorInvalidValue;
+  if (params.mask.dense != nullptr && (!Traits::kTile.dense_mask || params.score.bias != nullptr ||
+                                       params.dropout.enabled()))
+    return cudaErrorNotSupported;
   const int64_t m_blocks = CeilDiv(s.seqlen_q, Traits::kBlockM);
   if (m_blocks == 0 || s.num_heads_q == 0 || s.batch == 0) return cudaSuccess;
   FwdWsArgs a;
@@ -178,6 +187,11 @@ cudaError_t LaunchFwdWs(const FwdParams& params, void* workspace, cudaStream_t s
   if (!EncodeRowsTensorMap(&a.o_map, params.out, params.out_strides, s.batch, s.seqlen_q,
                            s.num_heads_q, s.head_dim, 64, kBf16))
     return cudaErrorNotSupported;
+  if constexpr (Traits::kTile.dense_mask) {
+    if (params.mask.dense != nullptr)
+      return LaunchFwdWsKernel<T, Traits, void, /*kDropout=*/false, /*kDenseMask=*/true>(a,
+                                                                                         stream);
+  }
   if (params.dropout.enabled()) {
     if (params.score.bias != nullptr) return cudaErrorNotSupported;
     return LaunchFwdWsKernel<T, Traits, void, /*kDropout=*/true>(a, stream);

@@ -45,9 +45,14 @@ struct BwdTile {
 // Q buffers (2: the next tile's Q loads while this tile's last blocks run,
 // instead of after its last S GEMM, off the consumers' path at tile starts).
 // FA3 uses 128 x 176 at D=128 (128 x 128 causal) and 192 x 192 at D=64.
+// dense_mask: whether a dense mask (with its tile map) runs here too, tested
+// per element in the cells the map leaves partial (a kernel of its own;
+// else sm90/fwd.cuh runs it: NOTES_sm90_fwd.md, "A dense mask on the ws
+// forward").
 struct FwdWsTile {
   int block_m, block_n, stages, producer_regs, consumer_regs;
   int q_stages = 1;
+  bool dense_mask = false;
 };
 
 // Deterministic dQ (the forward's structure: S and dP, then dQ += dS K):
@@ -121,11 +126,15 @@ constexpr DqTile DqTileSize(int head_dim) { return TilesFor(head_dim).dq; }
 // Tuning hook (tests/gpu/fwd_ws_run.sh): with -DJAX_FLASH_TUNE_D=<bucket>,
 // -DJAX_FLASH_TUNE_WS_STAGES=<n>, -DJAX_FLASH_TUNE_WS_BN=<64 or 128>
 // and -DJAX_FLASH_TUNE_WS_QSTAGES=<1 or 2> replace that field of the
-// bucket's warp-specialized forward tile.
+// bucket's warp-specialized forward tile; -DJAX_FLASH_TUNE_WS_DENSE=<0 or 1>
+// sets dense_mask in every bucket's (for a whole build: CUDAFLAGS).
 constexpr FwdWsTile FwdWsTileSize(int head_dim) {
   FwdWsTile t = head_dim <= 64    ? FwdWsTile{128, 128, 4, 24, 240}
                 : head_dim <= 128 ? FwdWsTile{128, 128, 2, 24, 240}
                                   : FwdWsTile{128, 64, 2, 24, 240};
+#ifdef JAX_FLASH_TUNE_WS_DENSE
+  t.dense_mask = JAX_FLASH_TUNE_WS_DENSE;
+#endif
 #ifdef JAX_FLASH_TUNE_D
   if (head_dim != JAX_FLASH_TUNE_D) return t;
 #ifdef JAX_FLASH_TUNE_WS_STAGES
