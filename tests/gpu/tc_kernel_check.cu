@@ -17,9 +17,7 @@
 // bench_cap|bench_d|bench_fwd|bench1 D S causal [rate]|bench1_fwd D S causal [rate]|prof D S causal]
 // check and features take an optional range, FIRST [COUNT]: those cases alone, with the
 // seeds of the whole run, so that a long run (forced onto sm75) can be split over calls.
-// (tests/gpu/fwd_ws_run.sh checks and times the warp-specialized Hopper
-// forward against the one without and against a baseline tree; it and
-// tc_run.sh grep this file for bench_cap and bench_fwd, the modes a tree has.)
+// (tests/gpu/ab_run.sh checks and times variants of the kernels with it.)
 #include <omp.h>
 
 #include <algorithm>

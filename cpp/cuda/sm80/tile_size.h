@@ -67,7 +67,7 @@ inline constexpr Tiles kTuringTiles[] = {
 // sm80 tiles exceed: their launches fail there (cpp/cuda/NOTES.md).
 constexpr int MaxSmemBytes(int arch) { return arch < 80 ? 64 * 1024 : 163 * 1024; }
 
-// Tuning hook (tests/gpu/tc_sweep.sh, tc_run.sh): with -DJAX_FLASH_TUNE_D=<bucket>,
+// Tuning hook (tests/gpu/ab_run.sh variants): with -DJAX_FLASH_TUNE_D=<bucket>,
 // each of -DJAX_FLASH_TUNE_{FWD_BM,FWD_BN,FWD_WARPS,FWD_MINB,BWD_BN,BWD_BM}=<n>
 // replaces that field of the bucket's row. (Separate scalar macros: nvcc
 // splits a -D value at its commas.)

@@ -82,7 +82,7 @@ inline constexpr Sm90Tiles kTiles[] = {
     {256, {128, 64, 256, 2, true}, {64, 64, 256, 2}, {128, 32, 256, 2}},
 };
 
-// Tuning hook (tests/gpu/tc_run.sh variants), as sm80/tile_size.h's: with
+// Tuning hook (tests/gpu/ab_run.sh variants), as sm80/tile_size.h's: with
 // -DJAX_FLASH_TUNE_SM90_D=<bucket>, each of
 // -DJAX_FLASH_TUNE_SM90_{FWD_BN,FWD_STAGES,FWD_TMA,BWD_BN,BWD_BM,BWD_KV_RS,DQ_BN}=<n> replaces that
 // field of the bucket's row.
@@ -123,7 +123,7 @@ constexpr FwdTile FwdTileSize(int head_dim) { return TilesFor(head_dim).fwd; }
 constexpr BwdTile BwdTileSize(int head_dim) { return TilesFor(head_dim).bwd; }
 constexpr DqTile DqTileSize(int head_dim) { return TilesFor(head_dim).dq; }
 
-// Tuning hook (tests/gpu/fwd_ws_run.sh): with -DJAX_FLASH_TUNE_D=<bucket>,
+// Tuning hook (tests/gpu/ab_run.sh variants): with -DJAX_FLASH_TUNE_D=<bucket>,
 // -DJAX_FLASH_TUNE_WS_STAGES=<n>, -DJAX_FLASH_TUNE_WS_BN=<64 or 128>
 // and -DJAX_FLASH_TUNE_WS_QSTAGES=<1 or 2> replace that field of the
 // bucket's warp-specialized forward tile; -DJAX_FLASH_TUNE_WS_DENSE=<0 or 1>
