@@ -84,8 +84,8 @@ inline constexpr Sm90Tiles kTiles[] = {
 
 // Tuning hook (tests/gpu/ab_run.sh variants), as sm80/tile_size.h's: with
 // -DJAX_FLASH_TUNE_SM90_D=<bucket>, each of
-// -DJAX_FLASH_TUNE_SM90_{FWD_BN,FWD_STAGES,FWD_TMA,BWD_BN,BWD_BM,BWD_KV_RS,DQ_BN}=<n> replaces that
-// field of the bucket's row.
+// -DJAX_FLASH_TUNE_SM90_{FWD_BN,FWD_STAGES,FWD_TMA,BWD_BN,BWD_BM,BWD_KV_RS,BWD_DK_RS,
+// BWD_STATS_TMA,DQ_BN}=<n> replaces that field of the bucket's row.
 constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #ifdef JAX_FLASH_TUNE_SM90_D
   if (t.head_dim != JAX_FLASH_TUNE_SM90_D) return t;
@@ -106,6 +106,12 @@ constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #endif
 #ifdef JAX_FLASH_TUNE_SM90_BWD_KV_RS
   t.bwd.kv_rs = JAX_FLASH_TUNE_SM90_BWD_KV_RS;
+#endif
+#ifdef JAX_FLASH_TUNE_SM90_BWD_DK_RS
+  t.bwd.dk_rs_with_dq = JAX_FLASH_TUNE_SM90_BWD_DK_RS;
+#endif
+#ifdef JAX_FLASH_TUNE_SM90_BWD_STATS_TMA
+  t.bwd.stats_tma = JAX_FLASH_TUNE_SM90_BWD_STATS_TMA;
 #endif
 #ifdef JAX_FLASH_TUNE_SM90_DQ_BN
   t.dq.block_n = JAX_FLASH_TUNE_SM90_DQ_BN;
