@@ -6,10 +6,12 @@
 // backward 2.5 x the forward, causal half).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,8 +21,46 @@
 #include "cuda/launch.h"
 #include "jax_flash/params.h"
 
+// A padding mask as `python -m jax_flash.bench --features padding` makes it
+// (Flax's make_attention_mask of per-example valid lengths from S - S / (4B)
+// down to 3S/4): dense (B, 1, S, S) bytes and its tile map (B, 1, R, C).
+struct PaddingMask {
+  check::DeviceBytes dense, cells;
+  int64_t rows = 0, cols = 0;
+
+  PaddingMask(int B, int S)
+      : dense((size_t)B * S * S), cells((size_t)B * check::CeilCells(S) * check::CeilCells(S)) {
+    rows = cols = check::CeilCells(S);
+    const int64_t cell = jax_flash::kBlockMaskBlock;
+    std::vector<uint8_t> d((size_t)B * S * S), m((size_t)B * rows * cols);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t len = S - (b + 1) * S / (4 * B);
+      for (int64_t i = 0; i < S; ++i)
+        for (int64_t j = 0; j < S; ++j) d[(b * S + i) * S + j] = i < len && j < len;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          const int64_t i1 = std::min<int64_t>(S, (r + 1) * cell), j1 = std::min<int64_t>(S, (c + 1) * cell);
+          const bool any = r * cell < len && c * cell < len, all = i1 <= len && j1 <= len;
+          m[(b * rows + r) * cols + c] =
+              !any ? jax_flash::kCellEmpty : (all ? jax_flash::kCellFull : jax_flash::kCellPartial);
+        }
+    }
+    CHECK_CUDA(cudaMemcpy(dense.p(), d.data(), d.size(), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(cells.p(), m.data(), m.size(), cudaMemcpyHostToDevice));
+  }
+  void Apply(jax_flash::MaskParams* mask, int S) const {
+    mask->dense = static_cast<const uint8_t*>(dense.p());
+    mask->dense_strides = jax_flash::DenseStrides{(int64_t)S * S, 0, S, 1};
+    mask->tile_map = static_cast<const uint8_t*>(cells.p());
+    mask->tile_map_strides = jax_flash::DenseStrides{rows * cols, 0, cols, 1};
+    mask->tile_map_rows = rows;
+    mask->tile_map_cols = cols;
+  }
+};
+
 inline void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once = false,
-                  float softcap = 0.f, bool fwd_only = false, float dropout = 0.f) {
+                  float softcap = 0.f, bool fwd_only = false, float dropout = 0.f,
+                  bool padding = false) {
   using namespace jax_flash;  // BwdParams, AttentionShape, cuda::
   using Dev = check::DeviceBytes;
   if (check::RoutesAsTuring()) bf16 = false;  // as tc_kernel_check.cu's RunCase
@@ -44,6 +84,11 @@ inline void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once 
   p.q = q.p(); p.k = k.p(); p.v = v.p(); p.out = o.p(); p.lse = lse.p(); p.dout = dout.p(); p.dq = dq.p(); p.dk = dk.p();
   p.dv = dv.p();
   check::SetContiguousStrides(&p);
+  std::unique_ptr<PaddingMask> pad;
+  if (padding) {
+    pad = std::make_unique<PaddingMask>(B, S);
+    pad->Apply(&p.mask, S);
+  }
   const cuda::DType dtype = check::DType16(bf16);
   Dev ws(cuda::BwdWorkspaceBytes(p.shape, dtype, false));
   const double flops = 4.0 * B * H * (double)S * S * D * (causal ? 0.5 : 1.0);
@@ -56,30 +101,34 @@ inline void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once 
   }
   float tf = check::TimeMs([&] { CHECK_CUDA(check::LaunchFwd(p, dtype, nullptr)); }, 20);
   if (fwd_only) {
-    std::printf("BENCH %s B%d S%d H%d D%d %s%s%s: fwd %.3f ms %.0f TF/s\n", bf16 ? "bf16" : "fp16",
-                B, S, H, D, causal ? "causal" : "full", softcap > 0 ? " cap" : "",
-                dropout > 0 ? " dropout" : "", tf, flops / tf * 1e-9);
+    std::printf("BENCH %s B%d S%d H%d D%d %s%s%s%s: fwd %.3f ms %.0f TF/s\n",
+                bf16 ? "bf16" : "fp16", B, S, H, D, causal ? "causal" : "full",
+                softcap > 0 ? " cap" : "", dropout > 0 ? " dropout" : "",
+                padding ? " padding" : "", tf, flops / tf * 1e-9);
     return;
   }
   float tb = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), false, nullptr)); }, 10);
   float td = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), true, nullptr)); }, 5);
-  std::printf("BENCH %s B%d S%d H%d D%d %s%s%s: fwd %.3f ms %.0f TF/s | bwd %.3f ms %.0f TF/s | bwd-det %.3f ms %.0f TF/s\n",
+  std::printf("BENCH %s B%d S%d H%d D%d %s%s%s%s: fwd %.3f ms %.0f TF/s | bwd %.3f ms %.0f TF/s | bwd-det %.3f ms %.0f TF/s\n",
               bf16 ? "bf16" : "fp16", B, S, H, D, causal ? "causal" : "full", softcap > 0 ? " cap" : "",
-              dropout > 0 ? " dropout" : "", tf, flops / tf * 1e-9, tb,
+              dropout > 0 ? " dropout" : "", padding ? " padding" : "", tf, flops / tf * 1e-9, tb,
               2.5 * flops / tb * 1e-9, td, 2.5 * flops / td * 1e-9);
 }
 
 // Runs `mode` if it is a timing mode: bench, bench_fp16, bench_cap,
 // bench_fwd, bench_d, or bench1 / bench1_fwd (the forward alone) / prof with
-// D S causal [dropout rate] (argv[2..5]); false for any other mode, the
-// one-shape modes without their three numbers included.
+// D S causal [dropout rate] (argv[2..5]), and bench1_pad / bench1_fwd_pad,
+// the same with the padding mask (PaddingMask); false for any other mode,
+// the one-shape modes without their three numbers included.
 inline bool RunBenchMode(const std::string& mode, int argc, char** argv) {
-  const bool one_shape = mode == "bench1" || mode == "bench1_fwd" || mode == "prof";
+  const bool padding = mode == "bench1_pad" || mode == "bench1_fwd_pad";
+  const bool fwd_only = mode == "bench1_fwd" || mode == "bench1_fwd_pad";
+  const bool one_shape = mode == "bench1" || fwd_only || padding || mode == "prof";
   if (one_shape && (argc == 5 || argc == 6)) {
     const int D = std::atoi(argv[2]), S = std::atoi(argv[3]);
     const float dropout = argc == 6 ? std::strtof(argv[5], nullptr) : 0.f;
     Bench(16384 / S, S, 2048 / D, D, std::atoi(argv[4]) != 0, true, mode == "prof", 0.f,
-          mode == "bench1_fwd", dropout);
+          fwd_only, dropout, padding);
     return true;
   }
   if (mode == "bench" || mode == "bench_fp16") {
