@@ -39,7 +39,8 @@ struct PaddingMask {
         for (int64_t j = 0; j < S; ++j) d[(b * S + i) * S + j] = i < len && j < len;
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < cols; ++c) {
-          const int64_t i1 = std::min<int64_t>(S, (r + 1) * cell), j1 = std::min<int64_t>(S, (c + 1) * cell);
+          const int64_t i1 = std::min<int64_t>(S, (r + 1) * cell);
+          const int64_t j1 = std::min<int64_t>(S, (c + 1) * cell);
           const bool any = r * cell < len && c * cell < len, all = i1 <= len && j1 <= len;
           m[(b * rows + r) * cols + c] =
               !any ? jax_flash::kCellEmpty : (all ? jax_flash::kCellFull : jax_flash::kCellPartial);

@@ -44,6 +44,7 @@
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/tile_scheduler.cuh"
 #include "cuda/sm90/bwd_routing.h"
+#include "cuda/sm90/bwd_ws.cuh"
 #include "cuda/sm90/epilogue_bwd.cuh"
 #include "cuda/sm90/mainloop_bwd.cuh"
 #include "cuda/sm90/mainloop_bwd_wide.cuh"
@@ -82,9 +83,26 @@ struct BwdSm90Traits {
   static constexpr int kDqHalfCols = DqAccumLayout<kHeadDim>::kHalf;
   static constexpr int kDqRowBytes = DqAccumLayout<kHeadDim>::kHalfRowFloats * 4;
   static constexpr int kDqPartBytes = kBlockM * kDqRowBytes;
-  static constexpr int kSmemBytes = 2 * kKvBytes + 2 * kStages * kQBytes + kDsBuffers * kDsBytes +
-                                    2 * kDqPartBytes + 2 * kStages * kStatBytes +
-                                    kStages * 8 + sm90::kAtomBytes;
+  // Byte offsets of the tiles and barriers from the 1024-byte-aligned base
+  // (BwdSmem): K, V; Q and dO per stage; dS^T per buffer; each warpgroup's dQ
+  // staging; lse2 and D per stage; the full mbarriers, and in the
+  // warp-specialized kernel the empty ones and the DqHandoff slots.
+  static constexpr int kVOffset = kKvBytes;
+  static constexpr int kQOffset = 2 * kKvBytes;
+  static constexpr int kDoutOffset = kQOffset + kStages * kQBytes;
+  static constexpr int kDsOffset = kDoutOffset + kStages * kQBytes;
+  static constexpr int kDqOffset = kDsOffset + kDsBuffers * kDsBytes;
+  static constexpr int kLseOffset = kDqOffset + 2 * kDqPartBytes;
+  static constexpr int kDeltaOffset = kLseOffset + kStages * kStatBytes;
+  static constexpr int kFullOffset = kDeltaOffset + kStages * kStatBytes;
+  static constexpr int kEmptyOffset = kFullOffset + kStages * 8;
+  static constexpr int kDqSlotOffset = kEmptyOffset + kStages * 8;
+  static constexpr int kSmemBytes = kEmptyOffset + sm90::kAtomBytes;
+  // The warp-specialized kernel (kTile.ws, sm90/bwd_ws.cuh): a producer
+  // warpgroup more; an empty barrier per stage and a DqHandoff slot per MMA
+  // warpgroup (BwdSmem).
+  static constexpr int kWsThreads = kThreads + 128;
+  static constexpr int kWsSmemBytes = kDqSlotOffset + 2 * 8 + sm90::kAtomBytes;
   static_assert(kBlockN == 2 * 64 && kThreads == 2 * 128 &&
                     (kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64)),
                 "two warpgroups of 64 keys, 64 queries per step (128 at D = 64)");
@@ -95,7 +113,8 @@ struct BwdSm90Traits {
                     (2 * kKvBytes + 2 * kStages * kQBytes + kDsBuffers * kDsBytes +
                      2 * kDqPartBytes + kStages * kStatBytes) % 128 == 0,
                 "lse2 and D stages 128-byte aligned where TMA loads them");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
+  static_assert(kSmemBytes <= 227 * 1024 && kWsSmemBytes <= 227 * 1024,
+                "shared memory of one CTA");
 };
 
 // One CTA: its key block from the scheduler, the mainloop over its steps
@@ -183,9 +202,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 }
 
 // Launches a dK/dV kernel over KeyBlockSectionScheduler's tiles, with Q and
-// dO through TMA in boxes of Traits::kBlockM rows. cudaErrorNotSupported when
-// TMA cannot address them (see EncodeRowsTensorMap).
-template <typename T, typename Traits, typename Kernel>
+// dO through TMA in boxes of Traits::kBlockM rows, kThreads threads and
+// kSmemBytes of shared memory (the warp-specialized kernel's are others).
+// cudaErrorNotSupported when TMA cannot address them (see
+// EncodeRowsTensorMap).
+template <typename T, typename Traits, int kThreads = Traits::kThreads,
+          int kSmemBytes = Traits::kSmemBytes, typename Kernel>
 cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t stream) {
   const AttentionShape& shape = args.p.shape;
   const int64_t n_blocks = CeilDiv(shape.seqlen_k, Traits::kBlockN);
@@ -210,11 +232,11 @@ cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t str
                               Traits::kBlockM) &&
       EncodeRowStatsTensorMap(&tma_args.delta_map, static_cast<const float*>(args.p.delta),
                               shape.seqlen_q, stat_rows, Traits::kBlockM);
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Traits::kSmemBytes);
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
-  kernel<<<KeyBlockSectionScheduler::Grid(tma_args.sched), Traits::kThreads,
-           Traits::kSmemBytes, stream>>>(tma_args);
+  kernel<<<KeyBlockSectionScheduler::Grid(tma_args.sched), kThreads, kSmemBytes, stream>>>(
+      tma_args);
   return cudaGetLastError();
 }
 
@@ -252,6 +274,18 @@ cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t str
                                         stream);
     } else if constexpr (kBias) {
       return cudaErrorNotSupported;  // below D = 128 (BwdTakesTerms said no already)
+    } else if constexpr (BwdTileSize(kHeadDim).ws) {  // sm90/bwd_ws.cuh
+      using Traits = BwdSm90Traits<kHeadDim>;
+      constexpr int kThreads = Traits::kWsThreads, kSmemBytes = Traits::kWsSmemBytes;
+      if constexpr (SeparateDq(kHeadDim, kDrop, false)) {
+        if (accumulate_dq) return cudaErrorInvalidValue;
+        return LaunchKeyBlocks<T, Traits, kThreads, kSmemBytes>(
+            args, BwdWsKernel<T, Traits, kCap, false, kDrop>, stream);
+      } else {
+        auto kernel = accumulate_dq ? BwdWsKernel<T, Traits, kCap, true, kDrop>
+                                    : BwdWsKernel<T, Traits, kCap, false, kDrop>;
+        return LaunchKeyBlocks<T, Traits, kThreads, kSmemBytes>(args, kernel, stream);
+      }
     } else {
       using Traits = BwdSm90Traits<kHeadDim>;
       if constexpr (SeparateDq(kHeadDim, kDrop, false)) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "cuda/bwd/workspace.h"
+#include "cuda/sm90/pipeline.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
 namespace jax_flash::cuda::sm90 {
@@ -21,6 +22,44 @@ namespace jax_flash::cuda::sm90 {
 __device__ __forceinline__ void WarpgroupBarrier(int warpgroup) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + warpgroup) : "memory");
 }
+
+// The warp-specialized backward's named barriers (sm90/bwd_ws.cuh; it uses
+// no WarpgroupBarrier): the two MMA warpgroups' middle-of-step barrier, and
+// per MMA warpgroup w the dQ handoff with the dQ warp. The warpgroup stages
+// its part, posts where it goes ((batch, head) and first query, in its slot
+// of shared memory), fences and arrives on Full(w) without waiting; the dQ
+// warp syncs there, reads the slot, issues the reductions, waits until they
+// have read the staging tile and arrives on Empty(w), on which the
+// warpgroup syncs before it stages its next part (not before its first;
+// after its last, so that the barrier ends with no arrival pending). A last
+// post of kEnd ends the dQ warp (no Empty for it), which so needs no walk
+// of the steps of its own.
+struct DqHandoff {
+  static constexpr int kMmaBarrier = 1;  // 256 threads: both MMA warpgroups
+  static constexpr int kFull = 2;        // ids 2, 3
+  static constexpr int kEmpty = 4;       // ids 4, 5
+  static constexpr int kThreads = 128 + 32;
+  static constexpr int32_t kEnd = -1;    // as the first query: no more parts
+  // The MMA warpgroup w (Post: one thread, before the fence and Full).
+  __device__ __forceinline__ static void Post(uint32_t slots, int w, int64_t bh, int64_t m0) {
+    asm volatile("st.shared.v2.s32 [%0], {%1, %2};\n" ::"r"(slots + 8 * w),
+                 "r"(static_cast<int32_t>(bh)), "r"(static_cast<int32_t>(m0))
+                 : "memory");
+  }
+  __device__ __forceinline__ static void Full(int w) { NamedBarrierArrive(kFull + w, kThreads); }
+  __device__ __forceinline__ static void WaitEmpty(int w) {
+    NamedBarrierSync(kEmpty + w, kThreads);
+  }
+  // The dQ warp, every lane: waits for warpgroup w's next part and reads its
+  // post.
+  __device__ __forceinline__ static void WaitFull(uint32_t slots, int w, int32_t* bh,
+                                                  int32_t* m0) {
+    NamedBarrierSync(kFull + w, kThreads);
+    asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];\n" : "=r"(*bh), "=r"(*m0) : "r"(slots + 8 * w)
+                 : "memory");
+  }
+  __device__ __forceinline__ static void Empty(int w) { NamedBarrierArrive(kEmpty + w, kThreads); }
+};
 
 // Once, before the first step: the staging rows' padding is added to the
 // accumulator's, so it must be zero. sDq: both warpgroups' staging tiles.
@@ -39,47 +78,16 @@ __device__ __forceinline__ void WaitDqStagingRead(int wg_tid) {
   if (wg_tid == 0) BulkWaitRead<0>();
 }
 
-// This warpgroup's dQ part of the step at query m0 of (batch, head) bh:
-// fragments to the staging tile dq_part, then one bulk reduction of its rows
-// (those below seqlen_q) into dq_accum, issued by the warpgroup's thread 0.
+// This warpgroup's dQ part of a step, from its fragments to its staging
+// tile dq_part: kBlockM half-rows of its column half (the column split), or
+// [half][64 rows] of its 64 queries (the row split, BwdSm90Traits::kDqRowSplit).
 template <typename Traits, int kDqTiles>
-__device__ __forceinline__ void ReduceDqPart(const float (&dq)[kDqTiles][4], uint32_t dq_part,
-                                             float* dq_accum, int64_t bh, int64_t seqlen_q,
-                                             int64_t m0, int warpgroup, int wg_warp, int wg_tid,
-                                             int g, int t) {
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const uint32_t row = dq_part + (wg_warp * 16 + g + hr * 8) * Traits::kDqRowBytes;
-#pragma unroll
-    for (int dt = 0; dt < kDqTiles; ++dt)
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(row + (dt * 8 + 2 * t) * 4),
-                   "f"(dq[dt][2 * hr]), "f"(dq[dt][2 * hr + 1]));
-  }
-  FenceProxyAsync();
-  WarpgroupBarrier(warpgroup);
-  // One bulk reduction per warpgroup: its half of the step's rows is one
-  // range of the accumulator (DqAccumLayout), padding included.
-  if (wg_tid == 0) {
-    const int rows =
-        static_cast<int>(seqlen_q - m0 < Traits::kBlockM ? seqlen_q - m0 : Traits::kBlockM);
-    float* acc = dq_accum + DqAccumLayout<Traits::kHeadDim>::HalfRow(bh, seqlen_q, warpgroup, m0);
-    BulkReduceAddF32(acc, dq_part, rows * Traits::kDqRowBytes);
-    BulkCommit();
-  }
-}
-
-// The row split's part (steps of 128 queries): this warpgroup's 64 queries
-// from m0 + 64 warpgroup x every column, staged as [half][64 rows] and added
-// by two bulk reductions, one per column half; none for rows at or past
-// seqlen_q (the second warpgroup's, in a last step of 64 or fewer queries).
-template <typename Traits, int kDqTiles>
-__device__ __forceinline__ void ReduceDqRows(const float (&dq)[kDqTiles][4], uint32_t dq_part,
-                                             float* dq_accum, int64_t bh, int64_t seqlen_q,
-                                             int64_t m0, int warpgroup, int wg_warp, int wg_tid,
-                                             int g, int t) {
+__device__ __forceinline__ void StoreDqPart(const float (&dq)[kDqTiles][4], uint32_t dq_part,
+                                            int wg_warp, int g, int t) {
   constexpr int kHalfTiles = Traits::kDqHalfCols / 8;
   constexpr uint32_t kHalfBytes = 64 * Traits::kDqRowBytes;
-  static_assert(kDqTiles == 2 * kHalfTiles, "every column of the head dim");
+  static_assert(kDqTiles == (Traits::kDqRowSplit ? 2 : 1) * kHalfTiles,
+                "the columns of the warpgroup's part");
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     const uint32_t row = dq_part + (wg_warp * 16 + g + hr * 8) * Traits::kDqRowBytes;
@@ -91,18 +99,45 @@ __device__ __forceinline__ void ReduceDqRows(const float (&dq)[kDqTiles][4], uin
                    "f"(dq[dt][2 * hr + 1]));
     }
   }
-  FenceProxyAsync();
-  WarpgroupBarrier(warpgroup);
-  const int64_t m = m0 + 64 * warpgroup;
-  if (wg_tid == 0 && m < seqlen_q) {
+}
+
+// The bulk reductions of warpgroup w's staged part of the step at query m0
+// of (batch, head) bh into dq_accum, by one thread, committed as one bulk
+// group: one contiguous range of the accumulator (DqAccumLayout) per column
+// half, the rows below seqlen_q (none past it: the row split's second
+// warpgroup in a last step of 64 or fewer queries).
+template <typename Traits>
+__device__ __forceinline__ void IssueDqReduce(uint32_t dq_part, float* dq_accum, int64_t bh,
+                                              int64_t seqlen_q, int64_t m0, int warpgroup) {
+  using Layout = DqAccumLayout<Traits::kHeadDim>;
+  if constexpr (Traits::kDqRowSplit) {
+    const int64_t m = m0 + 64 * warpgroup;
+    if (m >= seqlen_q) return;
     const int rows = static_cast<int>(seqlen_q - m < 64 ? seqlen_q - m : 64);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float* acc = dq_accum + DqAccumLayout<Traits::kHeadDim>::HalfRow(bh, seqlen_q, half, m);
-      BulkReduceAddF32(acc, dq_part + half * kHalfBytes, rows * Traits::kDqRowBytes);
-    }
-    BulkCommit();
+    for (int half = 0; half < 2; ++half)
+      BulkReduceAddF32(dq_accum + Layout::HalfRow(bh, seqlen_q, half, m),
+                       dq_part + half * 64 * Traits::kDqRowBytes, rows * Traits::kDqRowBytes);
+  } else {
+    const int rows =
+        static_cast<int>(seqlen_q - m0 < Traits::kBlockM ? seqlen_q - m0 : Traits::kBlockM);
+    BulkReduceAddF32(dq_accum + Layout::HalfRow(bh, seqlen_q, warpgroup, m0), dq_part,
+                     rows * Traits::kDqRowBytes);
   }
+  BulkCommit();
+}
+
+// Both, in the warpgroup that computed the part: the stores, fenced for the
+// TMA unit, a warpgroup barrier, then thread 0's reductions.
+template <typename Traits, int kDqTiles>
+__device__ __forceinline__ void ReduceDqPart(const float (&dq)[kDqTiles][4], uint32_t dq_part,
+                                             float* dq_accum, int64_t bh, int64_t seqlen_q,
+                                             int64_t m0, int warpgroup, int wg_warp, int wg_tid,
+                                             int g, int t) {
+  StoreDqPart<Traits>(dq, dq_part, wg_warp, g, t);
+  FenceProxyAsync();
+  WarpgroupBarrier(warpgroup);
+  if (wg_tid == 0) IssueDqReduce<Traits>(dq_part, dq_accum, bh, seqlen_q, m0, warpgroup);
 }
 
 // After the last step: the staging tile must outlive the reads of the last

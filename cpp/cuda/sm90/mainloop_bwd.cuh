@@ -41,6 +41,7 @@
 #include "cuda/common/views.cuh"
 #include "cuda/sm90/copy.cuh"
 #include "cuda/sm90/epilogue_bwd.cuh"
+#include "cuda/sm90/pipeline.cuh"
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
@@ -58,6 +59,26 @@ struct BwdTmaArgs {
   CUtensorMap delta_map;
   bool stats_by_tma;
   KeyBlockSectionScheduler::Args sched;
+};
+
+// Where the tiles and barriers are in shared memory: BwdSm90Traits' offsets
+// from the 1024-byte-aligned start of the dynamic shared memory (the
+// mainloop computes the same addresses in place: a struct of them changed
+// the register allocation of the kernels without warp specialization).
+template <typename Traits>
+struct BwdSmem {
+  uint32_t base;
+  __device__ __forceinline__ static BwdSmem Of(unsigned char* smem_raw) {
+    return BwdSmem{(SmemAddr(smem_raw) + sm90::kAtomBytes - 1) & ~(sm90::kAtomBytes - 1)};
+  }
+  __device__ __forceinline__ uint32_t q() const { return base + Traits::kQOffset; }
+  __device__ __forceinline__ uint32_t dout() const { return base + Traits::kDoutOffset; }
+  __device__ __forceinline__ uint32_t dq() const { return base + Traits::kDqOffset; }
+  __device__ __forceinline__ uint32_t lse() const { return base + Traits::kLseOffset; }
+  __device__ __forceinline__ uint32_t delta() const { return base + Traits::kDeltaOffset; }
+  __device__ __forceinline__ uint32_t full() const { return base + Traits::kFullOffset; }
+  __device__ __forceinline__ uint32_t empty() const { return base + Traits::kEmptyOffset; }
+  __device__ __forceinline__ uint32_t dq_slot() const { return base + Traits::kDqSlotOffset; }
 };
 
 // A step's lse2 and D (kBlockM rows of (batch, head) bh from query m0) into a
@@ -101,13 +122,18 @@ __device__ __forceinline__ void IssueRowStats(const BwdTmaArgs& tma_args, int64_
 
 // kSoftcap: a template parameter rather than a branch, because ptxas
 // serializes every wgmma of the kernel when the two waits of the two paths
-// below meet in one function. kDq = false: no dQ at all (the deterministic
+// below meet in one function. kWs: the mainloop of the warp-specialized
+// kernel's two MMA warpgroups (sm90/bwd_ws.cuh; `pos` counts their threads
+// from 0): its producer warp initializes the barriers and issues the loads,
+// its dQ warp the reductions (DqHandoff), so here the stage is released
+// (its empty barrier) instead of refilled, and the middle barrier is the
+// MMA warpgroups' alone. kDq = false: no dQ at all (the deterministic
 // mode, whose dQ kernel runs after this one). kDropout (no soft cap then):
 // dV takes the kept P^T unscaled, so the dV returned still lacks the factor
 // s = 1 / (1 - rate), which the caller applies (BwdKernel); dP^T becomes
 // Z s dP^T before D is subtracted, dS^T = P^T (Z s dP^T - D) from the
 // undropped P^T, with keep bits drawn while the step's GEMMs run.
-template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kDropout>
+template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kDropout, bool kWs = false>
 __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
                                             const KeyBlockScheduler::Tile& tile,
                                             const ThreadPos& pos,
@@ -122,21 +148,21 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   const BwdArgs& args = tma_args.args;
   const BwdParams& p = args.p;
 
+  // Shared memory (BwdSmem, BwdSm90Traits' offsets).
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t base = (SmemAddr(smem_raw) + sm90::kAtomBytes - 1) & ~(sm90::kAtomBytes - 1);
+  const uint32_t base = BwdSmem<Traits>::Of(smem_raw).base;
   const uint32_t sK = base;
-  const uint32_t sV = sK + Traits::kKvBytes;
-  const uint32_t sQ = sV + Traits::kKvBytes;              // [kStages]
-  const uint32_t sdO = sQ + Traits::kStages * Traits::kQBytes;   // [kStages]
-  const uint32_t sdS = sdO + Traits::kStages * Traits::kQBytes;
-  const uint32_t sDq = sdS + Traits::kDsBuffers * Traits::kDsBytes;  // [2 warpgroups]
-  float* sLse = reinterpret_cast<float*>(smem_raw + (sDq + 2 * Traits::kDqPartBytes -
-                                                     SmemAddr(smem_raw)));
+  const uint32_t sV = base + Traits::kVOffset;
+  const uint32_t sQ = base + Traits::kQOffset;
+  const uint32_t sdO = base + Traits::kDoutOffset;
+  const uint32_t sdS = base + Traits::kDsOffset;
+  const uint32_t sDq = base + Traits::kDqOffset;
+  float* sLse =
+      reinterpret_cast<float*>(smem_raw + (base + Traits::kLseOffset - SmemAddr(smem_raw)));
   float* sDelta = sLse + Traits::kStages * kBlockM;
-  // One mbarrier per stage: its phase completes when the stage's Q and dO
-  // tiles (TMA bytes) and lse2 and D (the cp.async arrivals of the threads
-  // that load them) are in.
   const uint32_t full_bar = SmemAddr(sDelta + Traits::kStages * kBlockM);
+  const uint32_t empty_bar = base + Traits::kEmptyOffset;  // kWs
+  const uint32_t dq_slot = base + Traits::kDqSlotOffset;   // kWs
 
   const int tid = pos.tid, warp = pos.warp, lane = pos.lane, g = pos.g, t = pos.t;
   const int warpgroup = warp / 4, wg_warp = warp % 4, wg_tid = tid % 128;
@@ -185,16 +211,22 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   LoadSwizzledTile<T, kBlockN, Traits::kSmemCols, Traits::kThreads>(sK, k, n0, tid);
   LoadSwizzledTile<T, kBlockN, Traits::kSmemCols, Traits::kThreads>(sV, v, n0, tid);
   CpAsyncCommit();
-  if (tid == 0) {
-    for (int stage = 0; stage < Traits::kStages; ++stage)
-      sm90::MbarrierInit(full_bar + 8 * stage, 1 + RowStatsArrivals<Traits>(tma_args));
-    sm90::FenceBarrierInit();
+  if constexpr (kWs) {
+    CpAsyncWait<0>();  // K and V, published to both warpgroups and to wgmma here
+    sm90::FenceProxyAsync();
+    NamedBarrierSync(DqHandoff::kMmaBarrier, Traits::kThreads);
+  } else {
+    if (tid == 0) {
+      for (int stage = 0; stage < Traits::kStages; ++stage)
+        sm90::MbarrierInit(full_bar + 8 * stage, 1 + RowStatsArrivals<Traits>(tma_args));
+      sm90::FenceBarrierInit();
+    }
+    __syncthreads();  // the barriers are initialized before anyone uses them
+    if (steps > 0) issue(0, walk.first, 0);
+    CpAsyncWait<0>();  // K and V, published to all threads and to wgmma here
+    sm90::FenceProxyAsync();
+    __syncthreads();
   }
-  __syncthreads();  // the barriers are initialized before anyone uses them
-  if (steps > 0) issue(0, walk.first, 0);
-  CpAsyncWait<0>();  // K and V, published to all threads and to wgmma here
-  sm90::FenceProxyAsync();
-  __syncthreads();
 
   // K and V of this warp's 16 keys as the A fragments of S^T and dP^T, read
   // once (RS) instead of by every step's wgmmas, where the bucket's row says
@@ -391,12 +423,17 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
       sm90::StMatrixX4(sdS + ds_offset + sm90::SwizzledOffset(st_row, 2 * ks + lane / 16, kBlockN),
                        ads[ks][0], ads[ks][1], ads[ks][2], ads[ks][3]);
     }
-    if constexpr (kDq) WaitDqStagingRead(wg_tid);
+    if constexpr (kDq && !kWs) WaitDqStagingRead(wg_tid);
     sm90::FenceProxyAsync();
     // dQ reads the other warpgroup's dS^T rows too; and both warpgroups are
-    // done with step s - 1, so its stage takes step s + 1's loads.
-    __syncthreads();
-    if (s + 1 < steps) issue(gi, mi, stage ^ 1);
+    // done with step s - 1, so its stage takes step s + 1's loads (kWs: the
+    // producer's, once the MMA warps have released it).
+    if constexpr (kWs) {
+      NamedBarrierSync(DqHandoff::kMmaBarrier, Traits::kThreads);
+    } else {
+      __syncthreads();
+      if (s + 1 < steps) issue(gi, mi, stage ^ 1);
+    }
 
     // dQ part: 64 queries x kDqCols columns, reduced over the CTA's keys, out
     // through the epilogue (sm90/epilogue_bwd.cuh) while dK runs. A = dS, the
@@ -435,12 +472,16 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     if constexpr (kDq) {
       sm90::WgmmaWait<1>();  // dQ (and dV) done; dK may still run
       sm90::FenceRegisters(dq);
-      if constexpr (kDqRowSplit)
-        ReduceDqRows<Traits>(dq, dq_part, args.dq_accum, b * num_heads_q + h, seqlen_q, m0,
-                             warpgroup, wg_warp, wg_tid, g, t);
-      else
+      if constexpr (kWs) {
+        if (s > 0) DqHandoff::WaitEmpty(warpgroup);  // the dQ warp read the last part
+        StoreDqPart<Traits>(dq, dq_part, wg_warp, g, t);
+        if (wg_tid == 0) DqHandoff::Post(dq_slot, warpgroup, b * num_heads_q + h, m0);
+        sm90::FenceProxyAsync();
+        DqHandoff::Full(warpgroup);
+      } else {
         ReduceDqPart<Traits>(dq, dq_part, args.dq_accum, b * num_heads_q + h, seqlen_q, m0,
                              warpgroup, wg_warp, wg_tid, g, t);
+      }
     }
     // dK is finished within its step although its inputs (this stage, this
     // dS^T buffer) are not rewritten before step s + 2: left in flight across
@@ -451,6 +492,15 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     sm90::WgmmaWait<0>();
     sm90::FenceRegisters(dv);
     sm90::FenceRegisters(dk);
+    if constexpr (kWs) {  // this warp no longer reads the stage
+      if (lane == 0) ArriveBarrier(empty_bar + 8 * stage);
+    }
+  }
+  // kWs: the dQ warp's last arrival taken, then the part that ends it.
+  if constexpr (kWs && kDq) {
+    if (steps > 0) DqHandoff::WaitEmpty(warpgroup);
+    if (wg_tid == 0) DqHandoff::Post(dq_slot, warpgroup, 0, DqHandoff::kEnd);
+    DqHandoff::Full(warpgroup);
   }
 }
 

@@ -31,10 +31,13 @@ struct FwdTile {
 // with dQ it spilled 244 B and took 1.3-1.45x the time); and whether a step's
 // lse2 and D come by TMA from one thread rather than cp.async from 128
 // (stats_tma: D = 64 only, 4-6% faster; at D = 128 it added spills and took
-// 1-5% longer). NOTES_sm90_bwd.md.
+// 1-5% longer); and whether the warp-specialized kernel runs it (ws: a
+// producer warpgroup for the loads and the dQ reductions; not yet timed).
+// NOTES_sm90_bwd.md.
 struct BwdTile {
   int block_n, block_m, threads, stages;
   bool kv_rs = false, dk_rs_with_dq = false, stats_tma = false;
+  bool ws = false;  // the warp-specialized kernel (sm90/bwd_ws.cuh) instead of BwdKernel
 };
 
 // The warp-specialized forward (sm90/fwd_ws.cuh): query rows per tile (one
@@ -85,7 +88,7 @@ inline constexpr Sm90Tiles kTiles[] = {
 // Tuning hook (tests/gpu/ab_run.sh variants), as sm80/tile_size.h's: with
 // -DJAX_FLASH_TUNE_SM90_D=<bucket>, each of
 // -DJAX_FLASH_TUNE_SM90_{FWD_BN,FWD_STAGES,FWD_TMA,BWD_BN,BWD_BM,BWD_KV_RS,BWD_DK_RS,
-// BWD_STATS_TMA,DQ_BN}=<n> replaces that field of the bucket's row.
+// BWD_STATS_TMA,BWD_WS,DQ_BN}=<n> replaces that field of the bucket's row.
 constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #ifdef JAX_FLASH_TUNE_SM90_D
   if (t.head_dim != JAX_FLASH_TUNE_SM90_D) return t;
@@ -112,6 +115,9 @@ constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #endif
 #ifdef JAX_FLASH_TUNE_SM90_BWD_STATS_TMA
   t.bwd.stats_tma = JAX_FLASH_TUNE_SM90_BWD_STATS_TMA;
+#endif
+#ifdef JAX_FLASH_TUNE_SM90_BWD_WS
+  t.bwd.ws = JAX_FLASH_TUNE_SM90_BWD_WS;
 #endif
 #ifdef JAX_FLASH_TUNE_SM90_DQ_BN
   t.dq.block_n = JAX_FLASH_TUNE_SM90_DQ_BN;
