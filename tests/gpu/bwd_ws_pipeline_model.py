@@ -23,7 +23,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ws_pipeline_model import MBar, NamedBar  # noqa: E402
+from ws_pipeline_model import MBar, NamedBar, interleave  # noqa: E402
 
 END = -1
 
@@ -38,16 +38,6 @@ def run(steps, stages, dq, seed):
     slot = {}     # ("qd", stage) -> step loaded; ("post", w) -> step posted
     busy = {}     # key -> set of readers
     inflight = []  # ("tma", key, step, bar) or ("bulk", w)
-
-    def wait(bar, parity):
-        while not bar.ready(parity):
-            yield "block"
-
-    def sync(bar_id, n):
-        g = nbar[bar_id].gen
-        nbar[bar_id].arrive(n)
-        while nbar[bar_id].gen == g:
-            yield "block"
 
     def use(key, who, expect=None):
         if expect is not None:
@@ -64,7 +54,7 @@ def run(steps, stages, dq, seed):
     def producer():
         for s in range(steps):
             st = s % stages
-            yield from wait(empty[st], ((s // stages) & 1) ^ 1)
+            yield from empty[st].wait(((s // stages) & 1) ^ 1)
             full[st].arrive(expect_tx=1)
             inflight.append(("tma", ("qd", st), s, full[st]))
             yield "step"
@@ -73,7 +63,7 @@ def run(steps, stages, dq, seed):
         more = True
         while more:
             for w in (0, 1):
-                yield from sync(2 + w, 32)
+                yield from nbar[2 + w].sync(32)
                 posted = slot[("post", w)]
                 if posted == END:
                     more = False
@@ -87,20 +77,20 @@ def run(steps, stages, dq, seed):
 
     def mma(w):
         who = f"wg{w}"
-        yield from sync(1, 128)  # K and V loaded
+        yield from nbar[1].sync(128)  # K and V loaded
         for s in range(steps):
             st = s % stages
-            yield from wait(full[st], (s // stages) & 1)
+            yield from full[st].wait((s // stages) & 1)
             use(("qd", st), who, s)
             yield "step"  # S^T, dP^T, dV issued; P^T, dS^T
             write(("ds", s % 2), who)  # this warpgroup's rows of dS^T
-            yield from sync(1, 128)  # both warpgroups' dS^T are in
+            yield from nbar[1].sync(128)  # both warpgroups' dS^T are in
             use(("ds", s % 2), who)  # the dQ GEMM reads both
             yield "step"  # dQ, dK issued; dQ waited
             unuse(("ds", s % 2), who)
             if dq:
                 if s > 0:
-                    yield from sync(4 + w, 128)  # the dQ warp read the last part
+                    yield from nbar[4 + w].sync(128)  # the dQ warp read the last part
                 write(("staging", w), who)
                 slot[("post", w)] = s
                 nbar[2 + w].arrive(128)
@@ -110,48 +100,24 @@ def run(steps, stages, dq, seed):
                 empty[st].arrive()
         if dq:
             if steps > 0:
-                yield from sync(4 + w, 128)
+                yield from nbar[4 + w].sync(128)
             slot[("post", w)] = END
             nbar[2 + w].arrive(128)
 
     agents = {"p": producer(), "m0": mma(0), "m1": mma(1)}
     if dq:
         agents["q"] = dq_warp()
-    done = set()
-    blocked_rounds = 0
-    while len(done) < len(agents) or inflight:
-        progressed = False
-        if inflight and rng.random() < 0.4:
-            item = inflight.pop(rng.randrange(len(inflight)))
-            if item[0] == "tma":
-                _, key, s, bar = item
-                assert not busy.get(key), f"TMA overwrites {key} while read by {busy.get(key)}"
-                slot[key] = s
-                bar.complete_tx(1)
-            else:
-                unuse(("staging", item[1]), "dq")
-            progressed = True
-        choices = [a for a in agents if a not in done]
-        rng.shuffle(choices)
-        for a in choices[:1]:
-            try:
-                if next(agents[a]) != "block":
-                    progressed = True
-            except StopIteration:
-                done.add(a)
-                progressed = True
-        if not progressed and not inflight:
-            any_p = False
-            for a in [x for x in agents if x not in done]:
-                try:
-                    if next(agents[a]) != "block":
-                        any_p = True
-                except StopIteration:
-                    done.add(a)
-                    any_p = True
-            blocked_rounds = 0 if any_p else blocked_rounds + 1
-            if blocked_rounds > 50:
-                raise RuntimeError(f"deadlock: done={done} steps={steps} stages={stages} dq={dq}")
+
+    def land(item):
+        if item[0] == "tma":
+            _, key, s, bar = item
+            assert not busy.get(key), f"TMA overwrites {key} while read by {busy.get(key)}"
+            slot[key] = s
+            bar.complete_tx(1)
+        else:  # a reduction has read the staging tile
+            unuse(("staging", item[1]), "dq")
+
+    interleave(agents, inflight, land, rng, f"steps={steps} stages={stages} dq={dq}")
     assert all(b.arrived == 0 for b in nbar.values()), "unpaired named-barrier arrivals"
     for b in full + empty:
         assert b.pending == b.count and b.tx == 0, "barrier left mid-phase"

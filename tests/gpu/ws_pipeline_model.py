@@ -49,6 +49,10 @@ class MBar:
     def ready(self, parity):
         return (self.k % 2) != parity
 
+    def wait(self, parity):  # an agent's wait for the phase of this parity
+        while not self.ready(parity):
+            yield "block"
+
 
 class NamedBar:
     def __init__(self, threads):
@@ -62,6 +66,46 @@ class NamedBar:
         if self.arrived == self.threads:
             self.arrived = 0
             self.gen += 1
+
+    def sync(self, n):  # an agent's bar.sync for n threads
+        g = self.gen
+        self.arrive(n)
+        while self.gen == g:
+            yield "block"
+
+
+def interleave(agents, inflight, land, rng, what):
+    """Runs the agents (generators yielding "block" when they wait, anything
+    else when they progress) in a random order, with the asynchronous copies
+    in `inflight` landing (land(item)) at random times, until all are done;
+    raises on a deadlock (`what` says which case)."""
+    done = set()
+
+    def step(a):  # one step of agent a: whether it progressed
+        try:
+            return next(agents[a]) != "block"
+        except StopIteration:
+            done.add(a)
+            return True
+
+    blocked_rounds = 0
+    while len(done) < len(agents) or inflight:
+        progressed = False
+        if inflight and rng.random() < 0.4:
+            land(inflight.pop(rng.randrange(len(inflight))))
+            progressed = True
+        choices = [a for a in agents if a not in done]
+        rng.shuffle(choices)
+        for a in choices[:1]:
+            progressed = step(a) or progressed
+        if not progressed and not inflight:
+            # try all agents once more before declaring deadlock
+            any_p = False
+            for a in [x for x in agents if x not in done]:
+                any_p = step(a) or any_p
+            blocked_rounds = 0 if any_p else blocked_rounds + 1
+            if blocked_rounds > 50:
+                raise RuntimeError(f"deadlock: done={done} {what}")
 
 
 def run(tiles, stages, seed, qstages=1):
@@ -79,32 +123,22 @@ def run(tiles, stages, seed, qstages=1):
     busy = {}   # ('k', s) -> set of wg reading
     inflight = []  # pending TMA: (key, content, bar, bytes)
 
-    def wait(bar, parity):
-        while not bar.ready(parity):
-            yield "block"
-
-    def sync(bar_id, n):
-        g = nbar[bar_id].gen
-        nbar[bar_id].arrive(n)
-        while nbar[bar_id].gen == g:
-            yield "block"
-
     def producer():
         kv = 0
         qc = 0
         for ti in range(len(tiles) + 1):  # the last index ends the consumers
             qs, qph = qc % qstages, (qc // qstages) & 1
-            yield from wait(empty_q[qs], qph ^ 1)
+            yield from empty_q[qs].wait(qph ^ 1)
             if ti > 0:  # index empty, each warpgroup's
-                yield from sync(5, 32)
-                yield from sync(6, 32)
+                yield from nbar[5].sync(32)
+                yield from nbar[6].sync(32)
             assert not busy.get("i"), "index stored while read"
             slot["i"] = ti
             nbar[3].arrive(32)  # index full
             nbar[4].arrive(32)
             if ti == len(tiles):
-                yield from sync(5, 32)
-                yield from sync(6, 32)
+                yield from nbar[5].sync(32)
+                yield from nbar[6].sync(32)
                 return
             nb, ne = tiles[ti]
             if nb >= ne:  # the index alone
@@ -116,11 +150,11 @@ def run(tiles, stages, seed, qstages=1):
             qc += 1
             for n in range(nb, ne):
                 s, ph = kv % stages, (kv // stages) & 1
-                yield from wait(empty_k[s], ph ^ 1)
+                yield from empty_k[s].wait(ph ^ 1)
                 full_k[s].arrive(expect_tx=1)
                 inflight.append((("k", s), (ti, n), full_k[s], 1))
                 yield "step"
-                yield from wait(empty_v[s], ph ^ 1)
+                yield from empty_v[s].wait(ph ^ 1)
                 full_v[s].arrive(expect_tx=1)
                 inflight.append((("v", s), (ti, n), full_v[s], 1))
                 kv += 1
@@ -140,7 +174,7 @@ def run(tiles, stages, seed, qstages=1):
             nbar[1].arrive(128)
         for want in range(len(tiles) + 1):
             qs, qph = qc % qstages, (qc // qstages) & 1
-            yield from sync(3 + wg, 128)  # index full
+            yield from nbar[3 + wg].sync(128)  # index full
             use("i", wg, want)
             ti = slot["i"]
             yield "step"  # the read in flight
@@ -149,7 +183,7 @@ def run(tiles, stages, seed, qstages=1):
             if ti == len(tiles):
                 break
             nb, ne = tiles[ti]
-            yield from wait(full_q[qs], qph)
+            yield from full_q[qs].wait(qph)
             qc += 1
             if nb >= ne:
                 for _ in range(4):
@@ -157,7 +191,7 @@ def run(tiles, stages, seed, qstages=1):
                 yield "step"
                 continue
             s, ph = kv % stages, (kv // stages) & 1
-            yield from wait(full_k[s], ph)
+            yield from full_k[s].wait(ph)
             # WaitTurn
             g = nbar[1 + wg].gen
             nbar[1 + wg].arrive(128)
@@ -179,8 +213,8 @@ def run(tiles, stages, seed, qstages=1):
             for n in range(nb + 1, ne):
                 s, ph = kv % stages, (kv // stages) & 1
                 ps, pph = prev % stages, (prev // stages) & 1
-                yield from wait(full_k[s], ph)
-                yield from wait(full_v[ps], pph)
+                yield from full_k[s].wait(ph)
+                yield from full_v[ps].wait(pph)
                 g = nbar[1 + wg].gen
                 nbar[1 + wg].arrive(128)
                 while nbar[1 + wg].gen == g:
@@ -204,7 +238,7 @@ def run(tiles, stages, seed, qstages=1):
                 prev = kv
                 kv += 1
             ps, pph = prev % stages, (prev // stages) & 1
-            yield from wait(full_v[ps], pph)
+            yield from full_v[ps].wait(pph)
             use(("v", ps), wg, (ti, ne - 1))
             yield "step"
             unuse(("v", ps), wg)
@@ -217,41 +251,14 @@ def run(tiles, stages, seed, qstages=1):
                 yield "block"
 
     agents = {"p": producer(), "c0": consumer(0), "c1": consumer(1)}
-    done = set()
-    blocked_rounds = 0
-    while len(done) < 3 or inflight:
-        choices = [a for a in agents if a not in done]
-        progressed = False
-        # TMA completions
-        if inflight and rng.random() < 0.4:
-            i = rng.randrange(len(inflight))
-            key, content, bar, nbytes = inflight.pop(i)
-            assert not busy.get(key), f"TMA overwrites {key} while read by {busy.get(key)}"
-            slot[key] = content
-            bar.complete_tx(nbytes)
-            progressed = True
-        rng.shuffle(choices)
-        for a in choices[:1]:
-            try:
-                r = next(agents[a])
-                if r != "block":
-                    progressed = True
-            except StopIteration:
-                done.add(a)
-                progressed = True
-        if not progressed and not inflight:
-            # try all agents once more before declaring deadlock
-            any_p = False
-            for a in [x for x in agents if x not in done]:
-                try:
-                    if next(agents[a]) != "block":
-                        any_p = True
-                except StopIteration:
-                    done.add(a)
-                    any_p = True
-            blocked_rounds = 0 if any_p else blocked_rounds + 1
-            if blocked_rounds > 50:
-                raise RuntimeError(f"deadlock: done={done} tiles={tiles}")
+
+    def land(item):
+        key, content, bar, nbytes = item
+        assert not busy.get(key), f"TMA overwrites {key} while read by {busy.get(key)}"
+        slot[key] = content
+        bar.complete_tx(nbytes)
+
+    interleave(agents, inflight, land, rng, f"tiles={tiles}")
     assert all(b.arrived == 0 for b in nbar.values()), "unpaired named-barrier arrivals"
     for b in full_q + empty_q + full_k + empty_k + full_v + empty_v:
         assert b.pending == b.count and b.tx == 0, "barrier left mid-phase"
