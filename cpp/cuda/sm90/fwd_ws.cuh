@@ -159,11 +159,11 @@ cudaError_t LaunchFwdWsKernel(const FwdWsArgs& a, cudaStream_t stream) {
 template <typename T, int kHeadDim>
 cudaError_t LaunchFwdWs(const FwdParams& params, void* workspace, cudaStream_t stream) {
   using Traits = FwdWsTraits<kHeadDim>;
-  const AttentionShape& s = params.shape;
-  if (s.head_dim > kHeadDim) return cudaErrorInvalidValue;
   if (params.mask.dense != nullptr && (!Traits::kTile.dense_mask || params.score.bias != nullptr ||
                                        params.dropout.enabled()))
     return cudaErrorNotSupported;
+  const AttentionShape& s = params.shape;
+  if (s.head_dim > kHeadDim) return cudaErrorInvalidValue;
   const int64_t m_blocks = CeilDiv(s.seqlen_q, Traits::kBlockM);
   if (m_blocks == 0 || s.num_heads_q == 0 || s.batch == 0) return cudaSuccess;
   FwdWsArgs a;
