@@ -127,12 +127,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const KeyBlockScheduler::Tile tile = KeyBlockSectionScheduler::Get(tma_args.sched);
   float dk[Traits::kHeadDim / kMmaN][4], dv[Traits::kHeadDim / kMmaN][4];
   BwdMainloop<T, Traits, kSoftcap, kDq, kDropout>(tma_args, tile, pos, dk, dv);  // steps -> dK, dV (+ dQ)
-  if constexpr (kDropout) ScaleTiles(dv, tma_args.args.keep_scale);  // dV took the kept P^T, unscaled
-  const int warpgroup = pos.warp / 4, wg_warp = pos.warp % 4;
-  // This warp's 16 keys: its warpgroup's 64, its quarter of them.
-  const int64_t key0 = tile.n_block * Traits::kBlockN + warpgroup * 64 + wg_warp * 16;
-  StoreDkDv<T>(tma_args.args.p, tile.b, tile.h_kv, key0, 0, dk, dv, tma_args.args.scale, pos.g,
-               pos.t);
+  StoreWarpDkDv<T, Traits, kDropout>(tma_args, tile, pos, dk, dv);
   if constexpr (kDq) DrainDqReductions(pos.tid % 128);
 #else
   __trap();  // built without sm_90a; the dispatch never launches it then

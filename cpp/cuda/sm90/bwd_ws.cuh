@@ -43,11 +43,6 @@ inline constexpr int kBwdWsMmaRegs = 240;
 static_assert(kBwdWsProducerRegs * 128 + kBwdWsMmaRegs * 256 <= 168 * 384,
               "what setmaxnreg can hand out of the launch's 168 registers x 384 threads");
 
-// A shared address as a generic pointer (LoadRowStats writes through one).
-__device__ __forceinline__ float* Floats(unsigned char* smem_raw, uint32_t addr) {
-  return reinterpret_cast<float*>(smem_raw + (addr - SmemAddr(smem_raw)));
-}
-
 // The steps of this CTA as every role walks them: (query head, first query).
 template <typename Traits>
 struct BwdWsSteps {
@@ -71,61 +66,26 @@ struct BwdWsSteps {
   __device__ __forceinline__ void Advance() { walk.Advance(gi, mi); }
 };
 
-// Producer warp 0, every lane: the loads of every step, stage s % kStages,
-// each after the stage's previous use is released.
+// Producer warp 0, every lane: the loads of every step (IssueStepLoads, the
+// warp's 32 lanes the loaders), stage s % kStages, each after the stage's
+// previous use is released.
 template <typename Traits>
 __device__ __forceinline__ void BwdWsProducer(const BwdTmaArgs& tma_args,
                                               const KeyBlockScheduler::Tile& tile, int lane) {
-  constexpr int kBlockM = Traits::kBlockM;
-  const BwdParams& p = tma_args.args.p;
   extern __shared__ unsigned char smem_raw[];
   const BwdSmem<Traits> sm = BwdSmem<Traits>::Of(smem_raw);
-  const int64_t seqlen_q = p.shape.seqlen_q;
-  const bool stats_by_tma = RowStatsByTma<Traits>(tma_args);
-  BwdWsSteps<Traits> steps = BwdWsSteps<Traits>::Make(p, tile);
+  float* const lse = BwdSmem<Traits>::Floats(smem_raw, sm.lse());
+  float* const delta = BwdSmem<Traits>::Floats(smem_raw, sm.delta());
+  BwdWsSteps<Traits> steps = BwdWsSteps<Traits>::Make(tma_args.args.p, tile);
   for (int64_t s = 0; s < steps.walk.count; ++s, steps.Advance()) {
     const int stage = static_cast<int>(s % Traits::kStages);
-    const int64_t h = steps.head(), m0 = steps.m0();
     // Fill k of the stage once its use k - 1 is released (a fresh barrier
     // passes the wait for the phase before its first).
     MbarrierWait(sm.empty() + 8 * stage,
                  static_cast<uint32_t>(((s / Traits::kStages) & 1) ^ 1));
-    const uint32_t bar = sm.full() + 8 * stage;
-    float* const lse_stage = Floats(smem_raw, sm.lse()) + stage * kBlockM;
-    float* const delta_stage = Floats(smem_raw, sm.delta()) + stage * kBlockM;
-    const int64_t bh = tile.b * p.shape.num_heads_q + h;
-    if (lane == 0) {
-      MbarrierArriveExpectTx(bar, 2 * Traits::kQBytes + RowStatsTxBytes<Traits>(tma_args));
-#pragma unroll
-      for (int block = 0; block < Traits::kSmemCols / 64; ++block) {
-        const uint32_t offset = stage * Traits::kQBytes + block * kBlockM * kSwizzleBytes;
-        TmaLoadBox(sm.q() + offset, &tma_args.q_map, block * 64, static_cast<int>(m0),
-                   static_cast<int>(h), static_cast<int>(tile.b), bar);
-        TmaLoadBox(sm.dout() + offset, &tma_args.dout_map, block * 64, static_cast<int>(m0),
-                   static_cast<int>(h), static_cast<int>(tile.b), bar);
-      }
-      if (stats_by_tma) {
-        TmaLoadBox2D(SmemAddr(lse_stage), &tma_args.lse_map, static_cast<int>(m0),
-                     static_cast<int>(bh), bar);
-        TmaLoadBox2D(SmemAddr(delta_stage), &tma_args.delta_map, static_cast<int>(m0),
-                     static_cast<int>(bh), bar);
-      }
-    }
-    if (!stats_by_tma) {  // each lane's copies, then its arrival (BwdWsFullArrivals)
-#pragma unroll 1
-      for (int r = lane; r < 2 * kBlockM; r += 32)
-        LoadRowStats<kBlockM>(tma_args.args, bh * seqlen_q, m0, seqlen_q, lse_stage, delta_stage,
-                              r);
-      CpAsyncArriveOn(bar);
-    }
+    IssueStepLoads<Traits, 32>(tma_args, sm.q(), sm.dout(), lse, delta, stage, tile.b,
+                               steps.head(), steps.m0(), sm.full() + 8 * stage, lane);
   }
-}
-
-// Arrivals a full barrier expects besides the producer's expect_tx: the 32
-// lanes' cp.async of lse2 and D where they do not come by TMA.
-template <typename Traits>
-__device__ __forceinline__ uint32_t BwdWsFullArrivals(const BwdTmaArgs& tma_args) {
-  return RowStatsByTma<Traits>(tma_args) ? 0 : 32;
 }
 
 // Producer warp 1 (the dQ warp), every lane: each MMA warpgroup's staged dQ
@@ -165,7 +125,7 @@ __global__ void __launch_bounds__(Traits::kWsThreads, 1)
     extern __shared__ unsigned char smem_raw[];
     const BwdSmem<Traits> sm = BwdSmem<Traits>::Of(smem_raw);
     for (int stage = 0; stage < Traits::kStages; ++stage) {
-      MbarrierInit(sm.full() + 8 * stage, 1 + BwdWsFullArrivals<Traits>(tma_args));
+      MbarrierInit(sm.full() + 8 * stage, 1 + RowStatsArrivals<Traits, 32>(tma_args));
       MbarrierInit(sm.empty() + 8 * stage, Traits::kThreads / 32);  // the MMA warps
     }
     FenceBarrierInit();
@@ -183,11 +143,7 @@ __global__ void __launch_bounds__(Traits::kWsThreads, 1)
   mma.warp -= 4;
   float dk[Traits::kHeadDim / kMmaN][4], dv[Traits::kHeadDim / kMmaN][4];
   BwdMainloop<T, Traits, kSoftcap, kDq, kDropout, /*kWs=*/true>(tma_args, tile, mma, dk, dv);
-  if constexpr (kDropout) ScaleTiles(dv, tma_args.args.keep_scale);  // dV took the kept P^T, unscaled
-  const int warpgroup = mma.warp / 4, wg_warp = mma.warp % 4;
-  const int64_t key0 = tile.n_block * Traits::kBlockN + warpgroup * 64 + wg_warp * 16;
-  StoreDkDv<T>(tma_args.args.p, tile.b, tile.h_kv, key0, 0, dk, dv, tma_args.args.scale, mma.g,
-               mma.t);
+  StoreWarpDkDv<T, Traits, kDropout>(tma_args, tile, mma, dk, dv);
 #else
   __trap();  // built without sm_90a; the dispatch never launches it then
 #endif

@@ -34,6 +34,7 @@
 #include "cuda/bwd/query_steps.cuh"
 #include "cuda/common/copy.cuh"
 #include "cuda/common/dropout.cuh"
+#include "cuda/common/epilogue_bwd.cuh"
 #include "cuda/common/fragment.cuh"
 #include "cuda/common/score.cuh"
 #include "cuda/common/softmax.cuh"
@@ -62,9 +63,11 @@ struct BwdTmaArgs {
 };
 
 // Where the tiles and barriers are in shared memory: BwdSm90Traits' offsets
-// from the 1024-byte-aligned start of the dynamic shared memory (the
-// mainloop computes the same addresses in place: a struct of them changed
-// the register allocation of the kernels without warp specialization).
+// from the 1024-byte-aligned start of the dynamic shared memory, for the
+// warp-specialized kernel's producer roles. (BwdMainloop adds the same
+// offsets in place: through these accessors, and through IssueStepLoads,
+// the kernels without warp specialization compiled to other SASS, and they
+// are what has run on a GPU.)
 template <typename Traits>
 struct BwdSmem {
   uint32_t base;
@@ -79,13 +82,19 @@ struct BwdSmem {
   __device__ __forceinline__ uint32_t full() const { return base + Traits::kFullOffset; }
   __device__ __forceinline__ uint32_t empty() const { return base + Traits::kEmptyOffset; }
   __device__ __forceinline__ uint32_t dq_slot() const { return base + Traits::kDqSlotOffset; }
+  // A shared address as a generic pointer (lse2 and D are read and written
+  // through them).
+  __device__ __forceinline__ static float* Floats(unsigned char* smem_raw, uint32_t addr) {
+    return reinterpret_cast<float*>(smem_raw + (addr - SmemAddr(smem_raw)));
+  }
 };
 
 // A step's lse2 and D (kBlockM rows of (batch, head) bh from query m0) into a
 // stage, completing on the stage's mbarrier `bar`: by thread 0 through TMA,
 // which costs the other threads nothing (ncu: 128 threads' cp.async were ~5%
-// of the D = 64 step's samples, all in warpgroup 0), or by cp.async from
-// 2 kBlockM threads, each an arrival of the barrier (RowStatsArrivals).
+// of the D = 64 step's samples, all in warpgroup 0), or by cp.async from the
+// caller's first kLoaders threads (tid), at most 2 kBlockM of them, each an
+// arrival of the barrier (RowStatsArrivals).
 // The TMA bytes: RowStatsTxBytes, for thread 0's expect_tx. The TMA path is
 // compiled only where the tile asks for it (BwdTile::stats_tma): at D = 128
 // it cost the kernels 8-90 B more spills and 1-5% of their time.
@@ -93,15 +102,16 @@ template <class Traits>
 __device__ __forceinline__ bool RowStatsByTma(const BwdTmaArgs& tma_args) {
   return Traits::kTile.stats_tma && tma_args.stats_by_tma;
 }
-template <class Traits>
+template <class Traits, int kLoaders = Traits::kThreads>
 __device__ __forceinline__ uint32_t RowStatsArrivals(const BwdTmaArgs& tma_args) {
-  return RowStatsByTma<Traits>(tma_args) ? 0 : 2 * Traits::kBlockM;
+  constexpr int kRows = 2 * Traits::kBlockM;
+  return RowStatsByTma<Traits>(tma_args) ? 0 : (kLoaders < kRows ? kLoaders : kRows);
 }
 template <class Traits>
 __device__ __forceinline__ uint32_t RowStatsTxBytes(const BwdTmaArgs& tma_args) {
   return RowStatsByTma<Traits>(tma_args) ? 2 * Traits::kBlockM * 4 : 0;
 }
-template <class Traits>
+template <class Traits, int kLoaders = Traits::kThreads>
 __device__ __forceinline__ void IssueRowStats(const BwdTmaArgs& tma_args, int64_t bh, int64_t m0,
                                               float* lse_stage, float* delta_stage, uint32_t bar,
                                               int tid) {
@@ -115,9 +125,44 @@ __device__ __forceinline__ void IssueRowStats(const BwdTmaArgs& tma_args, int64_
     }
   } else {
     const int64_t seqlen_q = tma_args.args.p.shape.seqlen_q;
-    LoadRowStats<kBlockM>(tma_args.args, bh * seqlen_q, m0, seqlen_q, lse_stage, delta_stage, tid);
-    if (tid < 2 * kBlockM) sm90::CpAsyncArriveOn(bar);
+    if constexpr (kLoaders >= 2 * kBlockM) {
+      LoadRowStats<kBlockM>(tma_args.args, bh * seqlen_q, m0, seqlen_q, lse_stage, delta_stage,
+                            tid);
+      if (tid < 2 * kBlockM) sm90::CpAsyncArriveOn(bar);
+    } else {
+#pragma unroll 1
+      for (int r = tid; r < 2 * kBlockM; r += kLoaders)
+        LoadRowStats<kBlockM>(tma_args.args, bh * seqlen_q, m0, seqlen_q, lse_stage,
+                              delta_stage, r);
+      if (tid < kLoaders) sm90::CpAsyncArriveOn(bar);
+    }
   }
+}
+
+// A step's loads into stage `stage`, all onto its full mbarrier `bar`: Q and
+// dO of query head h from query m0 through TMA (thread 0; rows past seqlen_q
+// and columns past head_dim arrive as zeros), lse2 and D by IssueRowStats
+// with the first kLoaders threads. (BwdMainloop's `issue` and the wide
+// mainloop's are this, written in place: see BwdSmem.)
+template <class Traits, int kLoaders = Traits::kThreads>
+__device__ __forceinline__ void IssueStepLoads(const BwdTmaArgs& tma_args, uint32_t q,
+                                               uint32_t dout, float* lse, float* delta,
+                                               int stage, int64_t b, int64_t h, int64_t m0,
+                                               uint32_t bar, int tid) {
+  constexpr int kBlockM = Traits::kBlockM;
+  if (tid == 0) {
+    sm90::MbarrierArriveExpectTx(bar, 2 * Traits::kQBytes + RowStatsTxBytes<Traits>(tma_args));
+#pragma unroll
+    for (int block = 0; block < Traits::kSmemCols / 64; ++block) {
+      const uint32_t offset = stage * Traits::kQBytes + block * kBlockM * sm90::kSwizzleBytes;
+      sm90::TmaLoadBox(q + offset, &tma_args.q_map, block * 64, static_cast<int>(m0),
+                       static_cast<int>(h), static_cast<int>(b), bar);
+      sm90::TmaLoadBox(dout + offset, &tma_args.dout_map, block * 64, static_cast<int>(m0),
+                       static_cast<int>(h), static_cast<int>(b), bar);
+    }
+  }
+  IssueRowStats<Traits, kLoaders>(tma_args, b * tma_args.args.p.shape.num_heads_q + h, m0,
+                                  lse + stage * kBlockM, delta + stage * kBlockM, bar, tid);
 }
 
 // kSoftcap: a template parameter rather than a branch, because ptxas
@@ -148,7 +193,6 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   const BwdArgs& args = tma_args.args;
   const BwdParams& p = args.p;
 
-  // Shared memory (BwdSmem, BwdSm90Traits' offsets).
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = BwdSmem<Traits>::Of(smem_raw).base;
   const uint32_t sK = base;
@@ -502,6 +546,22 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     if (wg_tid == 0) DqHandoff::Post(dq_slot, warpgroup, 0, DqHandoff::kEnd);
     DqHandoff::Full(warpgroup);
   }
+}
+
+// After the mainloop: this warp's dK and dV (its 16 keys of its warpgroup's
+// 64) to global memory; `pos` counts the MMA threads from 0. With dropout dV
+// still lacks 1 / (1 - rate) (the mainloop's kept P^T was unscaled).
+template <typename T, typename Traits, bool kDropout>
+__device__ __forceinline__ void StoreWarpDkDv(const BwdTmaArgs& tma_args,
+                                              const KeyBlockScheduler::Tile& tile,
+                                              const ThreadPos& pos,
+                                              const float (&dk)[Traits::kHeadDim / kMmaN][4],
+                                              float (&dv)[Traits::kHeadDim / kMmaN][4]) {
+  if constexpr (kDropout) ScaleTiles(dv, tma_args.args.keep_scale);
+  const int warpgroup = pos.warp / 4, wg_warp = pos.warp % 4;
+  const int64_t key0 = tile.n_block * Traits::kBlockN + warpgroup * 64 + wg_warp * 16;
+  StoreDkDv<T>(tma_args.args.p, tile.b, tile.h_kv, key0, 0, dk, dv, tma_args.args.scale, pos.g,
+               pos.t);
 }
 
 }  // namespace jax_flash::cuda::sm90
