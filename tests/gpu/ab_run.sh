@@ -20,17 +20,26 @@
 # map): the backward (bench1, bwd ms), the forward (bench1_fwd, fwd ms), or
 # both (direction "both"). Logs and bench.txt under $OUT.
 # Budget of one call (600 s): about 100 s for this tree, 100-130 s for the
-# variants, 75 s of checks and memcheck per variant, 1.8 s per timed run:
-# three variants fit with ROUNDS=1, two with the defaults.
+# variants, 75 s of checks and memcheck (side by side for the variants),
+# 1.8 s per timed run.
 # Usage (repo root, on the GPU machine):
-#   tests/gpu/ab_run.sh bwd "maskbwd:." "bm128:^bwd_sm90_.*hd64:-DJAX_FLASH_TUNE_SM90_D=64 \
-#     -DJAX_FLASH_TUNE_SM90_BWD_BM=128 -DJAX_FLASH_TUNE_SM90_BWD_KV_RS=0"   (maskbwd.tgz, no bm128.tgz)
+#   tests/gpu/ab_run.sh bwd "maskbwd:." "ws64:^bwd_sm90_.*hd64:-DJAX_FLASH_TUNE_SM90_D=64 \
+#     -DJAX_FLASH_TUNE_SM90_BWD_WS=1"   (maskbwd.tgz, no ws64.tgz)
 #   tests/gpu/ab_run.sh fwd "classic:^fwd_sm90:-DJAX_FLASH_SM90_FWD_WS=0"   (no classic.tgz)
 #   DIMS="96 192 256" tests/gpu/ab_run.sh both "bn64:^fwd_sm80:-DJAX_FLASH_TUNE_D=96 \
 #     -DJAX_FLASH_TUNE_FWD_BN=64"
 # A regex of "." rebuilds everything (a change to a header that every unit
 # includes); about 2 minutes per whole build, variants built in parallel.
 # Every run has a timeout: a deadlocked pipeline shows up as rc 124.
+# KEEP=1 takes the builds (/tmp/ab_this, /tmp/ab_NAME) an earlier run left on
+# the same machine: a second timing, with other RATE / PAD / DIMS, in the
+# same call. CASES (a regex of case names) narrows the checks; CHECK_<name>,
+# CASES_<name>, SANITIZERS_<name> set them per build (this tree: "this",
+# checked only when CHECK_this is set), e.g. the merged tree checked whole
+# and a snapshot of main only timed:
+#   CHECK_this=check SANITIZERS_this="memcheck racecheck" CHECK_base=none \
+#     SANITIZERS_base="" tests/gpu/ab_run.sh both "base:^(fwd|bwd)_sm90"
+# Only 8 files come back from a device call: point OUT elsewhere and tar it.
 set -uo pipefail
 direction=$1; shift
 out=${OUT:-/tmp/ab_out}; mkdir -p "$out"
@@ -38,12 +47,16 @@ start=$(date +%s)
 say() { echo "$(( $(date +%s) - start )) s: $*"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader \
   > "$out/gpu.txt" 2>&1
-ARCH=90a JOBS=16 bash tests/gpu/build.sh /tmp/ab_this > "$out/build_this.log" 2>&1 || say "BUILD FAILED: this tree"
+built() { [ -n "${KEEP:-}" ] && [ -x "$1/tc_kernel_check" ]; }
+built /tmp/ab_this ||
+  ARCH=90a JOBS=16 bash tests/gpu/build.sh /tmp/ab_this > "$out/build_this.log" 2>&1 ||
+  say "BUILD FAILED: this tree"
 say built this tree
 names=()
 for spec in "$@"; do
   IFS=: read -r name regex flags <<< "$spec"
   names+=("$name")
+  built "/tmp/ab_$name" && continue
   mkdir -p "/tmp/ab_src_$name"
   if [ -f "tests/gpu/ab_src/$name.tgz" ]; then
     tar -xzf "tests/gpu/ab_src/$name.tgz" -C "/tmp/ab_src_$name"
@@ -56,20 +69,34 @@ for spec in "$@"; do
 done
 wait
 say built variants
-for name in "${names[@]}"; do
-  checks=${CHECK:-features}
+# The checks of the builds run side by side (the float64 reference is CPU
+# work): CHECK, CASES and SANITIZERS as above for every variant, and per
+# build CHECK_<name>, CASES_<name>, SANITIZERS_<name> (this tree's name is
+# "this"; it is checked only when CHECK_this is set). CHECK_TIMEOUT (default
+# 240 s) bounds each check: a deadlock is its rc 124.
+for name in this "${names[@]}"; do (
+  v=CHECK_$name; checks=${!v:-${CHECK:-features}}
+  [ "$name" = this ] && checks=${CHECK_this:-none}
+  v=CASES_$name; [ -n "${!v:-}" ] && export CASES=${!v}
   if [ "$checks" != none ]; then
-    timeout 240 "/tmp/ab_$name/tc_kernel_check" "$checks" > "$out/${checks}_$name.log" 2>&1
-    say "$checks $name: rc $?, $(tail -1 "$out/${checks}_$name.log")"
+    timeout "${CHECK_TIMEOUT:-240}" "/tmp/ab_$name/tc_kernel_check" "$checks" \
+      > "$out/${checks}_$name.log" 2>&1
+    rc=$?
+    say "$checks $name: rc $rc, $(tail -1 "$out/${checks}_$name.log")"
+    [ $rc = 124 ] && touch "/tmp/ab_$name/HUNG"  # not timed: every run would hang too
   fi
-  for tool in ${SANITIZERS-memcheck}; do
+  tools=${SANITIZERS-memcheck}; [ "$name" = this ] && tools=""
+  v=SANITIZERS_$name; [ -n "${!v+set}" ] && tools=${!v}
+  for tool in $tools; do
     timeout 150 compute-sanitizer --tool "$tool" "/tmp/ab_$name/tc_kernel_check" small \
       > "$out/${tool}_$name.log" 2>&1
     say "$tool $name: rc $?, $(tail -1 "$out/${tool}_$name.log")"
-  done
+  done ) &
 done
+wait
 directions=$direction; [ "$direction" = both ] && directions="fwd bwd"
 time_of() {  # $1: build dir; dir D S c from the loop
+  [ -f "$1/HUNG" ] && { echo hung; return; }
   local mode=bench1; [ "$dir" = fwd ] && mode=bench1_fwd; [ -n "${PAD:-}" ] && mode=${mode}_pad
   timeout 30 "$1/tc_kernel_check" $mode $D $S $c ${RATE:-} 2>&1 | grep BENCH |
     sed "s/.*| bwd \([0-9.]*\) ms.*/\1/; s/.*: fwd \([0-9.]*\) ms.*/\1/"

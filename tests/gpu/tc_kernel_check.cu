@@ -18,7 +18,8 @@
 // bench1_pad D S causal [rate]|bench1_fwd_pad D S causal [rate]|prof D S causal]
 // (the _pad modes with the padding mask of the jax bench's `padding` row, dense with its tile map)
 // check and features take an optional range, FIRST [COUNT]: those cases alone, with the
-// seeds of the whole run, so that a long run (forced onto sm75) can be split over calls.
+// seeds of the whole run, so that a long run (forced onto sm75) can be split over calls;
+// CASES=<regex> keeps the cases whose names match.
 // (tests/gpu/ab_run.sh checks and times variants of the kernels with it.)
 #include <omp.h>
 
@@ -27,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -448,11 +450,20 @@ int main(int argc, char** argv) {
   const size_t first = argc > 2 ? std::strtoul(argv[2], nullptr, 10) : 0;
   const size_t count = argc > 3 ? std::strtoul(argv[3], nullptr, 10) : cases.size();
   const size_t end = std::min(cases.size(), first + std::min(count, cases.size()));
+  // CASES=<regex>: only the cases whose names match (one head-dim bucket's,
+  // when a variant changed only its kernels), with their seeds of the whole run.
+  const char* filter = std::getenv("CASES");
+  const std::regex re(filter ? filter : "");
   int fails = 0;
-  for (size_t i = first; i < end; ++i) fails += !RunCase(cases[i], 100 + i);
-  const size_t ran = end > first ? end - first : 0;
+  size_t ran = 0;
+  for (size_t i = first; i < end; ++i) {
+    if (filter && !std::regex_search(cases[i].name(), re)) continue;
+    fails += !RunCase(cases[i], 100 + i);
+    ++ran;
+  }
   std::printf("%s: %d of %zu cases failed", fails ? "FAILED" : "ALL PASSED", fails, ran);
-  if (ran != cases.size()) std::printf(" (cases %zu-%zu of %zu)", first, first + ran, cases.size());
+  if (ran != cases.size())
+    std::printf(" (%s cases %zu-%zu of %zu)", filter ? filter : "", first, end, cases.size());
   std::printf("\n");
   return fails ? 1 : 0;
 }
