@@ -36,10 +36,10 @@ cudaError_t RunFwd(const FwdParams& params, void* workspace, cudaStream_t stream
                 "arch paths: 75 (mma.sync, Turing), 80 (mma.sync), 90 (wgmma)");
   static_assert(kArch != 90 || !kTerms, "score terms: the mma.sync kernels only");
   if constexpr (kArch == 90) {
-    // A dense mask (with a tile map: FwdPath) on sm90/fwd.cuh, unless the
-    // bucket's warp-specialized tile takes one (FwdWsTile::dense_mask): in
-    // the consumers of every instantiation its per-element test spilled
-    // their registers in every block, so it is a kernel of its own there.
+    // A dense mask (with a tile map: FwdPath) runs on the warp-specialized
+    // forward, a kernel of its own (in the consumers of every instantiation
+    // its per-element test spilled their registers in every block), with a
+    // bias or dropout on sm90/fwd.cuh.
     if constexpr (JAX_FLASH_SM90_FWD_WS && InSm90FwdWsBuckets(kHeadDim)) {
       const cudaError_t err = sm90::LaunchFwdWs<T, kHeadDim>(params, workspace, stream);
       if (err != cudaErrorNotSupported) return err;

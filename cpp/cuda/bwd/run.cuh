@@ -146,8 +146,7 @@ cudaError_t RunBwd(const BwdParams& params, void* workspace, bool deterministic,
   // The fast mode on Hopper runs the deterministic structure where
   // sm90::SeparateDq says it is the faster, on Turing where TuringSeparateDq does.
   if (deterministic ||
-      (kArch == 90 && sm90::SeparateDq(kHeadDim, params.dropout.enabled(),
-                                       params.score.bias != nullptr)) ||
+      (kArch == 90 && sm90::SeparateDq(kHeadDim, params.score.bias != nullptr)) ||
       (kArch == 75 && TuringSeparateDq(params, kHeadDim)))
     return RunBwdChunk<kArch, T, kHeadDim, kTerms>(params, workspace, /*deterministic=*/true,
                                                    shape.batch, 0, 0, stream);

@@ -262,7 +262,7 @@ cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t str
       // The wide kernel's structure: above D = 128, and at D = 128 for a bias
       // (a bias variant of the other kernel, whose registers are full,
       // spilled 0.6-1 KB).
-      static_assert(SeparateDq(kHeadDim, kDrop, kBias), "the wide kernels run without dQ");
+      static_assert(SeparateDq(kHeadDim, kBias), "the wide kernels run without dQ");
       if (accumulate_dq) return cudaErrorInvalidValue;
       using Traits = BwdWideTraits<kHeadDim>;
       return LaunchKeyBlocks<T, Traits>(args, BwdWideKernel<T, Traits, kCap, kBias, kDrop>,
@@ -272,7 +272,7 @@ cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t str
     } else if constexpr (BwdTileSize(kHeadDim).ws) {  // sm90/bwd_ws.cuh
       using Traits = BwdSm90Traits<kHeadDim>;
       constexpr int kThreads = Traits::kWsThreads, kSmemBytes = Traits::kWsSmemBytes;
-      if constexpr (SeparateDq(kHeadDim, kDrop, false)) {
+      if constexpr (SeparateDq(kHeadDim, false)) {
         if (accumulate_dq) return cudaErrorInvalidValue;
         return LaunchKeyBlocks<T, Traits, kThreads, kSmemBytes>(
             args, BwdWsKernel<T, Traits, kCap, false, kDrop>, stream);
@@ -283,7 +283,7 @@ cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t str
       }
     } else {
       using Traits = BwdSm90Traits<kHeadDim>;
-      if constexpr (SeparateDq(kHeadDim, kDrop, false)) {
+      if constexpr (SeparateDq(kHeadDim, false)) {
         if (accumulate_dq) return cudaErrorInvalidValue;
         return LaunchKeyBlocks<T, Traits>(args, BwdKernel<T, Traits, kCap, false, kDrop>, stream);
       } else {

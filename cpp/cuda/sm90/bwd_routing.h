@@ -33,21 +33,13 @@ inline bool BwdTakesTerms(const BwdParams& p, bool deterministic) {
 // - above D = 128, where it is the faster of the two (H100, bf16, S 4k-16k:
 //   295-367 TFLOP/s against 238-279 for the atomic dQ of
 //   mainloop_bwd_wide.cuh; cpp/cuda/NOTES.md);
-// - at D = 128 with dropout, where the kernel with dQ spilled 284 bytes (32
-//   without dropout) and the separate structure, though it draws the keep
-//   bits twice, was 2-14% faster at every shape measured (H100, bf16, f+b,
-//   S 1k-8k, causal and not; NOTES_score_terms.md); since the fourteenth
-//   session's mask paths that kernel spills 28 bytes: the tuning hook
-//   -DJAX_FLASH_TUNE_SM90_BWD_SEPARATE_DQ_DROPOUT=0 builds and routes it
-//   (NOTES_sm90_bwd.md);
 // - at D = 128 with a bias, which runs on the wide kernel's structure.
-// The dK/dV kernels with dQ are not built for these.
-#ifndef JAX_FLASH_TUNE_SM90_BWD_SEPARATE_DQ_DROPOUT
-#define JAX_FLASH_TUNE_SM90_BWD_SEPARATE_DQ_DROPOUT 1
-#endif
-constexpr bool SeparateDq(int head_dim, bool dropout, bool bias) {
-  constexpr bool kDropoutSeparate = JAX_FLASH_TUNE_SM90_BWD_SEPARATE_DQ_DROPOUT;
-  return head_dim > 128 || (head_dim == 128 && ((dropout && kDropoutSeparate) || bias));
+// The dK/dV kernels with dQ are not built for these. At D = 128 with dropout
+// the kernel with dQ runs (it spilled 284 bytes until the fourteenth
+// session's mask paths, 28 since; the separate structure, which draws the
+// keep bits twice, took 1.11-1.33x its time on an H200: NOTES_sm90_bwd.md).
+constexpr bool SeparateDq(int head_dim, bool bias) {
+  return head_dim > 128 || (head_dim == 128 && bias);
 }
 
 }  // namespace jax_flash::cuda::sm90

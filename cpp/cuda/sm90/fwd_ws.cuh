@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     FwdBlock<T> blk =
         FwdBlock<T>::template Make<Traits::kBlockM, Traits::kBlockN, /*kTileMap=*/true>(a.args.p,
                                                                                          tile);
-    if constexpr (!kDenseMask) blk.mask.dense = nullptr;  // else sm90/fwd.cuh runs it (RunFwd)
+    if constexpr (!kDenseMask) blk.mask.dense = nullptr;  // a mask runs the kDenseMask kernel
     float o[1][Traits::kHeadDim / kMmaN][4], row_m[1][2], row_l[1][2];
     InitFwdState(o, row_m, row_l);
     if (blk.n_begin < blk.n_end) {
@@ -151,16 +151,14 @@ cudaError_t LaunchFwdWsKernel(const FwdWsArgs& a, cudaStream_t stream) {
 // cudaErrorNotSupported when TMA cannot address Q, K, V or the bias (see
 // EncodeRowsTensorMap, EncodeBiasTensorMap), the bias stages do not fit, the
 // tiles do not fit an int, for a bias with dropout (a kernel of its own
-// that no one has measured), or for a dense mask where the bucket's tile
-// does not take one (FwdWsTile::dense_mask; with a bias or dropout never):
+// that no one has measured), or for a dense mask with a bias or dropout:
 // the caller runs the forward without warp specialization then.
 // `workspace`: PersistentScheduler::kWorkspaceBytes bytes for the tile
 // counter (zeroed here, before the launch).
 template <typename T, int kHeadDim>
 cudaError_t LaunchFwdWs(const FwdParams& params, void* workspace, cudaStream_t stream) {
   using Traits = FwdWsTraits<kHeadDim>;
-  if (params.mask.dense != nullptr && (!Traits::kTile.dense_mask || params.score.bias != nullptr ||
-                                       params.dropout.enabled()))
+  if (params.mask.dense != nullptr && (params.score.bias != nullptr || params.dropout.enabled()))
     return cudaErrorNotSupported;
   const AttentionShape& s = params.shape;
   if (s.head_dim > kHeadDim) return cudaErrorInvalidValue;
@@ -187,11 +185,8 @@ cudaError_t LaunchFwdWs(const FwdParams& params, void* workspace, cudaStream_t s
   if (!EncodeRowsTensorMap(&a.o_map, params.out, params.out_strides, s.batch, s.seqlen_q,
                            s.num_heads_q, s.head_dim, 64, kBf16))
     return cudaErrorNotSupported;
-  if constexpr (Traits::kTile.dense_mask) {
-    if (params.mask.dense != nullptr)
-      return LaunchFwdWsKernel<T, Traits, void, /*kDropout=*/false, /*kDenseMask=*/true>(a,
-                                                                                         stream);
-  }
+  if (params.mask.dense != nullptr)
+    return LaunchFwdWsKernel<T, Traits, void, /*kDropout=*/false, /*kDenseMask=*/true>(a, stream);
   if (params.dropout.enabled()) {
     if (params.score.bias != nullptr) return cudaErrorNotSupported;
     return LaunchFwdWsKernel<T, Traits, void, /*kDropout=*/true>(a, stream);

@@ -312,8 +312,10 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   const uint32_t dq_part = sDq + warpgroup * Traits::kDqPartBytes;
   // dK's A, dS^T: from registers (RS), or as SS from the copy in shared
   // memory that dQ reads anyway where the bucket's row says the registers
-  // are short (sm90/tile_size.h).
-  constexpr bool kDkFromRegisters = !kDq || Traits::kTile.dk_rs_with_dq;
+  // are short (sm90/tile_size.h; with dropout, whose keep bits take some, a
+  // choice of its own).
+  constexpr bool kDkFromRegisters =
+      !kDq || (kDropout ? Traits::kTile.dk_rs_with_dropout : Traits::kTile.dk_rs_with_dq);
   // Descriptors of the tiles that stay put (the k-steps add offsets): dS^T
   // as dQ's M-major A (all 128 keys) and as dK's K-major A (this warpgroup's
   // rows, SS only), K's dQ columns as dQ's MN-major B.

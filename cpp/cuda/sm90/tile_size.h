@@ -23,21 +23,29 @@ struct FwdTile {
 
 // Backward (dK/dV and the fast mode's dQ): keys per CTA (two warpgroups of
 // 64; above D = 128 64 keys, the warpgroups splitting the head dim), queries
-// per step, threads, Q/dO/lse/D stages; and where the up-to-D = 128 kernel
-// (sm90/mainloop_bwd.cuh) takes two A operands from registers rather than
-// shared memory: K and V of the warpgroup's keys for S^T and dP^T (kv_rs:
-// D = 64 only, 1-3% faster; at D = 96 it spilled), and dS^T for dK in the
-// kernel with dQ (dk_rs_with_dq; the kernels without dQ always do: at D = 128
-// with dQ it spilled 244 B and took 1.3-1.45x the time); and whether a step's
-// lse2 and D come by TMA from one thread rather than cp.async from 128
-// (stats_tma: D = 64 only, 4-6% faster; at D = 128 it added spills and took
-// 1-5% longer); and whether the warp-specialized kernel runs it (ws: a
-// producer warpgroup for the loads and the dQ reductions; not yet timed).
+// per step (128 at D = 64, FA3's step: dQ split by rows, 5-12% faster than
+// 64 on an H200), threads, Q/dO/lse/D stages; and for the up-to-D = 128
+// kernel (sm90/mainloop_bwd.cuh):
+// - kv_rs: K and V of the warpgroup's keys as the A of S^T and dP^T from
+//   registers rather than shared memory (1-3% faster with 64-query steps at
+//   D = 64; with 128 it spills, at D = 96 too);
+// - stats_tma: a step's lse2 and D by TMA from one thread rather than
+//   cp.async from 128 (4-6% faster at D = 64; at D = 128 within 1%);
+// - dk_rs_with_dq: dS^T, dK's A, from registers in the kernel with dQ (the
+//   kernels without dQ always do), else from the copy in shared memory that
+//   dQ reads anyway (at D = 128 2-4% faster since the mask paths took its
+//   spills away; before, 244 B of spill and 1.3-1.45x the time);
+//   dk_rs_with_dropout the same with dropout, whose keep bits take registers
+//   too (at D = 128 176 B of spill and 1.23-1.34x the time of SS);
+// - ws: the warp-specialized kernel (sm90/bwd_ws.cuh: a producer warp for
+//   the loads, a dQ warp for the reductions) instead of BwdKernel; on an
+//   H200 3-7% faster than 64-query steps at D = 64 but slower than 128-query
+//   ones (with which it spills 112-396 B), 0-3% slower at D = 128.
 // NOTES_sm90_bwd.md.
 struct BwdTile {
   int block_n, block_m, threads, stages;
-  bool kv_rs = false, dk_rs_with_dq = false, stats_tma = false;
-  bool ws = false;  // the warp-specialized kernel (sm90/bwd_ws.cuh) instead of BwdKernel
+  bool kv_rs = false, stats_tma = false, dk_rs_with_dq = false, dk_rs_with_dropout = false;
+  bool ws = false;
 };
 
 // The warp-specialized forward (sm90/fwd_ws.cuh): query rows per tile (one
@@ -48,14 +56,9 @@ struct BwdTile {
 // Q buffers (2: the next tile's Q loads while this tile's last blocks run,
 // instead of after its last S GEMM, off the consumers' path at tile starts).
 // FA3 uses 128 x 176 at D=128 (128 x 128 causal) and 192 x 192 at D=64.
-// dense_mask: whether a dense mask (with its tile map) runs here too, tested
-// per element in the cells the map leaves partial (a kernel of its own;
-// else sm90/fwd.cuh runs it: NOTES_sm90_fwd.md, "A dense mask on the ws
-// forward").
 struct FwdWsTile {
   int block_m, block_n, stages, producer_regs, consumer_regs;
   int q_stages = 1;
-  bool dense_mask = false;
 };
 
 // Deterministic dQ (the forward's structure: S and dP, then dQ += dS K):
@@ -76,11 +79,11 @@ struct Sm90Tiles {
 // ptxas -v, sm_90a: see NOTES.md.
 inline constexpr Sm90Tiles kTiles[] = {
     // head_dim, fwd {BM, BN, threads, stages, TMA},
-    // bwd {BN, BM, threads, stages, K/V RS, dK RS with dQ, lse2 / D by TMA},
+    // bwd {BN, BM, threads, stages, K/V RS, lse2 / D by TMA, dK RS with dQ, and with dropout},
     // dq {BM, BN, threads, stages}
-    {64, {128, 128, 256, 2, false}, {128, 64, 256, 2, true, true, true}, {128, 64, 256, 2}},
-    {96, {128, 128, 256, 2, true}, {128, 64, 256, 2, false, true}, {128, 64, 256, 2}},
-    {128, {128, 128, 256, 2, false}, {128, 64, 256, 2, false, false}, {128, 64, 256, 2}},
+    {64, {128, 128, 256, 2, false}, {128, 128, 256, 2, false, true, true, true}, {128, 64, 256, 2}},
+    {96, {128, 128, 256, 2, true}, {128, 64, 256, 2, false, false, true, true}, {128, 64, 256, 2}},
+    {128, {128, 128, 256, 2, false}, {128, 64, 256, 2, false, false, true, false}, {128, 64, 256, 2}},
     {192, {128, 96, 256, 2, true}, {64, 64, 256, 2}, {128, 64, 256, 2}},
     {256, {128, 64, 256, 2, true}, {64, 64, 256, 2}, {128, 32, 256, 2}},
 };
@@ -88,7 +91,7 @@ inline constexpr Sm90Tiles kTiles[] = {
 // Tuning hook (tests/gpu/ab_run.sh variants), as sm80/tile_size.h's: with
 // -DJAX_FLASH_TUNE_SM90_D=<bucket>, each of
 // -DJAX_FLASH_TUNE_SM90_{FWD_BN,FWD_STAGES,FWD_TMA,BWD_BN,BWD_BM,BWD_KV_RS,BWD_DK_RS,
-// BWD_STATS_TMA,BWD_WS,DQ_BN}=<n> replaces that field of the bucket's row.
+// BWD_DK_RS_DROPOUT,BWD_STATS_TMA,BWD_WS,DQ_BN}=<n> replaces that field of the bucket's row.
 constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #ifdef JAX_FLASH_TUNE_SM90_D
   if (t.head_dim != JAX_FLASH_TUNE_SM90_D) return t;
@@ -112,6 +115,9 @@ constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #endif
 #ifdef JAX_FLASH_TUNE_SM90_BWD_DK_RS
   t.bwd.dk_rs_with_dq = JAX_FLASH_TUNE_SM90_BWD_DK_RS;
+#endif
+#ifdef JAX_FLASH_TUNE_SM90_BWD_DK_RS_DROPOUT
+  t.bwd.dk_rs_with_dropout = JAX_FLASH_TUNE_SM90_BWD_DK_RS_DROPOUT;
 #endif
 #ifdef JAX_FLASH_TUNE_SM90_BWD_STATS_TMA
   t.bwd.stats_tma = JAX_FLASH_TUNE_SM90_BWD_STATS_TMA;
@@ -138,15 +144,11 @@ constexpr DqTile DqTileSize(int head_dim) { return TilesFor(head_dim).dq; }
 // Tuning hook (tests/gpu/ab_run.sh variants): with -DJAX_FLASH_TUNE_D=<bucket>,
 // -DJAX_FLASH_TUNE_WS_STAGES=<n>, -DJAX_FLASH_TUNE_WS_BN=<64 or 128>
 // and -DJAX_FLASH_TUNE_WS_QSTAGES=<1 or 2> replace that field of the
-// bucket's warp-specialized forward tile; -DJAX_FLASH_TUNE_WS_DENSE=<0 or 1>
-// sets dense_mask in every bucket's (for a whole build: CUDAFLAGS).
+// bucket's warp-specialized forward tile.
 constexpr FwdWsTile FwdWsTileSize(int head_dim) {
   FwdWsTile t = head_dim <= 64    ? FwdWsTile{128, 128, 4, 24, 240}
                 : head_dim <= 128 ? FwdWsTile{128, 128, 2, 24, 240}
                                   : FwdWsTile{128, 64, 2, 24, 240};
-#ifdef JAX_FLASH_TUNE_WS_DENSE
-  t.dense_mask = JAX_FLASH_TUNE_WS_DENSE;
-#endif
 #ifdef JAX_FLASH_TUNE_D
   if (head_dim != JAX_FLASH_TUNE_D) return t;
 #ifdef JAX_FLASH_TUNE_WS_STAGES
