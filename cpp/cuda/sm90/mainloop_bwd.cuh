@@ -272,23 +272,6 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     __syncthreads();
   }
 
-  // K and V of this warp's 16 keys as the A fragments of S^T and dP^T, read
-  // once (RS) instead of by every step's wgmmas, where the bucket's row says
-  // so (sm90/tile_size.h). ldmatrix's lane l addresses row l % 8 of matrix
-  // l / 8: matrices (keys 0-7, 8-15) x (columns 16kk + 0-7, + 8-15), the A
-  // fragment's order.
-  constexpr bool kKvInRegisters = Traits::kTile.kv_rs;
-  constexpr int kKvFrags = kKvInRegisters ? kHeadDim / kMmaK : 1;
-  uint32_t ak[kKvFrags][4], av[kKvFrags][4];
-  if constexpr (kKvInRegisters) {
-    const int row = warpgroup * 64 + wg_warp * 16 + lane % 8 + ((lane / 8) % 2) * 8;
-#pragma unroll
-    for (int kk = 0; kk < kKvFrags; ++kk) {
-      Ldmatrix4(ak[kk], sK + sm90::SwizzledOffset(row, 2 * kk + lane / 16, kBlockN));
-      Ldmatrix4(av[kk], sV + sm90::SwizzledOffset(row, 2 * kk + lane / 16, kBlockN));
-    }
-  }
-
   // dK = dV = 0 (here rather than in the kernel: the same place as before the
   // mainloop was split out, which kept the code closest to it).
 #pragma unroll
@@ -368,21 +351,15 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     // each wait names how many of the latest may still run.
     float st[kQTiles][4], dpt[kQTiles][4];
     sm90::WgmmaFence();
-    if constexpr (kKvInRegisters) {
-      sm90::GemmKMajorRS<T, kHeadDim, kBlockM>(st, ak, q_tile);
-      sm90::WgmmaCommit();
-      sm90::GemmKMajorRS<T, kHeadDim, kBlockM>(dpt, av, do_tile);
-    } else {
-      // Without dQ, the compiler keeps every k-step's descriptor of K and V
-      // live across the loop and spills them (D = 128: 104 bytes; 36 left,
-      // the dS^T store addresses, loaded once per step); from bases it cannot
-      // hoist (Opaque) they are recomputed in the loop instead.
-      const uint32_t k_at = kDq ? k_rows : sm90::Opaque(k_rows);
-      const uint32_t v_at = kDq ? v_rows : sm90::Opaque(v_rows);
-      sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(st, k_at, q_tile);
-      sm90::WgmmaCommit();
-      sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(dpt, v_at, do_tile);
-    }
+    // Without dQ, the compiler keeps every k-step's descriptor of K and V
+    // live across the loop and spills them (D = 128: 104 bytes; 36 left, the
+    // dS^T store addresses, loaded once per step); from bases it cannot hoist
+    // (Opaque) they are recomputed in the loop instead.
+    const uint32_t k_at = kDq ? k_rows : sm90::Opaque(k_rows);
+    const uint32_t v_at = kDq ? v_rows : sm90::Opaque(v_rows);
+    sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(st, k_at, q_tile);
+    sm90::WgmmaCommit();
+    sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(dpt, v_at, do_tile);
     sm90::WgmmaCommit();
     // What the mask does to this step's tile, decided while the GEMMs run.
     const MaskPath mask_path = MaskPathOf(mask, cls, m0, m0 + kBlockM, n0w, n0w + 64);

@@ -25,10 +25,9 @@ struct FwdTile {
 // 64; above D = 128 64 keys, the warpgroups splitting the head dim), queries
 // per step (128 at D = 64, FA3's step: dQ split by rows, 5-12% faster than
 // 64 on an H200), threads, Q/dO/lse/D stages; and for the up-to-D = 128
-// kernel (sm90/mainloop_bwd.cuh):
-// - kv_rs: K and V of the warpgroup's keys as the A of S^T and dP^T from
-//   registers rather than shared memory (1-3% faster with 64-query steps at
-//   D = 64; with 128 it spills, at D = 96 too);
+// kernel (sm90/mainloop_bwd.cuh), K and V of S^T and dP^T from shared memory
+// (from registers they were 1-3% faster with 64-query steps at D = 64, but
+// spilled with 128 and at D = 96; taken out, NOTES_sm90_bwd.md):
 // - stats_tma: a step's lse2 and D by TMA from one thread rather than
 //   cp.async from 128 (4-6% faster at D = 64; at D = 128 within 1%);
 // - dk_rs_with_dq: dS^T, dK's A, from registers in the kernel with dQ (the
@@ -44,7 +43,7 @@ struct FwdTile {
 // NOTES_sm90_bwd.md.
 struct BwdTile {
   int block_n, block_m, threads, stages;
-  bool kv_rs = false, stats_tma = false, dk_rs_with_dq = false, dk_rs_with_dropout = false;
+  bool stats_tma = false, dk_rs_with_dq = false, dk_rs_with_dropout = false;
   bool ws = false;
 };
 
@@ -79,18 +78,18 @@ struct Sm90Tiles {
 // ptxas -v, sm_90a: see NOTES.md.
 inline constexpr Sm90Tiles kTiles[] = {
     // head_dim, fwd {BM, BN, threads, stages, TMA},
-    // bwd {BN, BM, threads, stages, K/V RS, lse2 / D by TMA, dK RS with dQ, and with dropout},
+    // bwd {BN, BM, threads, stages, lse2 / D by TMA, dK RS with dQ, and with dropout},
     // dq {BM, BN, threads, stages}
-    {64, {128, 128, 256, 2, false}, {128, 128, 256, 2, false, true, true, true}, {128, 64, 256, 2}},
-    {96, {128, 128, 256, 2, true}, {128, 64, 256, 2, false, false, true, true}, {128, 64, 256, 2}},
-    {128, {128, 128, 256, 2, false}, {128, 64, 256, 2, false, false, true, false}, {128, 64, 256, 2}},
+    {64, {128, 128, 256, 2, false}, {128, 128, 256, 2, true, true, true}, {128, 64, 256, 2}},
+    {96, {128, 128, 256, 2, true}, {128, 64, 256, 2, false, true, true}, {128, 64, 256, 2}},
+    {128, {128, 128, 256, 2, false}, {128, 64, 256, 2, false, true, false}, {128, 64, 256, 2}},
     {192, {128, 96, 256, 2, true}, {64, 64, 256, 2}, {128, 64, 256, 2}},
     {256, {128, 64, 256, 2, true}, {64, 64, 256, 2}, {128, 32, 256, 2}},
 };
 
 // Tuning hook (tests/gpu/ab_run.sh variants), as sm80/tile_size.h's: with
 // -DJAX_FLASH_TUNE_SM90_D=<bucket>, each of
-// -DJAX_FLASH_TUNE_SM90_{FWD_BN,FWD_STAGES,FWD_TMA,BWD_BN,BWD_BM,BWD_KV_RS,BWD_DK_RS,
+// -DJAX_FLASH_TUNE_SM90_{FWD_BN,FWD_STAGES,FWD_TMA,BWD_BN,BWD_BM,BWD_DK_RS,
 // BWD_DK_RS_DROPOUT,BWD_STATS_TMA,BWD_WS,DQ_BN}=<n> replaces that field of the bucket's row.
 constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #ifdef JAX_FLASH_TUNE_SM90_D
@@ -109,9 +108,6 @@ constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #endif
 #ifdef JAX_FLASH_TUNE_SM90_BWD_BM
   t.bwd.block_m = JAX_FLASH_TUNE_SM90_BWD_BM;
-#endif
-#ifdef JAX_FLASH_TUNE_SM90_BWD_KV_RS
-  t.bwd.kv_rs = JAX_FLASH_TUNE_SM90_BWD_KV_RS;
 #endif
 #ifdef JAX_FLASH_TUNE_SM90_BWD_DK_RS
   t.bwd.dk_rs_with_dq = JAX_FLASH_TUNE_SM90_BWD_DK_RS;

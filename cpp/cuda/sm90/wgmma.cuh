@@ -209,12 +209,4 @@ __device__ __forceinline__ void GemmKMajor(float (&d)[kN][4], uint32_t a, uint32
     WgmmaSS<T, 0>(d, KMajorStep<kARows>(a, kk), KMajorStep<kBRows>(b, kk), kk > 0);
 }
 
-// The same with A from registers: a[kk], the A fragments of k-step kk.
-template <typename T, int kCols, int kBRows, int kN>
-__device__ __forceinline__ void GemmKMajorRS(float (&d)[kN][4], const uint32_t (&a)[kCols / 16][4],
-                                             uint32_t b) {
-#pragma unroll
-  for (int kk = 0; kk < kCols / 16; ++kk) WgmmaRS<T, 0>(d, a[kk], KMajorStep<kBRows>(b, kk), kk > 0);
-}
-
 }  // namespace jax_flash::cuda::sm90
