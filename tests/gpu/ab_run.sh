@@ -75,8 +75,8 @@ say built variants
 # "this"; it is checked only when CHECK_this is set). CHECK_TIMEOUT (default
 # 240 s) bounds each check: a deadlock is its rc 124.
 for name in this "${names[@]}"; do (
-  v=CHECK_$name; checks=${!v:-${CHECK:-features}}
-  [ "$name" = this ] && checks=${CHECK_this:-none}
+  is_this() { [ "$name" = this ]; }
+  v=CHECK_$name; checks=${!v:-$(is_this && echo none || echo "${CHECK:-features}")}
   v=CASES_$name; [ -n "${!v:-}" ] && export CASES=${!v}
   if [ "$checks" != none ]; then
     timeout "${CHECK_TIMEOUT:-240}" "/tmp/ab_$name/tc_kernel_check" "$checks" \
@@ -85,8 +85,7 @@ for name in this "${names[@]}"; do (
     say "$checks $name: rc $rc, $(tail -1 "$out/${checks}_$name.log")"
     [ $rc = 124 ] && touch "/tmp/ab_$name/HUNG"  # not timed: every run would hang too
   fi
-  tools=${SANITIZERS-memcheck}; [ "$name" = this ] && tools=""
-  v=SANITIZERS_$name; [ -n "${!v+set}" ] && tools=${!v}
+  v=SANITIZERS_$name; tools=${!v-$(is_this || echo "${SANITIZERS-memcheck}")}
   for tool in $tools; do
     timeout 150 compute-sanitizer --tool "$tool" "/tmp/ab_$name/tc_kernel_check" small \
       > "$out/${tool}_$name.log" 2>&1
