@@ -107,11 +107,17 @@ class Case:
 # -- the implementations -------------------------------------------------------
 
 
-def why_unavailable(impl: str, platform: str) -> str | None:
-  """Why `impl` cannot run on this platform at all, or None."""
+CUDNN_DTYPES = ("float16", "bfloat16")  # of the bench's dtypes, those cuDNN attention takes
+
+
+def why_unavailable(impl: str, platform: str, dtype: str) -> str | None:
+  """Why `impl` cannot run this dtype on this platform at all, or None."""
   if impl == "cudnn" and platform != "gpu":
     return (f"jax.nn.dot_product_attention(implementation='cudnn') needs an NVIDIA GPU "
             f"(this run is on {platform})")
+  if impl == "cudnn" and dtype not in CUDNN_DTYPES:
+    return (f"jax.nn.dot_product_attention(implementation='cudnn') takes "
+            f"{' or '.join(CUDNN_DTYPES)}, not {dtype} (--dtype)")
   if impl == "jax_flash" and platform != "cpu" and not jax_flash.build_info()["cuda"]:
     return "this jax_flash was built without CUDA kernels (README.md, Install)"
   return None
@@ -405,14 +411,14 @@ def build_cases(args, platform: str) -> list[Case]:
           for d in head_dims for s in seqlens for c in causals]
 
 
-def choose_impls(requested, platform: str) -> list[str]:
+def choose_impls(requested, platform: str, dtype: str) -> list[str]:
   """The implementations to run: those requested (default: all) that can run here.
 
   One requested by name that cannot run here is named once, with the reason.
   """
   impls = []
   for impl in requested or IMPLS:
-    reason = why_unavailable(impl, platform)
+    reason = why_unavailable(impl, platform, dtype)
     if reason is None:
       impls.append(impl)
     elif requested:
@@ -432,7 +438,7 @@ def main(argv=None) -> list[dict]:
   platform = meta["platform"]
   cases = build_cases(args, platform)
   print(report.header_line(meta), flush=True)
-  impls = choose_impls(args.impls, platform)
+  impls = choose_impls(args.impls, platform, cases[0].dtype)  # one dtype per run
   memory = {}
   if args.memory:  # First, while this process holds no device memory of its own.
     from jax_flash import bench_memory

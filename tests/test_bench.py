@@ -24,7 +24,7 @@ def test_quick_preset_table_and_json(tmp_path, capsys):
   assert data["rows"] == rows
   assert data["meta"]["jax"] and data["meta"]["date"] and data["meta"]["device"]
   by_key = {(r["impl"], r["causal"]): r for r in rows}
-  impls = [i for i in bench.IMPLS if bench.why_unavailable(i, PLATFORM) is None]
+  impls = [i for i in bench.IMPLS if bench.why_unavailable(i, PLATFORM, "float32") is None]
   assert set(by_key) == {(i, c) for i in impls for c in (False, True)}
   for causal in (False, True):
     for impl in ("jax_flash", "xla"):
@@ -47,6 +47,14 @@ def test_quick_preset_table_and_json(tmp_path, capsys):
     for impl in ("jax_flash", "xla"):
       for what in ("forward: compile", "forward+backward: compile"):
         assert f"… B=1 H=2 S=64 D=16 float32 causal={causal} | {impl} | {what}" in progress
+
+
+def test_cudnn_is_unavailable_for_dtypes_it_does_not_take():
+  """The quick preset is float32: on a GPU, cuDNN is left out rather than a row of n/a."""
+  why = bench.why_unavailable("cudnn", "gpu", "float32")
+  assert why and "float32" in why and "--dtype" in why
+  assert bench.why_unavailable("cudnn", "gpu", "bfloat16") is None
+  assert bench.why_unavailable("jax_flash", "cpu", "float64") is None
 
 
 @on_cpu

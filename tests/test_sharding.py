@@ -440,8 +440,9 @@ def test_sharded_program_exports(devices):
   checks = [jax.export.DisabledSafetyCheck.custom_call(t)
             for t in ("jax_flash_fwd", "jax_flash_bwd")]
   causal = jax.jit(lambda q, k, v: jax_flash.flash_attention(q, k, v, is_causal=True))
-  exported = jax.export.deserialize(
-      jax.export.export(causal, disabled_checks=checks)(q, k, v).serialize())
+  # For the mesh's platform (CPU devices), not the default backend (a GPU, where there is one).
+  exported = jax.export.deserialize(jax.export.export(
+      causal, platforms=("cpu",), disabled_checks=checks)(q, k, v).serialize())
   out = exported.call(q, k, v)
   ref = attention(inputs.q, inputs.k, inputs.v, visible_mask(opts, inputs), opts)[0]
   assert_flash_close("out", out, ref, ref, jnp.float64)
