@@ -87,14 +87,21 @@ bool VectorStrides(const SeqStrides& s) {
   return s.batch % kVectorElems == 0 && s.row % kVectorElems == 0 && s.head % kVectorElems == 0;
 }
 
+// Positions and (batch, head) rows the tensor-core kernels count in 32 bits
+// (TMA coordinates; the sm90 backward's step indices, which in 64 bits cost
+// it registers), with a tile's slack past the end.
+constexpr int64_t kMaxIndex32 = (int64_t{1} << 31) - 256;
+
 // The shape: bf16/fp16, head_dim <= the largest bucket and a multiple of 8
-// (16-byte vector loads), grid dimensions y and z within 65535.
+// (16-byte vector loads), grid dimensions y and z within 65535, indices
+// within kMaxIndex32.
 bool TensorCoresSupport(const AttentionShape& shape, DType dtype) {
   return IsTensorCoreDType(dtype) && shape.head_dim > 0 &&
          shape.head_dim <= kCudaTensorCoreMaxHeadDim && shape.head_dim % kVectorElems == 0 &&
          HeadDimBucket(shape.head_dim) != 0 && shape.num_heads_kv > 0 &&
          shape.num_heads_q % shape.num_heads_kv == 0 && shape.num_heads_q <= 65535 &&
-         shape.batch <= 65535;
+         shape.batch <= 65535 && shape.batch * shape.num_heads_q <= kMaxIndex32 &&
+         shape.seqlen_q <= kMaxIndex32 && shape.seqlen_k <= kMaxIndex32;
 }
 
 // The shape test plus what the 16-byte loads need of the buffers: every row

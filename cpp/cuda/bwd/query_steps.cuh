@@ -57,8 +57,9 @@ struct QuerySteps {
   }
 
   // (gi, mi) becomes the next step (past the last: gi = group).
-  __device__ __forceinline__ void Advance(int64_t& gi, int64_t& mi) const {
-    mi = Next(mi + 1);
+  template <typename Index>
+  __device__ __forceinline__ void Advance(Index& gi, Index& mi) const {
+    mi = static_cast<Index>(Next(mi + 1));
     if (mi == m_count) { mi = first; ++gi; }
   }
 };

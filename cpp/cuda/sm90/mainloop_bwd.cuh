@@ -210,12 +210,15 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
 
   const int tid = pos.tid, warp = pos.warp, lane = pos.lane, g = pos.g, t = pos.t;
   const int warpgroup = warp / 4, wg_warp = warp % 4, wg_tid = tid % 128;
-  const int64_t h_kv = tile.h_kv, b = tile.b, n_block = tile.n_block;
-  const int64_t n0 = n_block * kBlockN;
-  const int64_t n0w = n0 + warpgroup * 64;  // this warpgroup's first key
+  // Tile and step indices in 32 bits (dispatch.cu's kMaxIndex32 bounds them):
+  // as int64 they took two registers each across the loop, and the D = 64
+  // kernels spilled (NOTES_sm90_bwd.md, "32-bit step indices").
+  const int h_kv = static_cast<int>(tile.h_kv), b = static_cast<int>(tile.b);
+  const int n0 = static_cast<int>(tile.n_block) * kBlockN;
+  const int n0w = n0 + warpgroup * 64;  // this warpgroup's first key
   const int64_t seqlen_q = p.shape.seqlen_q, seqlen_k = p.shape.seqlen_k;
-  const int64_t num_heads_q = p.shape.num_heads_q;
-  const int64_t group = p.shape.group_size();
+  const int num_heads_q = static_cast<int>(p.shape.num_heads_q);
+  const int group = static_cast<int>(p.shape.group_size());
   const int head_dim = static_cast<int>(p.shape.head_dim);
   // The group's first head's mask; a dense mask's view moves to the step's
   // head below (a dense mask comes here with a tile map: BwdPath).
@@ -226,14 +229,14 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   const GmemRows<T> v = GmemRows<T>::Head(p.v, p.v_strides, b, h_kv, seqlen_k, head_dim);
 
   const QuerySteps<kBlockN, kBlockM> walk = QuerySteps<kBlockN, kBlockM>::Make(mask, n0, group);
-  const int64_t m_begin = walk.m_begin, steps = walk.count;
+  const int m_begin = static_cast<int>(walk.m_begin), steps = static_cast<int>(walk.count);
 
   // A step's loads, all onto the stage's mbarrier: Q and dO through TMA
   // (thread 0; rows past seqlen_q and columns past head_dim arrive as
   // zeros), lse2 and D by IssueRowStats.
-  auto issue = [&](int64_t gi, int64_t mi, int stage) {
-    const int64_t h = h_kv * group + gi;
-    const int64_t m0 = (m_begin + mi) * kBlockM;
+  auto issue = [&](int gi, int mi, int stage) {
+    const int h = h_kv * group + gi;
+    const int m0 = (m_begin + mi) * kBlockM;
     const uint32_t bar = full_bar + 8 * stage;
     if (tid == 0) {
       sm90::MbarrierArriveExpectTx(bar, 2 * Traits::kQBytes + RowStatsTxBytes<Traits>(tma_args));
@@ -266,7 +269,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
       sm90::FenceBarrierInit();
     }
     __syncthreads();  // the barriers are initialized before anyone uses them
-    if (steps > 0) issue(0, walk.first, 0);
+    if (steps > 0) issue(0, static_cast<int>(walk.first), 0);
     CpAsyncWait<0>();  // K and V, published to all threads and to wgmma here
     sm90::FenceProxyAsync();
     __syncthreads();
@@ -315,16 +318,16 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   // 320 bytes at D = 128).
   const HeadDropout dropout0 = kDropout ? args.Dropout(b, h_kv * group) : HeadDropout{};
   using KeepBits = KeepBitsTWord<kQTiles>;
-  auto draw_keep = [&](int64_t gi, int64_t mi) -> KeepBits {
+  auto draw_keep = [&](int gi, int mi) -> KeepBits {
     if constexpr (kDropout)
       return KeepBitsT<kQTiles, /*kSerial=*/true>(dropout0.PlusHeads(p.dropout, gi),
                                                   n0w + key_row0, (m_begin + mi) * kBlockM, g, t);
     else return 0;
   };
 
-  int64_t gi = 0, mi = walk.first;
+  int gi = 0, mi = static_cast<int>(walk.first);
   KeepBits keep = steps > 0 ? draw_keep(gi, mi) : 0;
-  for (int64_t s = 0; s < steps; ++s) {
+  for (int s = 0; s < steps; ++s) {
     // No CTA barrier at the top of a step: a warpgroup that is done with
     // step s - 1 starts step s while the other's dK GEMM may still run. The
     // loads of step s were issued after the middle barrier of step s - 1,
@@ -333,8 +336,8 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     // warpgroup's dQ GEMM of step s - 1.
     const int stage = static_cast<int>(s & 1);
     const uint32_t ds_offset = static_cast<uint32_t>(s & 1) * Traits::kDsBytes;
-    const int64_t h = h_kv * group + gi;
-    const int64_t m0 = (m_begin + mi) * kBlockM;
+    const int h = h_kv * group + gi;
+    const int m0 = (m_begin + mi) * kBlockM;
     const CellClass cls = walk.Class(mi);
     if (dense0 != nullptr) mask.dense = dense0 + gi * p.mask.dense_strides.head;
     walk.Advance(gi, mi);  // (gi, mi) is now the next step
