@@ -364,7 +364,7 @@ def make_parser() -> argparse.ArgumentParser:
                  help="causal mask, no mask, or each in turn (default: both)")
   p.add_argument("--impls", type=_impls, metavar="LIST",
                  help=f"comma list of {','.join(IMPLS)} (default: those that can run on the "
-                      "device; cudnn needs an NVIDIA GPU)")
+                      "device; cudnn needs an NVIDIA GPU and float16 or bfloat16)")
   features = list(bench_features.FEATURES)
   p.add_argument("--features", nargs="+", metavar="F", choices=["all", *features],
                  help=f"also measure these problems on each shape, after its plain rows: "
