@@ -83,8 +83,9 @@ __device__ __forceinline__ void BwdWsProducer(const BwdTmaArgs& tma_args,
     // passes the wait for the phase before its first).
     MbarrierWait(sm.empty() + 8 * stage,
                  static_cast<uint32_t>(((s / Traits::kStages) & 1) ^ 1));
-    IssueStepLoads<Traits, 32>(tma_args, sm.q(), sm.dout(), lse, delta, stage, tile.b,
-                               steps.head(), steps.m0(), sm.full() + 8 * stage, lane);
+    IssueStepLoads<Traits, 32>(tma_args, sm.q(), sm.dout(), lse, delta, stage,
+                               static_cast<int>(tile.b), static_cast<int>(steps.head()),
+                               static_cast<int>(steps.m0()), sm.full() + 8 * stage, lane);
   }
 }
 

@@ -65,9 +65,8 @@ struct BwdTmaArgs {
 // Where the tiles and barriers are in shared memory: BwdSm90Traits' offsets
 // from the 1024-byte-aligned start of the dynamic shared memory, for the
 // warp-specialized kernel's producer roles. (BwdMainloop adds the same
-// offsets in place: through these accessors, and through IssueStepLoads,
-// the kernels without warp specialization compiled to other SASS, and they
-// are what has run on a GPU.)
+// offsets in place: through these accessors the kernels without warp
+// specialization compiled to other SASS, and they are what has run on a GPU.)
 template <typename Traits>
 struct BwdSmem {
   uint32_t base;
@@ -142,27 +141,26 @@ __device__ __forceinline__ void IssueRowStats(const BwdTmaArgs& tma_args, int64_
 // A step's loads into stage `stage`, all onto its full mbarrier `bar`: Q and
 // dO of query head h from query m0 through TMA (thread 0; rows past seqlen_q
 // and columns past head_dim arrive as zeros), lse2 and D by IssueRowStats
-// with the first kLoaders threads. (BwdMainloop's `issue` and the wide
-// mainloop's are this, written in place: see BwdSmem.)
+// with the first kLoaders threads. Indices in 32 bits, as the mainloops keep
+// them (dispatch.cu's kMaxIndex32 bounds batch x heads and the lengths).
 template <class Traits, int kLoaders = Traits::kThreads>
 __device__ __forceinline__ void IssueStepLoads(const BwdTmaArgs& tma_args, uint32_t q,
                                                uint32_t dout, float* lse, float* delta,
-                                               int stage, int64_t b, int64_t h, int64_t m0,
-                                               uint32_t bar, int tid) {
+                                               int stage, int b, int h, int m0, uint32_t bar,
+                                               int tid) {
   constexpr int kBlockM = Traits::kBlockM;
   if (tid == 0) {
     sm90::MbarrierArriveExpectTx(bar, 2 * Traits::kQBytes + RowStatsTxBytes<Traits>(tma_args));
 #pragma unroll
     for (int block = 0; block < Traits::kSmemCols / 64; ++block) {
       const uint32_t offset = stage * Traits::kQBytes + block * kBlockM * sm90::kSwizzleBytes;
-      sm90::TmaLoadBox(q + offset, &tma_args.q_map, block * 64, static_cast<int>(m0),
-                       static_cast<int>(h), static_cast<int>(b), bar);
-      sm90::TmaLoadBox(dout + offset, &tma_args.dout_map, block * 64, static_cast<int>(m0),
-                       static_cast<int>(h), static_cast<int>(b), bar);
+      sm90::TmaLoadBox(q + offset, &tma_args.q_map, block * 64, m0, h, b, bar);
+      sm90::TmaLoadBox(dout + offset, &tma_args.dout_map, block * 64, m0, h, b, bar);
     }
   }
-  IssueRowStats<Traits, kLoaders>(tma_args, b * tma_args.args.p.shape.num_heads_q + h, m0,
-                                  lse + stage * kBlockM, delta + stage * kBlockM, bar, tid);
+  const int num_heads_q = static_cast<int>(tma_args.args.p.shape.num_heads_q);
+  IssueRowStats<Traits, kLoaders>(tma_args, b * num_heads_q + h, m0, lse + stage * kBlockM,
+                                  delta + stage * kBlockM, bar, tid);
 }
 
 // kSoftcap: a template parameter rather than a branch, because ptxas
@@ -231,26 +229,10 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   const QuerySteps<kBlockN, kBlockM> walk = QuerySteps<kBlockN, kBlockM>::Make(mask, n0, group);
   const int m_begin = static_cast<int>(walk.m_begin), steps = static_cast<int>(walk.count);
 
-  // A step's loads, all onto the stage's mbarrier: Q and dO through TMA
-  // (thread 0; rows past seqlen_q and columns past head_dim arrive as
-  // zeros), lse2 and D by IssueRowStats.
+  // Step (head gi of the group, query block mi of the walk)'s loads into `stage`.
   auto issue = [&](int gi, int mi, int stage) {
-    const int h = h_kv * group + gi;
-    const int m0 = (m_begin + mi) * kBlockM;
-    const uint32_t bar = full_bar + 8 * stage;
-    if (tid == 0) {
-      sm90::MbarrierArriveExpectTx(bar, 2 * Traits::kQBytes + RowStatsTxBytes<Traits>(tma_args));
-#pragma unroll
-      for (int block = 0; block < Traits::kSmemCols / 64; ++block) {
-        const uint32_t offset = stage * Traits::kQBytes + block * kBlockM * kRow;
-        sm90::TmaLoadBox(sQ + offset, &tma_args.q_map, block * 64, static_cast<int>(m0),
-                         static_cast<int>(h), static_cast<int>(b), bar);
-        sm90::TmaLoadBox(sdO + offset, &tma_args.dout_map, block * 64, static_cast<int>(m0),
-                         static_cast<int>(h), static_cast<int>(b), bar);
-      }
-    }
-    IssueRowStats<Traits>(tma_args, b * num_heads_q + h, m0, sLse + stage * kBlockM,
-                           sDelta + stage * kBlockM, bar, tid);
+    IssueStepLoads<Traits>(tma_args, sQ, sdO, sLse, sDelta, stage, b, h_kv * group + gi,
+                           (m_begin + mi) * kBlockM, full_bar + 8 * stage, tid);
   };
 
   // All kSmemCols columns, so that those past the head dim are zeros: the dQ

@@ -138,24 +138,12 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
   const QuerySteps<kBlockN, kBlockM> walk = QuerySteps<kBlockN, kBlockM>::Make(mask, n0, group);
   const int64_t m_begin = walk.m_begin, steps = walk.count;
 
-  // A step's loads, all onto the stage's mbarrier (as mainloop_bwd.cuh).
+  // Step (head gi of the group, query block mi of the walk)'s loads into
+  // `stage` (mainloop_bwd.cuh; 32-bit indices: dispatch.cu bounds them).
   auto issue = [&](int64_t gi, int64_t mi, int stage) {
-    const int64_t h = h_kv * group + gi;
-    const int64_t m0 = (m_begin + mi) * kBlockM;
-    const uint32_t bar = full_bar + 8 * stage;
-    if (tid == 0) {
-      MbarrierArriveExpectTx(bar, 2 * Traits::kQBytes + RowStatsTxBytes<Traits>(tma_args));
-#pragma unroll
-      for (int block = 0; block < kHeadDim / 64; ++block) {
-        const uint32_t offset = stage * Traits::kQBytes + block * kBlockM * kRow;
-        TmaLoadBox(sQ + offset, &tma_args.q_map, block * 64, static_cast<int>(m0),
-                   static_cast<int>(h), static_cast<int>(b), bar);
-        TmaLoadBox(sdO + offset, &tma_args.dout_map, block * 64, static_cast<int>(m0),
-                   static_cast<int>(h), static_cast<int>(b), bar);
-      }
-    }
-    IssueRowStats<Traits>(tma_args, b * num_heads_q + h, m0, sLse + stage * kBlockM,
-                           sDelta + stage * kBlockM, bar, tid);
+    IssueStepLoads<Traits>(tma_args, sQ, sdO, sLse, sDelta, stage, static_cast<int>(b),
+                           static_cast<int>(h_kv * group + gi),
+                           static_cast<int>((m_begin + mi) * kBlockM), full_bar + 8 * stage, tid);
   };
 
   LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sK, k, n0, tid);
