@@ -28,7 +28,7 @@ block-sparse a local + global block pattern (``block_sparse_mask``: each block o
              xla and cudnn the equivalent dense mask ``(1, 1, S, S)``
 ===========  =====================================================================
 
-The issue-11 targets (GPU) are checked by ``target_lines`` on the rows.
+The GPU targets of issues 11 and 15 are checked by ``target_lines`` on the rows.
 """
 
 from __future__ import annotations
@@ -249,6 +249,14 @@ VS_CUDNN_FEATURES = ("bias", "mask", "padding", "segments", "block-sparse")
 HEAD_DIM_TARGET_HEAD_DIMS = (96, 192, 256)
 DROPOUT_TIME_TARGET = 1.15  # at most this times the time of the same call without dropout
 
+# -- targets (issue 15, the FA3-class pipeline; GPU, bf16, plain rows) -----------
+
+PIPELINE_HEAD_DIMS = (64, 128, 256)
+PIPELINE_VS_CUDNN_TARGET = 1.05  # fwd and bwd, from S = PIPELINE_TARGET_FROM_SEQLEN
+PIPELINE_TARGET_FROM_SEQLEN = 2048
+PIPELINE_VS_CUDNN_FLOOR = 0.95  # fwd and bwd, every S of the range (1k included)
+PIPELINE_FWD_TFLOPS_TARGET = 650  # D=128 non-causal forward at S=16k, on an H100
+
 
 def _in_scope(row, head_dims) -> bool:
   return (row["dtype"] == TARGET_DTYPE and row["head_dim"] in head_dims and
@@ -284,12 +292,14 @@ def _line(head: str, parts, target: str) -> list[str]:
 
 
 def target_lines(rows: list[dict], label: Callable[[dict], str]) -> list[str]:
-  """Verdict lines of the issue-11 targets, only for rows in their scope (GPU rows).
+  """Verdict lines of the GPU targets, only for rows in their scope.
 
-  bias, mask, padding, segments: jax_flash fwd and fwd+bwd >= 0.8x cudnn on the
-  same problem; dropout: at most 1.15x the time of jax_flash without dropout;
-  segments, causal: faster than the fastest plain causal row of the shape;
-  plain D=96/192/256: fwd and bwd >= 0.8x cudnn.
+  Issue 11: bias, mask, padding, segments: jax_flash fwd and fwd+bwd >= 0.8x
+  cudnn on the same problem; dropout: at most 1.15x the time of jax_flash
+  without dropout; segments, causal: faster than the fastest plain causal row
+  of the shape; plain D=96/192/256: fwd and bwd >= 0.8x cudnn.
+  Issue 15, plain D=64/128/256: fwd and bwd >= 1.05x cudnn from S=2k, >= 0.95x
+  at every S; the D=128 non-causal forward at S=16k >= 650 TF/s (an H100's).
   """
   index = {(_shape_key(r), r.get("feature", "plain"), r["impl"]): r for r in rows}
   lines = []
@@ -305,6 +315,8 @@ def target_lines(rows: list[dict], label: Callable[[dict], str]) -> list[str]:
       lines += _line(head, [_part("fwd", r, cudnn, "fwd_ms", **at_least),
                             _part("bwd", r, cudnn, "bwd_ms", **at_least)],
                      f"target ≥ {VS_CUDNN_TARGET}× cudnn")
+    if feature == "plain" and _in_scope(r, PIPELINE_HEAD_DIMS):
+      lines += _pipeline_lines(head, r, cudnn)
     if not _in_scope(r, FEATURE_TARGET_HEAD_DIMS):
       continue
     if feature in VS_CUDNN_FEATURES:
@@ -329,4 +341,24 @@ def target_lines(rows: list[dict], label: Callable[[dict], str]) -> list[str]:
                            if fastest else ""))
       lines += _line(head, parts, f"target < 1×: {PACKED_SEGMENTS} packed sequences faster "
                      "than plain causal, the fastest measured")
+  return lines
+
+
+def _pipeline_lines(head: str, row: dict, cudnn: dict | None) -> list[str]:
+  """Issue 15's verdicts on one plain jax_flash row in its scope."""
+  if row["seqlen"] >= PIPELINE_TARGET_FROM_SEQLEN:
+    target = PIPELINE_VS_CUDNN_TARGET
+    text = f"target ≥ {target}× cudnn from S={PIPELINE_TARGET_FROM_SEQLEN}"
+  else:
+    target = PIPELINE_VS_CUDNN_FLOOR
+    text = f"target ≥ {target}× cudnn at every S"
+  at_least = dict(speed=True, ok=lambda x: x >= target, against="cudnn")
+  lines = _line(head, [_part("fwd", row, cudnn, "fwd_ms", **at_least),
+                       _part("bwd", row, cudnn, "bwd_ms", **at_least)], text)
+  tflops = row.get("fwd_tflops")
+  if (row["head_dim"] == 128 and not row["causal"] and row["seqlen"] == TARGET_SEQLENS[1] and
+      tflops is not None):
+    ok = "ok" if tflops >= PIPELINE_FWD_TFLOPS_TARGET else "MISS"
+    lines.append(f"{head}: fwd {tflops:.0f} TF/s {ok} "
+                 f"(target ≥ {PIPELINE_FWD_TFLOPS_TARGET} TF/s on an H100)")
   return lines

@@ -301,6 +301,8 @@ def test_feature_target_verdicts_on_a_gpu():
   lines = bench_report.format_targets(rows, "gpu").strip().splitlines()
   assert lines[0] == "Targets, jax_flash:"
   assert lines[1:] == [
+      f"  plain {label}: fwd 0.60× cudnn MISS, bwd 0.70× cudnn MISS "
+      "(target ≥ 1.05× cudnn from S=2048)",
       f"  bias {label}: fwd 0.90× cudnn ok, fwd+bwd 0.67× cudnn MISS "
       "(target ≥ 0.8× cudnn given the same problem)",
       f"  dropout {label}: fwd 1.10× the time without dropout ok, fwd+bwd 1.20× the time "
@@ -314,3 +316,33 @@ def test_feature_target_verdicts_on_a_gpu():
       "  plain B=4 H=16 S=2048 D=96 bfloat16 causal=no: fwd 0.90× cudnn ok, bwd 0.70× cudnn MISS "
       "(target ≥ 0.8× cudnn)"]
   assert bench_report.format_targets(rows, "cpu") == ""  # GPU targets
+
+
+def test_pipeline_target_verdicts_on_a_gpu():
+  # Issue 15: plain D=64/128/256 rows, >= 1.05x cudnn from S=2k, >= 0.95x at S=1k, and the
+  # D=128 non-causal forward at S=16k in TF/s; not D=96, not float32, not a feature row.
+  def pair(seqlen, head_dim, causal, ours, theirs, dtype="bfloat16", tflops=None):
+    mine = _gpu_row("jax_flash", seqlen=seqlen, head_dim=head_dim, causal=causal, fwd=ours[0],
+                    fwdbwd=ours[1], dtype=dtype)
+    mine["fwd_tflops"] = tflops
+    return [mine, _gpu_row("cudnn", seqlen=seqlen, head_dim=head_dim, causal=causal,
+                           fwd=theirs[0], fwdbwd=theirs[1], dtype=dtype)]
+  rows = (pair(1024, 64, True, (1.0, 3.0), (0.96, 2.8)) +       # 0.96 / 0.92 at S=1k
+          pair(4096, 256, False, (1.0, 3.0), (1.1, 3.1)) +       # 1.10 / 1.00 from 2k
+          pair(16384, 128, False, (1.0, 3.0), (1.0, 3.0), tflops=600.4) +
+          pair(4096, 96, False, (1.0, 3.0), (2.0, 6.0)) +        # D=96: issue 11's only
+          pair(4096, 64, False, (1.0, 3.0), (2.0, 6.0), dtype="float32"))
+  lines = bench_report.format_targets(rows, "gpu").strip().splitlines()[1:]
+  assert lines == [
+      "  plain B=4 H=16 S=1024 D=64 bfloat16 causal=yes: fwd 0.96× cudnn ok, bwd 0.92× cudnn "
+      "MISS (target ≥ 0.95× cudnn at every S)",
+      "  plain B=4 H=16 S=4096 D=256 bfloat16 causal=no: fwd 1.10× cudnn ok, bwd 1.00× cudnn "
+      "ok (target ≥ 0.8× cudnn)",
+      "  plain B=4 H=16 S=4096 D=256 bfloat16 causal=no: fwd 1.10× cudnn ok, bwd 1.00× cudnn "
+      "MISS (target ≥ 1.05× cudnn from S=2048)",
+      "  plain B=4 H=16 S=16384 D=128 bfloat16 causal=no: fwd 1.00× cudnn MISS, bwd 1.00× cudnn "
+      "MISS (target ≥ 1.05× cudnn from S=2048)",
+      "  plain B=4 H=16 S=16384 D=128 bfloat16 causal=no: fwd 600 TF/s MISS "
+      "(target ≥ 650 TF/s on an H100)",
+      "  plain B=4 H=16 S=4096 D=96 bfloat16 causal=no: fwd 2.00× cudnn ok, bwd 2.00× cudnn ok "
+      "(target ≥ 0.8× cudnn)"]
