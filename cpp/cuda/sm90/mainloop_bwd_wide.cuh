@@ -124,7 +124,6 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
   const int64_t h_kv = tile.h_kv, b = tile.b, n_block = tile.n_block;
   const int64_t n0 = n_block * kBlockN;
   const int64_t seqlen_q = p.shape.seqlen_q, seqlen_k = p.shape.seqlen_k;
-  const int64_t num_heads_q = p.shape.num_heads_q;
   const int64_t group = p.shape.group_size();
   const int head_dim = static_cast<int>(p.shape.head_dim);
   // The group's first head's mask; a dense mask's view moves to the step's
