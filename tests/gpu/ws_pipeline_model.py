@@ -1,14 +1,15 @@
 """A model of the warp-specialized Hopper forward's synchronisation
 (cpp/cuda/sm90/mainloop_fwd_ws.cuh, fwd_ws.cuh, pipeline.cuh), run on the CPU:
-the producer thread, the two consumer warpgroups (one agent each, arriving for
-its four warps), mbarriers with parity waits, arrival counts and tx bytes,
-the ping-pong named barriers, TMA copies completing at random later times.
+the producer thread, the consumer warpgroups (two or three; one agent each,
+arriving for its four warps), mbarriers with parity waits, arrival counts and tx bytes,
+the ping-pong named barriers (a ring with three warpgroups), TMA copies
+completing at random later times.
 The producer warp hands out the tiles: each tile's index through one slot
 between named barriers (per consumer warpgroup, index full and index empty)
 once its Q stage is free, an empty tile's Q stage without Q, and an index past the last ends the
 consumers.
 Random interleavings over random tile lists (empty tiles, one-block tiles),
-2-4 K/V stages and 1-2 Q buffers; fails on a deadlock, on a TMA copy landing
+2-4 K/V stages, 1-2 Q buffers and 2-3 consumer warpgroups; fails on a deadlock, on a TMA copy landing
 in a stage a consumer still reads, on the producer storing an index a
 consumer still reads, on a consumer reading a stage that does not hold its
 block or tile, and on barriers or named-barrier arrivals left unpaired at the
@@ -108,17 +109,23 @@ def interleave(agents, inflight, land, rng, what):
                 raise RuntimeError(f"deadlock: done={done} {what}")
 
 
-def run(tiles, stages, seed, qstages=1):
+def run(tiles, stages, seed, qstages=1, nwg=2):
     rng = random.Random(seed)
+    warps = 4 * nwg  # the consumer warps: each empty barrier's arrivals
     full_q = [MBar(1) for _ in range(qstages)]
-    empty_q = [MBar(8) for _ in range(qstages)]
+    empty_q = [MBar(warps) for _ in range(qstages)]
     full_k = [MBar(1) for _ in range(stages)]
-    empty_k = [MBar(8) for _ in range(stages)]
+    empty_k = [MBar(warps) for _ in range(stages)]
     full_v = [MBar(1) for _ in range(stages)]
-    empty_v = [MBar(8) for _ in range(stages)]
-    # 1, 2 ping-pong; 3 + wg index full, 5 + wg index empty (the producer warp and one warpgroup)
-    nbar = {1: NamedBar(256), 2: NamedBar(256), 3: NamedBar(160), 4: NamedBar(160),
-            5: NamedBar(160), 6: NamedBar(160)}
+    empty_v = [MBar(warps) for _ in range(stages)]
+    # 1 + wg: warpgroup wg's turn (ping-pong, a ring of nwg); then index full
+    # and index empty per warpgroup (the producer warp and one warpgroup).
+    turn = lambda wg: 1 + wg
+    full_i = lambda wg: 1 + nwg + wg
+    empty_i = lambda wg: 1 + 2 * nwg + wg
+    nbar = {turn(wg): NamedBar(256) for wg in range(nwg)}
+    nbar.update({full_i(wg): NamedBar(160) for wg in range(nwg)})
+    nbar.update({empty_i(wg): NamedBar(160) for wg in range(nwg)})
     slot = {}   # ('k', s) -> block id written
     busy = {}   # ('k', s) -> set of wg reading
     inflight = []  # pending TMA: (key, content, bar, bytes)
@@ -130,15 +137,15 @@ def run(tiles, stages, seed, qstages=1):
             qs, qph = qc % qstages, (qc // qstages) & 1
             yield from empty_q[qs].wait(qph ^ 1)
             if ti > 0:  # index empty, each warpgroup's
-                yield from nbar[5].sync(32)
-                yield from nbar[6].sync(32)
+                for wg in range(nwg):
+                    yield from nbar[empty_i(wg)].sync(32)
             assert not busy.get("i"), "index stored while read"
             slot["i"] = ti
-            nbar[3].arrive(32)  # index full
-            nbar[4].arrive(32)
+            for wg in range(nwg):  # index full
+                nbar[full_i(wg)].arrive(32)
             if ti == len(tiles):
-                yield from nbar[5].sync(32)
-                yield from nbar[6].sync(32)
+                for wg in range(nwg):
+                    yield from nbar[empty_i(wg)].sync(32)
                 return
             nb, ne = tiles[ti]
             if nb >= ne:  # the index alone
@@ -170,16 +177,16 @@ def run(tiles, stages, seed, qstages=1):
     def consumer(wg):
         kv = 0
         qc = 0
-        if wg == 1:
-            nbar[1].arrive(128)
+        if wg == nwg - 1:  # Start: warpgroup 0 goes first
+            nbar[turn(0)].arrive(128)
         for want in range(len(tiles) + 1):
             qs, qph = qc % qstages, (qc // qstages) & 1
-            yield from nbar[3 + wg].sync(128)  # index full
+            yield from nbar[full_i(wg)].sync(128)  # index full
             use("i", wg, want)
             ti = slot["i"]
             yield "step"  # the read in flight
             unuse("i", wg)
-            nbar[5 + wg].arrive(128)  # index empty
+            nbar[empty_i(wg)].arrive(128)  # index empty
             if ti == len(tiles):
                 break
             nb, ne = tiles[ti]
@@ -192,14 +199,10 @@ def run(tiles, stages, seed, qstages=1):
                 continue
             s, ph = kv % stages, (kv // stages) & 1
             yield from full_k[s].wait(ph)
-            # WaitTurn
-            g = nbar[1 + wg].gen
-            nbar[1 + wg].arrive(128)
-            while nbar[1 + wg].gen == g:
-                yield "block"
+            yield from nbar[turn(wg)].sync(128)  # WaitTurn
             use(("q", qs), wg, (ti, "q"))
             use(("k", s), wg, (ti, nb))
-            nbar[1 + (wg ^ 1)].arrive(128)  # PassTurn
+            nbar[turn((wg + 1) % nwg)].arrive(128)  # PassTurn
             yield "step"  # S GEMM runs
             unuse(("k", s), wg)
             for _ in range(4):
@@ -215,14 +218,11 @@ def run(tiles, stages, seed, qstages=1):
                 ps, pph = prev % stages, (prev // stages) & 1
                 yield from full_k[s].wait(ph)
                 yield from full_v[ps].wait(pph)
-                g = nbar[1 + wg].gen
-                nbar[1 + wg].arrive(128)
-                while nbar[1 + wg].gen == g:
-                    yield "block"
+                yield from nbar[turn(wg)].sync(128)  # WaitTurn
                 use(("q", qs), wg, (ti, "q"))
                 use(("k", s), wg, (ti, n))
                 use(("v", ps), wg, (ti, n - 1))
-                nbar[1 + (wg ^ 1)].arrive(128)
+                nbar[turn((wg + 1) % nwg)].arrive(128)  # PassTurn
                 yield "step"  # S done
                 unuse(("k", s), wg)
                 for _ in range(4):
@@ -244,13 +244,10 @@ def run(tiles, stages, seed, qstages=1):
             unuse(("v", ps), wg)
             for _ in range(4):
                 empty_v[ps].arrive()
-        if wg == 0:  # Finish
-            g = nbar[1].gen
-            nbar[1].arrive(128)
-            while nbar[1].gen == g:
-                yield "block"
+        if wg == 0:  # Finish: takes back the Start's arrival
+            yield from nbar[turn(0)].sync(128)
 
-    agents = {"p": producer(), "c0": consumer(0), "c1": consumer(1)}
+    agents = {"p": producer(), **{f"c{wg}": consumer(wg) for wg in range(nwg)}}
 
     def land(item):
         key, content, bar, nbytes = item
@@ -275,8 +272,11 @@ def main():
             tiles.append((nb, ne))
         for stages in (2, 3, 4):
             for qstages in (1, 2):
-                run(tiles, stages, seed=it * 10 + stages + 100000 * qstages, qstages=qstages)
-    print(f"ok: {n} tile lists x stages 2/3/4 x Q buffers 1/2, no deadlock, no race")
+                for nwg in (2, 3):
+                    run(tiles, stages, seed=it * 10 + stages + 100000 * qstages + 1000000 * nwg,
+                        qstages=qstages, nwg=nwg)
+    print(f"ok: {n} tile lists x stages 2/3/4 x Q buffers 1/2 x 2/3 consumer warpgroups, "
+          "no deadlock, no race")
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ struct FwdWsTraits {
   // What setmaxnreg can hand out: the registers that __launch_bounds__(kThreads,
   // 1) gives the CTA (168 x 384); setmaxnreg.inc waits forever for more.
   static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8 * kThreads;
-  static_assert(kConsumerWarpgroups == 2, "ping-pong of two consumer warpgroups");
+  static_assert(kConsumerWarpgroups == 2 || kConsumerWarpgroups == 3,
+                "ping-pong of two consumer warpgroups, or a ring of three");
   static_assert(kHeadDim % 32 == 0, "head dim: a multiple of 32 (IssuePV's n64 / n32 pieces)");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "TMA boxes and wgmma N");
   static_assert(kQStages == 1 || kQStages == 2, "Q buffers");
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   SetMaxRegsInc<Traits::kTile.consumer_regs>();
   const int consumer_warp = pos.warp - 4;
-  const PingPong ping{consumer_warp / 4};
+  const PingPong<Traits::kConsumerWarpgroups> ping{consumer_warp / 4};
   RingPos<Traits::kStages> kv;
   RingPos<Traits::kQStages> q;
   ping.Start();
@@ -111,10 +112,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ScaleFragment(o, static_cast<float>(a.args.p.dropout.keep_scale()));
     // out = O / l, lse
     if constexpr (FwdWsSmem<Traits, Bias>::kStageO)
-      StoreOutputStaged<T, Traits::kSmemCols>(&a.o_map, a.args.p, blk.b, blk.h,
-                                              blk.m0 + 64 * ping.wg, sm.o_tile(ping.wg), ping.wg,
-                                              consumer_warp % 4, pos.lane, o, row_m, row_l,
-                                              a.args.scale_log2, pos.g, pos.t);
+      StoreOutputStaged<T, Traits::kSmemCols, Traits::kConsumerWarpgroups>(
+          &a.o_map, a.args.p, blk.b, blk.h, blk.m0 + 64 * ping.wg, sm.o_tile(ping.wg), ping.wg,
+          consumer_warp % 4, pos.lane, o, row_m, row_l, a.args.scale_log2, pos.g, pos.t);
     else
       StoreOutput<T>(a.args.p, blk.b, blk.h, blk.m0 + consumer_warp * 16, o, row_m, row_l,
                      a.args.scale_log2, pos.g, pos.t);

@@ -23,10 +23,10 @@
 //                wait O;   release V_{n-1}; O *= alpha if the max moved
 //   O += P_last V_last
 // so the tensor cores run this warpgroup's O += P V under its own softmax
-// (intra-warpgroup overlap). Between the two warpgroups, named barriers hand
-// the right to issue GEMMs back and forth (ping-pong): one issues its pair
-// of GEMMs, then lets the other issue while it does its softmax, so one's
-// softmax overlaps the other's GEMMs.
+// (intra-warpgroup overlap). Between the warpgroups, named barriers hand
+// the right to issue GEMMs on (ping-pong; a ring with three): one issues its
+// pair of GEMMs, then lets the next issue while it does its softmax, so one's
+// softmax overlaps the others' GEMMs.
 //
 // A bias comes as tiles through TMA (sm90/bias_tile.cuh: float32, or the
 // inputs' 16-bit type), one stage per consumer warpgroup (its 64 rows; 2 x 32
@@ -161,7 +161,6 @@ struct FwdWsSmem {
 // does for a race-free handoff with bar.sync on both sides
 // (tests/gpu/racecheck_probe.cu): it does not follow named barriers with a
 // thread count.
-inline constexpr int kIndexBarrier = 3;  // ids 3, 4, ... after PingPong's 1, 2
 
 // Barrier ids in registers, so ptxas reserves all 16 named barriers (one CTA
 // per SM: nothing else wants them); immediate ids through a branch on the
@@ -169,6 +168,8 @@ inline constexpr int kIndexBarrier = 3;  // ids 3, 4, ... after PingPong's 1, 2
 template <int kConsumerWarpgroups>
 struct TileIndexHandoff {
   static constexpr int kThreads = 32 + 128;  // the producer warp and one warpgroup
+  // Ids after PingPong's 1 .. kConsumerWarpgroups.
+  static constexpr int kIndexBarrier = 1 + kConsumerWarpgroups;
   uint32_t slot;
   __device__ __forceinline__ static int FullBarrier(int wg) { return kIndexBarrier + wg; }
   __device__ __forceinline__ static int EmptyBarrier(int wg) {
@@ -287,36 +288,45 @@ __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSme
 
 // ---- consumers -----------------------------------------------------------------
 
-// Ping-pong between the two consumer warpgroups: warpgroup w waits on named
-// barrier kPingBarrier + w before issuing its GEMMs and, once they are
-// issued, arrives on the other's. Every warpgroup passes the same number of
-// issue points per tile (they share the tile's key blocks), so the arrivals
-// pair up; warpgroup 1 arrives once up front (warpgroup 0 goes first) and
-// warpgroup 0 takes that extra arrival back at the end.
-inline constexpr int kPingBarrier = 1;  // ids 1 and 2 (0 is __syncthreads')
+// Ping-pong between the consumer warpgroups (a ring when there are three):
+// warpgroup w waits on named barrier kPingBarrier + w before issuing its
+// GEMMs and, once they are issued, arrives on the next one's. Every
+// warpgroup passes the same number of issue points per tile (they share the
+// tile's key blocks), so the arrivals pair up; the last warpgroup arrives
+// once up front (warpgroup 0 goes first) and warpgroup 0 takes that extra
+// arrival back at the end. tests/gpu/ws_pipeline_model.py checks the
+// protocol with two and three.
+inline constexpr int kPingBarrier = 1;  // ids 1 .. kWarpgroups (0 is __syncthreads')
 inline constexpr int kPingThreads = 256;
 
+template <int kWarpgroups>
 struct PingPong {
-  int wg;  // consumer warpgroup, 0 or 1
+  static_assert(kWarpgroups == 2 || kWarpgroups == 3, "two or three consumer warpgroups");
+  int wg;  // consumer warpgroup, 0 .. kWarpgroups - 1
   __device__ __forceinline__ void Start() const {
-    if (wg == 1) NamedBarrierArrive(kPingBarrier + 0, kPingThreads);
+    if (wg == kWarpgroups - 1) NamedBarrierArrive(kPingBarrier + 0, kPingThreads);
   }
   // Immediate barrier ids (a branch on the warp-uniform wg): as registers,
   // ptxas spilled the two ids at D=128 and reloaded them before every turn.
-  __device__ __forceinline__ void WaitTurn() const {
-    if (wg == 0)
-      asm volatile("bar.sync %0, %1;\n" ::"n"(kPingBarrier + 0), "n"(kPingThreads) : "memory");
-    else
-      asm volatile("bar.sync %0, %1;\n" ::"n"(kPingBarrier + 1), "n"(kPingThreads) : "memory");
-  }
-  __device__ __forceinline__ void PassTurn() const {
-    if (wg == 0)
-      asm volatile("bar.arrive %0, %1;\n" ::"n"(kPingBarrier + 1), "n"(kPingThreads) : "memory");
-    else
-      asm volatile("bar.arrive %0, %1;\n" ::"n"(kPingBarrier + 0), "n"(kPingThreads) : "memory");
-  }
+  __device__ __forceinline__ void WaitTurn() const { Turn<0, /*kPass=*/false>(); }
+  __device__ __forceinline__ void PassTurn() const { Turn<0, /*kPass=*/true>(); }
   __device__ __forceinline__ void Finish() const {
     if (wg == 0) NamedBarrierSync(kPingBarrier + 0, kPingThreads);
+  }
+
+ private:
+  // Warpgroup wg's wait on its barrier, or its arrival on the next one's,
+  // for wg >= kW (the last one without a test).
+  template <int kW, bool kPass>
+  __device__ __forceinline__ void Turn() const {
+    constexpr int kId = kPingBarrier + (kPass ? (kW + 1) % kWarpgroups : kW);
+    if constexpr (kW + 1 < kWarpgroups) {
+      if (wg != kW) return Turn<kW + 1, kPass>();
+    }
+    if constexpr (kPass)
+      asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kPingThreads) : "memory");
+    else
+      asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kPingThreads) : "memory");
   }
 };
 
@@ -400,7 +410,8 @@ __device__ __forceinline__ void PackP(uint32_t (&p)[kNTiles / 2][4],
 // 1 / (1 - rate) in its epilogue.
 template <typename T, typename Traits, typename Bias, bool kDropout>
 __device__ __forceinline__ void FwdWsConsumerTile(
-    const FwdWsArgs& a, const FwdWsSmem<Traits, Bias>& sm, const FwdBlock<T>& blk, const PingPong& ping,
+    const FwdWsArgs& a, const FwdWsSmem<Traits, Bias>& sm, const FwdBlock<T>& blk,
+    const PingPong<Traits::kConsumerWarpgroups>& ping,
     int consumer_warp, int lane, int g, int t, RingPos<Traits::kStages>& kv,
     RingPos<Traits::kQStages>& q,
     float (&o)[1][Traits::kHeadDim / kMmaN][4], float (&row_m)[1][2], float (&row_l)[1][2]) {

@@ -51,7 +51,8 @@ struct BwdTile {
 // consumer warpgroup per 64), keys per K/V block, K/V stages of the ring,
 // registers per thread of the producer warpgroup and of the consumers after
 // setmaxnreg (producer_regs * 128 + consumer_regs * block_m * 2 at most the
-// CTA's registers at launch, 168 x 384 = 64512: FwdWsTraits::kLaunchRegs),
+// CTA's registers at launch, 168 x 384 = 64512 with two consumer warpgroups,
+// 128 x 512 with three: FwdWsTraits::kLaunchRegs),
 // Q buffers (2: the next tile's Q loads while this tile's last blocks run,
 // instead of after its last S GEMM, off the consumers' path at tile starts).
 // FA3 uses 128 x 176 at D=128 (128 x 128 causal) and 192 x 192 at D=64.
@@ -138,9 +139,12 @@ constexpr BwdTile BwdTileSize(int head_dim) { return TilesFor(head_dim).bwd; }
 constexpr DqTile DqTileSize(int head_dim) { return TilesFor(head_dim).dq; }
 
 // Tuning hook (tests/gpu/ab_run.sh variants): with -DJAX_FLASH_TUNE_D=<bucket>,
-// -DJAX_FLASH_TUNE_WS_STAGES=<n>, -DJAX_FLASH_TUNE_WS_BN=<64 or 128>
-// and -DJAX_FLASH_TUNE_WS_QSTAGES=<1 or 2> replace that field of the
-// bucket's warp-specialized forward tile.
+// -DJAX_FLASH_TUNE_WS_STAGES=<n>, -DJAX_FLASH_TUNE_WS_BN=<64 or 128>,
+// -DJAX_FLASH_TUNE_WS_QSTAGES=<1 or 2>, -DJAX_FLASH_TUNE_WS_BM=<128 or 192>
+// (two or three consumer warpgroups), -DJAX_FLASH_TUNE_WS_PRODUCER_REGS=<n>
+// and -DJAX_FLASH_TUNE_WS_CONSUMER_REGS=<n> replace that field of the
+// bucket's warp-specialized forward tile (three consumer warpgroups: 512
+// threads, 128 registers each at launch, so 24 and 160 at most).
 constexpr FwdWsTile FwdWsTileSize(int head_dim) {
   FwdWsTile t = head_dim <= 64    ? FwdWsTile{128, 128, 4, 24, 240}
                 : head_dim <= 128 ? FwdWsTile{128, 128, 2, 24, 240}
@@ -155,6 +159,15 @@ constexpr FwdWsTile FwdWsTileSize(int head_dim) {
 #endif
 #ifdef JAX_FLASH_TUNE_WS_QSTAGES
   t.q_stages = JAX_FLASH_TUNE_WS_QSTAGES;
+#endif
+#ifdef JAX_FLASH_TUNE_WS_BM
+  t.block_m = JAX_FLASH_TUNE_WS_BM;
+#endif
+#ifdef JAX_FLASH_TUNE_WS_PRODUCER_REGS
+  t.producer_regs = JAX_FLASH_TUNE_WS_PRODUCER_REGS;
+#endif
+#ifdef JAX_FLASH_TUNE_WS_CONSUMER_REGS
+  t.consumer_regs = JAX_FLASH_TUNE_WS_CONSUMER_REGS;
 #endif
 #endif
   return t;
