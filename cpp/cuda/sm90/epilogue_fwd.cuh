@@ -22,12 +22,6 @@
 
 namespace jax_flash::cuda::sm90 {
 
-// Named barriers of the staging tiles, one per consumer warpgroup, after
-// PingPong's (one per warpgroup) and the tile index's (two per warpgroup):
-// ids 7, 8 with two consumer warpgroups, 10..12 with three.
-template <int kConsumerWarpgroups>
-inline constexpr int kEpilogueBarrier = 1 + 3 * kConsumerWarpgroups;
-
 // Warpgroup wg's out rows m0 .. m0 + 63 of (batch, head) (b, h), from this
 // warp's (wg_warp of the warpgroup) O, m and l, through the staging tile
 // `tile` (64 rows x kSmemCols, 1024-byte aligned) and `o_map` (boxes of 64
@@ -51,7 +45,7 @@ __device__ __forceinline__ void StoreOutputStaged(const CUtensorMap* o_map, cons
   const RowEnd end1 = FinishRow(row_m[0][1], row_l[0][1], scale_log2, lse,
                                 m0 + wg_warp * 16 + g + 8, seqlen_q, t);
   if (issuer) BulkWaitRead<0>();
-  NamedBarrierSync(kEpilogueBarrier<kConsumerWarpgroups> + wg, 128);
+  NamedBarrierSync(FwdWsBarrierIds<kConsumerWarpgroups>::kEpilogue + wg, 128);
   // One stmatrix per 16 columns: matrices (rows g, g + 8) x (columns
   // 16ks + 0..7, + 8..15) of this warp's 16 rows; lane l addresses row l % 8
   // of matrix l / 8.
@@ -67,7 +61,7 @@ __device__ __forceinline__ void StoreOutputStaged(const CUtensorMap* o_map, cons
                out(end1, c0[2], c0[3]), out(end0, c1[0], c1[1]), out(end1, c1[2], c1[3]));
   }
   FenceProxyAsync();
-  NamedBarrierSync(kEpilogueBarrier<kConsumerWarpgroups> + wg, 128);
+  NamedBarrierSync(FwdWsBarrierIds<kConsumerWarpgroups>::kEpilogue + wg, 128);
   if (issuer) {
 #pragma unroll
     for (int cb = 0; cb < (kDTiles * 8 + 63) / 64; ++cb)

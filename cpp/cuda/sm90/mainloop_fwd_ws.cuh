@@ -168,13 +168,10 @@ struct FwdWsSmem {
 template <int kConsumerWarpgroups>
 struct TileIndexHandoff {
   static constexpr int kThreads = 32 + 128;  // the producer warp and one warpgroup
-  // Ids after PingPong's 1 .. kConsumerWarpgroups.
-  static constexpr int kIndexBarrier = 1 + kConsumerWarpgroups;
+  using Ids = FwdWsBarrierIds<kConsumerWarpgroups>;
   uint32_t slot;
-  __device__ __forceinline__ static int FullBarrier(int wg) { return kIndexBarrier + wg; }
-  __device__ __forceinline__ static int EmptyBarrier(int wg) {
-    return kIndexBarrier + kConsumerWarpgroups + wg;
-  }
+  __device__ __forceinline__ static int FullBarrier(int wg) { return Ids::kIndexFull + wg; }
+  __device__ __forceinline__ static int EmptyBarrier(int wg) { return Ids::kIndexEmpty + wg; }
   // The producer warp, every lane; `first`: no index handed over before.
   __device__ __forceinline__ void Give(int index, bool first, int lane) const {
     if (!first) WaitEmpty();
@@ -289,19 +286,20 @@ __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSme
 // ---- consumers -----------------------------------------------------------------
 
 // Ping-pong between the consumer warpgroups (a ring when there are three):
-// warpgroup w waits on named barrier kPingBarrier + w before issuing its
-// GEMMs and, once they are issued, arrives on the next one's. Every
+// warpgroup w waits on its turn's named barrier (FwdWsBarrierIds::kTurn + w)
+// before issuing its GEMMs and, once they are issued, arrives on the next
+// one's. Every
 // warpgroup passes the same number of issue points per tile (they share the
 // tile's key blocks), so the arrivals pair up; the last warpgroup arrives
 // once up front (warpgroup 0 goes first) and warpgroup 0 takes that extra
 // arrival back at the end. tests/gpu/ws_pipeline_model.py checks the
 // protocol with two and three.
-inline constexpr int kPingBarrier = 1;  // ids 1 .. kWarpgroups (0 is __syncthreads')
 inline constexpr int kPingThreads = 256;
 
 template <int kWarpgroups>
 struct PingPong {
   static_assert(kWarpgroups == 2 || kWarpgroups == 3, "two or three consumer warpgroups");
+  static constexpr int kPingBarrier = FwdWsBarrierIds<kWarpgroups>::kTurn;
   int wg;  // consumer warpgroup, 0 .. kWarpgroups - 1
   __device__ __forceinline__ void Start() const {
     if (wg == kWarpgroups - 1) NamedBarrierArrive(kPingBarrier + 0, kPingThreads);

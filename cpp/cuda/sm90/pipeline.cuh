@@ -26,6 +26,20 @@
 
 namespace jax_flash::cuda::sm90 {
 
+// The named barrier ids of the warp-specialized forward with N consumer
+// warpgroups (0 is __syncthreads'), laid out in one place: the ping-pong
+// ring's turn of each warpgroup (mainloop_fwd_ws.cuh, PingPong), the tile
+// index's full and empty per warpgroup (TileIndexHandoff), and each
+// warpgroup's out staging tile (epilogue_fwd.cuh).
+template <int kConsumerWarpgroups>
+struct FwdWsBarrierIds {
+  static constexpr int kTurn = 1;
+  static constexpr int kIndexFull = kTurn + kConsumerWarpgroups;
+  static constexpr int kIndexEmpty = kIndexFull + kConsumerWarpgroups;
+  static constexpr int kEpilogue = kIndexEmpty + kConsumerWarpgroups;
+  static_assert(kEpilogue + kConsumerWarpgroups <= 16, "16 named barriers per CTA");
+};
+
 // A position in a ring of kStages stages: the number of fills (producer) or
 // uses (consumer) so far; its stage and the parity of that stage's use. One
 // counter rather than (stage, phase): the consumers keep two positions live
