@@ -43,6 +43,31 @@ __device__ __forceinline__ void ExponentiateRows(float (&s)[kMT][kNTiles][4],
   }
 }
 
+// The maximum of this lane's part of row (mt, hr) of S (the vote and the
+// quad's shuffles make it the row's). Four running maxima, combined at the
+// end: one chain through all kNTiles n-tiles put 2 kNTiles dependent FMNMX
+// (about 4 cycles each) between the S GEMM's wait and the vote, which the
+// exponentials of the common path wait for. max is exact in any order.
+template <int kMT, int kNTiles>
+__device__ __forceinline__ float LaneRowMax(const float (&s)[kMT][kNTiles][4], int mt, int hr) {
+  constexpr int kChains = kNTiles >= 4 ? 4 : kNTiles;
+  // Each chain starts at its first pair, not at -inf: fmaxf(x, -inf) is not
+  // x for a NaN x, so ptxas keeps that FMNMX. (A lane whose scores are all
+  // NaN then gives NaN rather than -inf; the callers' fmaxf with row_m and
+  // the quad ignores either, and NaN > m is false as -inf > m is.)
+  float m[kChains];
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) {
+    const float pair = fmaxf(s[mt][nt][2 * hr], s[mt][nt][2 * hr + 1]);
+    m[nt % kChains] = nt < kChains ? pair : fmaxf(m[nt % kChains], pair);
+  }
+#pragma unroll
+  for (int width = kChains / 2; width > 0; width /= 2)
+#pragma unroll
+    for (int c = 0; c < width; ++c) m[c] = fmaxf(m[c], m[c + width]);
+  return m[0];
+}
+
 // Online softmax of one key block, lazy rescale: S becomes P in place, O
 // and l are rescaled when the reference max moves.
 //
@@ -61,13 +86,7 @@ __device__ __forceinline__ void OnlineSoftmax(float (&s)[kMT][kNTiles][4],
                                               float (&o)[kMT][kDTiles][4],
                                               float (&row_m)[kMT][2], float (&row_l)[kMT][2],
                                               float scale_log2, float rescale_margin) {
-  auto lane_max = [&](int mt, int hr) {
-    float m = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
-      m = fmaxf(m, fmaxf(s[mt][nt][2 * hr], s[mt][nt][2 * hr + 1]));
-    return m;
-  };
+  auto lane_max = [&](int mt, int hr) { return LaneRowMax(s, mt, hr); };
   bool grow = false;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
@@ -113,13 +132,7 @@ __device__ __forceinline__ bool OnlineSoftmaxDeferRescale(float (&s)[kMT][kNTile
                                                           float (&alpha)[kMT][2],
                                                           float scale_log2,
                                                           float rescale_margin) {
-  auto lane_max = [&](int mt, int hr) {
-    float m = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
-      m = fmaxf(m, fmaxf(s[mt][nt][2 * hr], s[mt][nt][2 * hr + 1]));
-    return m;
-  };
+  auto lane_max = [&](int mt, int hr) { return LaneRowMax(s, mt, hr); };
   bool grow = false;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
