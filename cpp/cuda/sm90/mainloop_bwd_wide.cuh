@@ -121,10 +121,12 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
 
   const int tid = pos.tid, warp = pos.warp, lane = pos.lane, g = pos.g, t = pos.t;
   const int warpgroup = warp / 4, wg_warp = warp % 4;
-  const int64_t h_kv = tile.h_kv, b = tile.b, n_block = tile.n_block;
-  const int64_t n0 = n_block * kBlockN;
+  // Tile and step indices in 32 bits, as BwdMainloop keeps them (dispatch.cu's
+  // kMaxIndex32 bounds them; NOTES_sm90_bwd.md, "32-bit step indices").
+  const int h_kv = static_cast<int>(tile.h_kv), b = static_cast<int>(tile.b);
+  const int n0 = static_cast<int>(tile.n_block) * kBlockN;
   const int64_t seqlen_q = p.shape.seqlen_q, seqlen_k = p.shape.seqlen_k;
-  const int64_t group = p.shape.group_size();
+  const int group = static_cast<int>(p.shape.group_size());
   const int head_dim = static_cast<int>(p.shape.head_dim);
   // The group's first head's mask; a dense mask's view moves to the step's
   // head below (a dense mask comes here with a tile map: BwdPath).
@@ -135,14 +137,13 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
   const GmemRows<T> v = GmemRows<T>::Head(p.v, p.v_strides, b, h_kv, seqlen_k, head_dim);
 
   const QuerySteps<kBlockN, kBlockM> walk = QuerySteps<kBlockN, kBlockM>::Make(mask, n0, group);
-  const int64_t m_begin = walk.m_begin, steps = walk.count;
+  const int m_begin = static_cast<int>(walk.m_begin), steps = static_cast<int>(walk.count);
 
   // Step (head gi of the group, query block mi of the walk)'s loads into
-  // `stage` (mainloop_bwd.cuh; 32-bit indices: dispatch.cu bounds them).
-  auto issue = [&](int64_t gi, int64_t mi, int stage) {
-    IssueStepLoads<Traits>(tma_args, sQ, sdO, sLse, sDelta, stage, static_cast<int>(b),
-                           static_cast<int>(h_kv * group + gi),
-                           static_cast<int>((m_begin + mi) * kBlockM), full_bar + 8 * stage, tid);
+  // `stage` (mainloop_bwd.cuh).
+  auto issue = [&](int gi, int mi, int stage) {
+    IssueStepLoads<Traits>(tma_args, sQ, sdO, sLse, sDelta, stage, b, h_kv * group + gi,
+                           (m_begin + mi) * kBlockM, full_bar + 8 * stage, tid);
   };
 
   LoadSwizzledTile<T, kBlockN, kHeadDim, Traits::kThreads>(sK, k, n0, tid);
@@ -154,7 +155,7 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
     FenceBarrierInit();
   }
   __syncthreads();  // the barriers are initialized before anyone uses them
-  if (steps > 0) issue(0, walk.first, 0);
+  if (steps > 0) issue(0, static_cast<int>(walk.first), 0);
   CpAsyncWait<0>();  // K and V, published to all threads and to wgmma here
   FenceProxyAsync();
   __syncthreads();
@@ -182,7 +183,7 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
   // of step (gi, mi): before the loop, then for the next step while this
   // one's dV and dK GEMMs run (as mainloop_bwd.cuh).
   const HeadDropout dropout0 = kDropout ? args.Dropout(b, h_kv * group) : HeadDropout{};
-  auto draw_keep = [&](int64_t gi, int64_t mi) -> uint32_t {
+  auto draw_keep = [&](int gi, int mi) -> uint32_t {
     if constexpr (kDropout)
       return KeepBitsT<kQTiles, /*kSerial=*/true>(dropout0.PlusHeads(p.dropout, gi),
                                                   n0 + key_row0,
@@ -190,16 +191,16 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
     else return 0;
   };
 
-  int64_t gi = 0, mi = walk.first;
+  int gi = 0, mi = static_cast<int>(walk.first);
   uint32_t keep = steps > 0 ? draw_keep(gi, mi) : 0;
-  for (int64_t s = 0; s < steps; ++s) {
+  for (int s = 0; s < steps; ++s) {
     // No CTA barrier at the top (as mainloop_bwd.cuh): P^T and dS^T
     // alternate between two buffers, the loads of step s were issued after
     // the middle barrier of step s - 1.
     const int stage = static_cast<int>(s & 1);
     const uint32_t p_offset = static_cast<uint32_t>(s & 1) * Traits::kPBytes;
-    const int64_t h = h_kv * group + gi;
-    const int64_t m0 = (m_begin + mi) * kBlockM;
+    const int h = h_kv * group + gi;
+    const int m0 = (m_begin + mi) * kBlockM;
     const CellClass cls = walk.Class(mi);
     if (dense0 != nullptr) mask.dense = dense0 + gi * p.mask.dense_strides.head;
     walk.Advance(gi, mi);  // (gi, mi) is now the next step
