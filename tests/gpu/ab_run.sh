@@ -48,6 +48,7 @@ say() { echo "$(( $(date +%s) - start )) s: $*"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader \
   > "$out/gpu.txt" 2>&1
 built() { [ -n "${KEEP:-}" ] && [ -x "$1/tc_kernel_check" ]; }
+rm -f /tmp/ab_*/HUNG  # a marker of an earlier call's check, not of this one's
 built /tmp/ab_this ||
   ARCH=90a JOBS=16 bash tests/gpu/build.sh /tmp/ab_this > "$out/build_this.log" 2>&1 ||
   say "BUILD FAILED: this tree"
@@ -63,6 +64,10 @@ for spec in "$@"; do
   else
     cp -r cpp jax_flash tests "/tmp/ab_src_$name/"
   fi
+  # A tuning hook changes tile sizes that dispatch.cu reads too (workspace
+  # sizes, sm90::TilesInCells' routing of block masks): with FLAGS it is
+  # rebuilt as well, or it would route to kernels of tiles it does not know.
+  [ -n "${flags:-}" ] && regex="($regex)|^dispatch\$"
   (cd "/tmp/ab_src_$name" && REUSE=/tmp/ab_this REBUILD="$regex" ARCH=90a JOBS=$(( 16 / $# )) \
      bash tests/gpu/build.sh "/tmp/ab_$name" ${flags:-} > "$out/build_$name.log" 2>&1 ||
      echo "BUILD FAILED: $name") &
@@ -72,14 +77,17 @@ say built variants
 # The checks of the builds run side by side (the float64 reference is CPU
 # work): CHECK, CASES and SANITIZERS as above for every variant, and per
 # build CHECK_<name>, CASES_<name>, SANITIZERS_<name> (this tree's name is
-# "this"; it is checked only when CHECK_this is set). CHECK_TIMEOUT (default
-# 240 s) bounds each check: a deadlock is its rc 124.
+# "this"; it is checked only when CHECK_this is set). CHECK_TIMEOUT bounds
+# each check (default 240 s for features, 480 s for check, which takes ~200 s
+# alone and longer beside other checks): a deadlock is its rc 124, and that
+# build is not timed in this call (HUNG; a later KEEP=1 call checks afresh).
 for name in this "${names[@]}"; do (
   is_this() { [ "$name" = this ]; }
   v=CHECK_$name; checks=${!v:-$(is_this && echo none || echo "${CHECK:-features}")}
   v=CASES_$name; [ -n "${!v:-}" ] && export CASES=${!v}
   if [ "$checks" != none ]; then
-    timeout "${CHECK_TIMEOUT:-240}" "/tmp/ab_$name/tc_kernel_check" "$checks" \
+    limit=${CHECK_TIMEOUT:-$([ "$checks" = check ] && echo 480 || echo 240)}
+    timeout "$limit" "/tmp/ab_$name/tc_kernel_check" "$checks" \
       > "$out/${checks}_$name.log" 2>&1
     rc=$?
     say "$checks $name: rc $rc, $(tail -1 "$out/${checks}_$name.log")"
