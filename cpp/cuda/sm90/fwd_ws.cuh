@@ -63,12 +63,31 @@ struct FwdWsTraits {
                     kLaunchRegs, "registers");
 };
 
+// The masking a ws forward kernel compiles in:
+// - kEnds: only the sequences' ends (no causal, window, lengths, segments,
+//   dense or block mask), and kCausal: those and causal. The kernel sets the
+//   tile's mask to these constants, so the rest of the band and the tile-map
+//   code fold away and the key loop keeps its registers; the blocks on the
+//   diagonal and past a sequence's end test their keys;
+// - kBand: the band (causal, window, lengths), segments and the tile map;
+// - kDense: kBand and a dense mask (and its tile map; neither bias nor
+//   dropout then); the other instantiations know there is none, which keeps
+//   its per-element loads out of their code.
+enum class FwdWsMask { kEnds, kCausal, kBand, kDense };
+
+// kEnds or kCausal where the call's mask is no more than that, else kBand
+// (a dense mask runs kDense: LaunchFwdWs).
+inline FwdWsMask LightestMask(const MaskParams& m) {
+  const bool more = m.window_left >= 0 || m.window_right >= 0 || m.q_seqlens != nullptr ||
+                    m.kv_seqlens != nullptr || m.q_segment_ids != nullptr ||
+                    m.kv_segment_ids != nullptr || m.dense != nullptr || m.block != nullptr ||
+                    m.tile_map != nullptr;
+  return more ? FwdWsMask::kBand : m.causal ? FwdWsMask::kCausal : FwdWsMask::kEnds;
+}
+
 // Bias: the bias's tile type (BiasTile of 64 rows, one per consumer
 // warpgroup), void without a bias. kDropout: with dropout (no bias then).
-// kDenseMask: with a dense mask (and its tile map; neither bias nor dropout
-// then); the other instantiations know there is none, which keeps its
-// per-element loads out of their code.
-template <typename T, typename Traits, typename Bias, bool kDropout, bool kDenseMask>
+template <typename T, typename Traits, typename Bias, bool kDropout, FwdWsMask kMask>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     FwdWsKernel(const __grid_constant__ FwdWsArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -97,7 +116,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     FwdBlock<T> blk =
         FwdBlock<T>::template Make<Traits::kBlockM, Traits::kBlockN, /*kTileMap=*/true>(a.args.p,
                                                                                          tile);
-    if constexpr (!kDenseMask) blk.mask.dense = nullptr;  // a mask runs the kDenseMask kernel
+    if constexpr (kMask != FwdWsMask::kDense) blk.mask.dense = nullptr;
+    if constexpr (kMask == FwdWsMask::kEnds || kMask == FwdWsMask::kCausal) {
+      BatchMask& m = blk.mask;
+      m.causal = kMask == FwdWsMask::kCausal;
+      m.window_left = m.window_right = -1;
+      m.q_seg = m.kv_seg = nullptr;
+      m.block = m.tile_map = nullptr;
+      blk.cells = CellLine{};
+    }
     float o[1][Traits::kHeadDim / kMmaN][4], row_m[1][2], row_l[1][2];
     InitFwdState(o, row_m, row_l);
     if (blk.n_begin < blk.n_end) {
@@ -127,7 +154,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 }
 
 template <typename T, typename Traits, typename Bias, bool kDropout = false,
-          bool kDenseMask = false>
+          FwdWsMask kMask = FwdWsMask::kBand>
 cudaError_t LaunchFwdWsKernel(const FwdWsArgs& a, cudaStream_t stream) {
   constexpr int kSmemBytes = FwdWsSmem<Traits, Bias>::kBytes;
   // Only a bias's stages may not fit (the caller then runs sm90/fwd.cuh).
@@ -135,7 +162,7 @@ cudaError_t LaunchFwdWsKernel(const FwdWsArgs& a, cudaStream_t stream) {
   if constexpr (kSmemBytes > kMaxSmemBytes) {
     return cudaErrorNotSupported;
   } else {
-    auto kernel = FwdWsKernel<T, Traits, Bias, kDropout, kDenseMask>;
+    auto kernel = FwdWsKernel<T, Traits, Bias, kDropout, kMask>;
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     if (err != cudaSuccess) return err;
@@ -186,12 +213,22 @@ cudaError_t LaunchFwdWs(const FwdParams& params, void* workspace, cudaStream_t s
                            s.num_heads_q, s.head_dim, 64, kBf16))
     return cudaErrorNotSupported;
   if (params.mask.dense != nullptr)
-    return LaunchFwdWsKernel<T, Traits, void, /*kDropout=*/false, /*kDenseMask=*/true>(a, stream);
+    return LaunchFwdWsKernel<T, Traits, void, /*kDropout=*/false, FwdWsMask::kDense>(a, stream);
   if (params.dropout.enabled()) {
     if (params.score.bias != nullptr) return cudaErrorNotSupported;
     return LaunchFwdWsKernel<T, Traits, void, /*kDropout=*/true>(a, stream);
   }
-  if (params.score.bias == nullptr) return LaunchFwdWsKernel<T, Traits, void>(a, stream);
+  if (params.score.bias == nullptr) {
+    switch (LightestMask(params.mask)) {
+      case FwdWsMask::kEnds:
+        return LaunchFwdWsKernel<T, Traits, void, /*kDropout=*/false, FwdWsMask::kEnds>(a, stream);
+      case FwdWsMask::kCausal:
+        return LaunchFwdWsKernel<T, Traits, void, /*kDropout=*/false, FwdWsMask::kCausal>(a,
+                                                                                         stream);
+      default:
+        return LaunchFwdWsKernel<T, Traits, void>(a, stream);
+    }
+  }
   if (!EncodeBiasTensorMap(&a.bias_map, params.score, s, 64)) return cudaErrorNotSupported;
   return params.score.bias_type == BiasType::kAcc
              ? LaunchFwdWsKernel<T, Traits, BiasTile<64, Traits::kBlockN, float>>(a, stream)
