@@ -34,10 +34,11 @@
 
 namespace jax_flash::cuda::sm90 {
 
-template <int kHeadDim_>
+template <int kHeadDim_, FwdWsMask kMask_ = FwdWsMask::kBand>
 struct FwdWsTraits {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr FwdWsTile kTile = FwdWsTileSize(kHeadDim);  // sm90/tile_size.h
+  static constexpr FwdWsMask kMask = kMask_;
+  static constexpr FwdWsTile kTile = FwdWsTileSize(kHeadDim, kMask);  // sm90/tile_size.h
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
@@ -63,31 +64,10 @@ struct FwdWsTraits {
                     kLaunchRegs, "registers");
 };
 
-// The masking a ws forward kernel compiles in:
-// - kEnds: only the sequences' ends (no causal, window, lengths, segments,
-//   dense or block mask), and kCausal: those and causal. The kernel sets the
-//   tile's mask to these constants, so the rest of the band and the tile-map
-//   code fold away and the key loop keeps its registers; the blocks on the
-//   diagonal and past a sequence's end test their keys;
-// - kBand: the band (causal, window, lengths), segments and the tile map;
-// - kDense: kBand and a dense mask (and its tile map; neither bias nor
-//   dropout then); the other instantiations know there is none, which keeps
-//   its per-element loads out of their code.
-enum class FwdWsMask { kEnds, kCausal, kBand, kDense };
-
-// kEnds or kCausal where the call's mask is no more than that, else kBand
-// (a dense mask runs kDense: LaunchFwdWs).
-inline FwdWsMask LightestMask(const MaskParams& m) {
-  const bool more = m.window_left >= 0 || m.window_right >= 0 || m.q_seqlens != nullptr ||
-                    m.kv_seqlens != nullptr || m.q_segment_ids != nullptr ||
-                    m.kv_segment_ids != nullptr || m.dense != nullptr || m.block != nullptr ||
-                    m.tile_map != nullptr;
-  return more ? FwdWsMask::kBand : m.causal ? FwdWsMask::kCausal : FwdWsMask::kEnds;
-}
-
 // Bias: the bias's tile type (BiasTile of 64 rows, one per consumer
 // warpgroup), void without a bias. kDropout: with dropout (no bias then).
-template <typename T, typename Traits, typename Bias, bool kDropout, FwdWsMask kMask>
+// The mask: Traits::kMask.
+template <typename T, typename Traits, typename Bias, bool kDropout>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     FwdWsKernel(const __grid_constant__ FwdWsArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -116,6 +96,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     FwdBlock<T> blk =
         FwdBlock<T>::template Make<Traits::kBlockM, Traits::kBlockN, /*kTileMap=*/true>(a.args.p,
                                                                                          tile);
+    constexpr FwdWsMask kMask = Traits::kMask;
     if constexpr (kMask != FwdWsMask::kDense) blk.mask.dense = nullptr;
     if constexpr (kMask == FwdWsMask::kEnds || kMask == FwdWsMask::kCausal) {
       BatchMask& m = blk.mask;
@@ -153,16 +134,46 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #endif
 }
 
-template <typename T, typename Traits, typename Bias, bool kDropout = false,
-          FwdWsMask kMask = FwdWsMask::kBand>
-cudaError_t LaunchFwdWsKernel(const FwdWsArgs& a, cudaStream_t stream) {
+// One kernel's launch: its tile's tensor maps, the persistent scheduler,
+// the launch. cudaErrorNotSupported when TMA cannot address Q, K, V or the
+// bias (see EncodeRowsTensorMap, EncodeBiasTensorMap), the bias stages do
+// not fit, or the tiles do not fit an int: the caller runs the forward
+// without warp specialization then.
+template <typename T, typename Traits, typename Bias = void, bool kDropout = false>
+cudaError_t LaunchFwdWsKernel(const FwdParams& params, void* workspace, cudaStream_t stream) {
   constexpr int kSmemBytes = FwdWsSmem<Traits, Bias>::kBytes;
   // Only a bias's stages may not fit (the caller then runs sm90/fwd.cuh).
   static_assert(!std::is_void_v<Bias> || kSmemBytes <= kMaxSmemBytes, "shared memory per block");
   if constexpr (kSmemBytes > kMaxSmemBytes) {
     return cudaErrorNotSupported;
   } else {
-    auto kernel = FwdWsKernel<T, Traits, Bias, kDropout, kMask>;
+    const AttentionShape& s = params.shape;
+    const int64_t m_blocks = CeilDiv(s.seqlen_q, Traits::kBlockM);
+    if (m_blocks == 0 || s.num_heads_q == 0 || s.batch == 0) return cudaSuccess;
+    FwdWsArgs a;
+    a.args = MakeFwdArgs(params);
+    if (workspace == nullptr) return cudaErrorInvalidValue;
+    a.tile_counter = static_cast<int*>(workspace);
+    if (!PersistentScheduler::MakeArgs(m_blocks, s, a.args.order, &a.sched) ||
+        s.seqlen_k > INT32_MAX)
+      return cudaErrorNotSupported;
+    constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+    if (!EncodeRowsTensorMap(&a.q_map, params.q, params.q_strides, s.batch, s.seqlen_q,
+                             s.num_heads_q, s.head_dim, Traits::kBlockM, kBf16) ||
+        !EncodeRowsTensorMap(&a.k_map, params.k, params.k_strides, s.batch, s.seqlen_k,
+                             s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16) ||
+        !EncodeRowsTensorMap(&a.v_map, params.v, params.v_strides, s.batch, s.seqlen_k,
+                             s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16))
+      return cudaErrorNotSupported;
+    // out through TMA where the staging tiles fit (FwdWsSmem::kStageO): its
+    // strides are Q's shape's, so where Q's map exists this one does too
+    // unless out is laid out otherwise.
+    if (!EncodeRowsTensorMap(&a.o_map, params.out, params.out_strides, s.batch, s.seqlen_q,
+                             s.num_heads_q, s.head_dim, 64, kBf16))
+      return cudaErrorNotSupported;
+    if constexpr (!std::is_void_v<Bias>)
+      if (!EncodeBiasTensorMap(&a.bias_map, params.score, s, 64)) return cudaErrorNotSupported;
+    auto kernel = FwdWsKernel<T, Traits, Bias, kDropout>;
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     if (err != cudaSuccess) return err;
@@ -175,64 +186,52 @@ cudaError_t LaunchFwdWsKernel(const FwdWsArgs& a, cudaStream_t stream) {
   }
 }
 
-// cudaErrorNotSupported when TMA cannot address Q, K, V or the bias (see
-// EncodeRowsTensorMap, EncodeBiasTensorMap), the bias stages do not fit, the
-// tiles do not fit an int, for a bias with dropout (a kernel of its own
-// that no one has measured), or for a dense mask with a bias or dropout:
-// the caller runs the forward without warp specialization then.
+// kEnds or kCausal where the call's mask is no more than that, else kBand
+// (a dense mask runs kDense: LaunchFwdWs).
+inline FwdWsMask LightestMask(const MaskParams& m) {
+  const bool more = m.window_left >= 0 || m.window_right >= 0 || m.q_seqlens != nullptr ||
+                    m.kv_seqlens != nullptr || m.q_segment_ids != nullptr ||
+                    m.kv_segment_ids != nullptr || m.dense != nullptr || m.block != nullptr ||
+                    m.tile_map != nullptr;
+  return more ? FwdWsMask::kBand : m.causal ? FwdWsMask::kCausal : FwdWsMask::kEnds;
+}
+
+// The kernel for this call (LaunchFwdWsKernel's errors; also
+// cudaErrorNotSupported for a bias with dropout, a kernel of its own that no
+// one has measured, or a dense mask with a bias or dropout).
 // `workspace`: PersistentScheduler::kWorkspaceBytes bytes for the tile
 // counter (zeroed here, before the launch).
 template <typename T, int kHeadDim>
 cudaError_t LaunchFwdWs(const FwdParams& params, void* workspace, cudaStream_t stream) {
-  using Traits = FwdWsTraits<kHeadDim>;
-  if (params.mask.dense != nullptr && (params.score.bias != nullptr || params.dropout.enabled()))
-    return cudaErrorNotSupported;
-  const AttentionShape& s = params.shape;
-  if (s.head_dim > kHeadDim) return cudaErrorInvalidValue;
-  const int64_t m_blocks = CeilDiv(s.seqlen_q, Traits::kBlockM);
-  if (m_blocks == 0 || s.num_heads_q == 0 || s.batch == 0) return cudaSuccess;
-  FwdWsArgs a;
-  a.args = MakeFwdArgs(params);
-  if (workspace == nullptr) return cudaErrorInvalidValue;
-  a.tile_counter = static_cast<int*>(workspace);
-  if (!PersistentScheduler::MakeArgs(m_blocks, s, a.args.order, &a.sched) ||
-      s.seqlen_k > INT32_MAX)
-    return cudaErrorNotSupported;
-  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  if (!EncodeRowsTensorMap(&a.q_map, params.q, params.q_strides, s.batch, s.seqlen_q,
-                           s.num_heads_q, s.head_dim, Traits::kBlockM, kBf16) ||
-      !EncodeRowsTensorMap(&a.k_map, params.k, params.k_strides, s.batch, s.seqlen_k,
-                           s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16) ||
-      !EncodeRowsTensorMap(&a.v_map, params.v, params.v_strides, s.batch, s.seqlen_k,
-                           s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16))
-    return cudaErrorNotSupported;
-  // out through TMA where the staging tiles fit (FwdWsSmem::kStageO): its
-  // strides are Q's shape's, so where Q's map exists this one does too
-  // unless out is laid out otherwise.
-  if (!EncodeRowsTensorMap(&a.o_map, params.out, params.out_strides, s.batch, s.seqlen_q,
-                           s.num_heads_q, s.head_dim, 64, kBf16))
-    return cudaErrorNotSupported;
-  if (params.mask.dense != nullptr)
-    return LaunchFwdWsKernel<T, Traits, void, /*kDropout=*/false, FwdWsMask::kDense>(a, stream);
-  if (params.dropout.enabled()) {
-    if (params.score.bias != nullptr) return cudaErrorNotSupported;
-    return LaunchFwdWsKernel<T, Traits, void, /*kDropout=*/true>(a, stream);
+  if (params.shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
+  const bool bias = params.score.bias != nullptr, dropout = params.dropout.enabled();
+  if (params.mask.dense != nullptr) {
+    if (bias || dropout) return cudaErrorNotSupported;
+    return LaunchFwdWsKernel<T, FwdWsTraits<kHeadDim, FwdWsMask::kDense>>(params, workspace,
+                                                                           stream);
   }
-  if (params.score.bias == nullptr) {
-    switch (LightestMask(params.mask)) {
-      case FwdWsMask::kEnds:
-        return LaunchFwdWsKernel<T, Traits, void, /*kDropout=*/false, FwdWsMask::kEnds>(a, stream);
-      case FwdWsMask::kCausal:
-        return LaunchFwdWsKernel<T, Traits, void, /*kDropout=*/false, FwdWsMask::kCausal>(a,
-                                                                                         stream);
-      default:
-        return LaunchFwdWsKernel<T, Traits, void>(a, stream);
-    }
+  using Band = FwdWsTraits<kHeadDim>;
+  if (dropout) {
+    if (bias) return cudaErrorNotSupported;
+    return LaunchFwdWsKernel<T, Band, void, /*kDropout=*/true>(params, workspace, stream);
   }
-  if (!EncodeBiasTensorMap(&a.bias_map, params.score, s, 64)) return cudaErrorNotSupported;
-  return params.score.bias_type == BiasType::kAcc
-             ? LaunchFwdWsKernel<T, Traits, BiasTile<64, Traits::kBlockN, float>>(a, stream)
-             : LaunchFwdWsKernel<T, Traits, BiasTile<64, Traits::kBlockN, T>>(a, stream);
+  if (bias) {
+    return params.score.bias_type == BiasType::kAcc
+               ? LaunchFwdWsKernel<T, Band, BiasTile<64, Band::kBlockN, float>>(params, workspace,
+                                                                                 stream)
+               : LaunchFwdWsKernel<T, Band, BiasTile<64, Band::kBlockN, T>>(params, workspace,
+                                                                             stream);
+  }
+  switch (LightestMask(params.mask)) {
+    case FwdWsMask::kEnds:
+      return LaunchFwdWsKernel<T, FwdWsTraits<kHeadDim, FwdWsMask::kEnds>>(params, workspace,
+                                                                            stream);
+    case FwdWsMask::kCausal:
+      return LaunchFwdWsKernel<T, FwdWsTraits<kHeadDim, FwdWsMask::kCausal>>(params, workspace,
+                                                                              stream);
+    default:
+      return LaunchFwdWsKernel<T, Band>(params, workspace, stream);
+  }
 }
 
 }  // namespace jax_flash::cuda::sm90
