@@ -158,12 +158,8 @@ cudaError_t LaunchFwdWsKernel(const FwdParams& params, void* workspace, cudaStre
         s.seqlen_k > INT32_MAX)
       return cudaErrorNotSupported;
     constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-    if (!EncodeRowsTensorMap(&a.q_map, params.q, params.q_strides, s.batch, s.seqlen_q,
-                             s.num_heads_q, s.head_dim, Traits::kBlockM, kBf16) ||
-        !EncodeRowsTensorMap(&a.k_map, params.k, params.k_strides, s.batch, s.seqlen_k,
-                             s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16) ||
-        !EncodeRowsTensorMap(&a.v_map, params.v, params.v_strides, s.batch, s.seqlen_k,
-                             s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16))
+    if (!EncodeQkvTensorMaps(params, Traits::kBlockM, Traits::kBlockN, kBf16, &a.q_map, &a.k_map,
+                             &a.v_map))
       return cudaErrorNotSupported;
     // out through TMA where the staging tiles fit (FwdWsSmem::kStageO): its
     // strides are Q's shape's, so where Q's map exists this one does too
