@@ -86,19 +86,18 @@ __device__ __forceinline__ void OnlineSoftmax(float (&s)[kMT][kNTiles][4],
                                               float (&o)[kMT][kDTiles][4],
                                               float (&row_m)[kMT][2], float (&row_l)[kMT][2],
                                               float scale_log2, float rescale_margin) {
-  auto lane_max = [&](int mt, int hr) { return LaneRowMax(s, mt, hr); };
   bool grow = false;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr)  // -inf + margin = -inf: a row's first visible key moves it
-      grow |= lane_max(mt, hr) > row_m[mt][hr] + rescale_margin;
+      grow |= LaneRowMax(s, mt, hr) > row_m[mt][hr] + rescale_margin;
   if (__any_sync(0xffffffffu, grow)) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        float m = lane_max(mt, hr);
+        float m = LaneRowMax(s, mt, hr);
         // The 4 lanes of a quad hold one row.
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
@@ -132,19 +131,18 @@ __device__ __forceinline__ bool OnlineSoftmaxDeferRescale(float (&s)[kMT][kNTile
                                                           float (&alpha)[kMT][2],
                                                           float scale_log2,
                                                           float rescale_margin) {
-  auto lane_max = [&](int mt, int hr) { return LaneRowMax(s, mt, hr); };
   bool grow = false;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) grow |= lane_max(mt, hr) > row_m[mt][hr] + rescale_margin;
+    for (int hr = 0; hr < 2; ++hr) grow |= LaneRowMax(s, mt, hr) > row_m[mt][hr] + rescale_margin;
   const bool rescale = __any_sync(0xffffffffu, grow);
   if (rescale) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        float m = lane_max(mt, hr);
+        float m = LaneRowMax(s, mt, hr);
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         const float m_new = fmaxf(row_m[mt][hr], m);
