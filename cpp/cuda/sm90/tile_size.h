@@ -66,7 +66,10 @@ struct FwdWsTile {
 //   dense or block mask), and kCausal: those and causal. The kernel sets the
 //   tile's mask to these constants, so the rest of the band and the tile-map
 //   code fold away and the key loop keeps its registers; the blocks on the
-//   diagonal and past a sequence's end test their keys;
+//   diagonal and past a sequence's end test their keys. Only the buckets
+//   where they take a tile of their own (FwdWsTileSize: D = 64) run them;
+//   at D = 128 / 256 on kBand's tile they timed level to 3% slower than
+//   kBand (H200, NOTES_sm90_fwd.md);
 // - kBand: the band (causal, window, lengths), segments and the tile map;
 // - kDense: kBand and a dense mask (and its tile map; neither bias nor
 //   dropout then); the other instantiations know there is none, which keeps
