@@ -337,6 +337,11 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   // sections, two of them (10 pairs, then 2); the key blocks past Sq see no
   // query (dK, dV 0).
   c = Case{1, 4000, 4500, 24, 12, 96}; c.causal = true; cases->push_back(c);
+  // The D = 64 forward's light kernels (sm90/fwd_ws.cuh) with 192-row tiles:
+  // causal from 2048 query rows on (fewer keep 128-row tiles), Sq != Sk,
+  // partial tiles, GQA, both dtypes.
+  c = Case{1, 2100, 2300, 4, 2, 64}; c.causal = true; cases->push_back(c);
+  c = Case{2, 2049, 1900, 2, 1, 64}; c.causal = true; c.bf16 = false; cases->push_back(c);
 }
 
 // small (for compute-sanitizer): a few cases of each kernel family, each

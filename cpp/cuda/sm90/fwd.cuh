@@ -99,12 +99,8 @@ cudaError_t LaunchFwd(const FwdParams& params, cudaStream_t stream) {
   const AttentionShape& s = params.shape;
   if constexpr (Traits::kTma) {
     constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-    if (!EncodeRowsTensorMap(&kargs.q_map, params.q, params.q_strides, s.batch, s.seqlen_q,
-                             s.num_heads_q, s.head_dim, Traits::kBlockM, kBf16) ||
-        !EncodeRowsTensorMap(&kargs.k_map, params.k, params.k_strides, s.batch, s.seqlen_k,
-                             s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16) ||
-        !EncodeRowsTensorMap(&kargs.v_map, params.v, params.v_strides, s.batch, s.seqlen_k,
-                             s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16))
+    if (!EncodeQkvTensorMaps(params, Traits::kBlockM, Traits::kBlockN, kBf16, &kargs.q_map,
+                             &kargs.k_map, &kargs.v_map))
       return cudaErrorNotSupported;
   }
   // The kernel of the bias's element type (float32 also without a bias).

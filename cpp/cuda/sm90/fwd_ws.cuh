@@ -34,10 +34,11 @@
 
 namespace jax_flash::cuda::sm90 {
 
-template <int kHeadDim_>
+template <int kHeadDim_, FwdWsMask kMask_ = FwdWsMask::kBand>
 struct FwdWsTraits {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr FwdWsTile kTile = FwdWsTileSize(kHeadDim);  // sm90/tile_size.h
+  static constexpr FwdWsMask kMask = kMask_;
+  static constexpr FwdWsTile kTile = FwdWsTileSize(kHeadDim, kMask);  // sm90/tile_size.h
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
@@ -65,10 +66,8 @@ struct FwdWsTraits {
 
 // Bias: the bias's tile type (BiasTile of 64 rows, one per consumer
 // warpgroup), void without a bias. kDropout: with dropout (no bias then).
-// kDenseMask: with a dense mask (and its tile map; neither bias nor dropout
-// then); the other instantiations know there is none, which keeps its
-// per-element loads out of their code.
-template <typename T, typename Traits, typename Bias, bool kDropout, bool kDenseMask>
+// The mask: Traits::kMask.
+template <typename T, typename Traits, typename Bias, bool kDropout>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     FwdWsKernel(const __grid_constant__ FwdWsArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -97,7 +96,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     FwdBlock<T> blk =
         FwdBlock<T>::template Make<Traits::kBlockM, Traits::kBlockN, /*kTileMap=*/true>(a.args.p,
                                                                                          tile);
-    if constexpr (!kDenseMask) blk.mask.dense = nullptr;  // a mask runs the kDenseMask kernel
+    constexpr FwdWsMask kMask = Traits::kMask;
+    if constexpr (kMask != FwdWsMask::kDense) blk.mask.dense = nullptr;
+    if constexpr (kMask == FwdWsMask::kEnds || kMask == FwdWsMask::kCausal) {
+      BatchMask& m = blk.mask;
+      m.causal = kMask == FwdWsMask::kCausal;
+      m.window_left = m.window_right = -1;
+      m.q_seg = m.kv_seg = nullptr;
+      m.block = m.tile_map = nullptr;
+      blk.cells = CellLine{};
+    }
     float o[1][Traits::kHeadDim / kMmaN][4], row_m[1][2], row_l[1][2];
     InitFwdState(o, row_m, row_l);
     if (blk.n_begin < blk.n_end) {
@@ -126,16 +134,42 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #endif
 }
 
-template <typename T, typename Traits, typename Bias, bool kDropout = false,
-          bool kDenseMask = false>
-cudaError_t LaunchFwdWsKernel(const FwdWsArgs& a, cudaStream_t stream) {
+// One kernel's launch: its tile's tensor maps, the persistent scheduler,
+// the launch. cudaErrorNotSupported when TMA cannot address Q, K, V or the
+// bias (see EncodeRowsTensorMap, EncodeBiasTensorMap), the bias stages do
+// not fit, or the tiles do not fit an int: the caller runs the forward
+// without warp specialization then.
+template <typename T, typename Traits, typename Bias = void, bool kDropout = false>
+cudaError_t LaunchFwdWsKernel(const FwdParams& params, void* workspace, cudaStream_t stream) {
   constexpr int kSmemBytes = FwdWsSmem<Traits, Bias>::kBytes;
   // Only a bias's stages may not fit (the caller then runs sm90/fwd.cuh).
   static_assert(!std::is_void_v<Bias> || kSmemBytes <= kMaxSmemBytes, "shared memory per block");
   if constexpr (kSmemBytes > kMaxSmemBytes) {
     return cudaErrorNotSupported;
   } else {
-    auto kernel = FwdWsKernel<T, Traits, Bias, kDropout, kDenseMask>;
+    const AttentionShape& s = params.shape;
+    const int64_t m_blocks = CeilDiv(s.seqlen_q, Traits::kBlockM);
+    if (m_blocks == 0 || s.num_heads_q == 0 || s.batch == 0) return cudaSuccess;
+    FwdWsArgs a;
+    a.args = MakeFwdArgs(params);
+    if (workspace == nullptr) return cudaErrorInvalidValue;
+    a.tile_counter = static_cast<int*>(workspace);
+    if (!PersistentScheduler::MakeArgs(m_blocks, s, a.args.order, &a.sched) ||
+        s.seqlen_k > INT32_MAX)
+      return cudaErrorNotSupported;
+    constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+    if (!EncodeQkvTensorMaps(params, Traits::kBlockM, Traits::kBlockN, kBf16, &a.q_map, &a.k_map,
+                             &a.v_map))
+      return cudaErrorNotSupported;
+    // out through TMA where the staging tiles fit (FwdWsSmem::kStageO): its
+    // strides are Q's shape's, so where Q's map exists this one does too
+    // unless out is laid out otherwise.
+    if (!EncodeRowsTensorMap(&a.o_map, params.out, params.out_strides, s.batch, s.seqlen_q,
+                             s.num_heads_q, s.head_dim, 64, kBf16))
+      return cudaErrorNotSupported;
+    if constexpr (!std::is_void_v<Bias>)
+      if (!EncodeBiasTensorMap(&a.bias_map, params.score, s, 64)) return cudaErrorNotSupported;
+    auto kernel = FwdWsKernel<T, Traits, Bias, kDropout>;
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     if (err != cudaSuccess) return err;
@@ -148,54 +182,63 @@ cudaError_t LaunchFwdWsKernel(const FwdWsArgs& a, cudaStream_t stream) {
   }
 }
 
-// cudaErrorNotSupported when TMA cannot address Q, K, V or the bias (see
-// EncodeRowsTensorMap, EncodeBiasTensorMap), the bias stages do not fit, the
-// tiles do not fit an int, for a bias with dropout (a kernel of its own
-// that no one has measured), or for a dense mask with a bias or dropout:
-// the caller runs the forward without warp specialization then.
+// Causal calls of fewer query rows keep kBand's 128-row tile where the light
+// masks' is taller: 192-row tiles cross the diagonal in blocks that are
+// computed whole and masked, a third more work than 128-row tiles at S = 1k
+// (timed 5% slower there on an H200, 4-10% faster at 4k and 16k).
+constexpr int64_t kLightCausalMinRows = 2048;
+
+// kEnds or kCausal where the call's mask is no more than that, else kBand
+// (a dense mask runs kDense: LaunchFwdWs).
+inline FwdWsMask LightestMask(const MaskParams& m) {
+  const bool more = m.window_left >= 0 || m.window_right >= 0 || m.q_seqlens != nullptr ||
+                    m.kv_seqlens != nullptr || m.q_segment_ids != nullptr ||
+                    m.kv_segment_ids != nullptr || m.dense != nullptr || m.block != nullptr ||
+                    m.tile_map != nullptr;
+  return more ? FwdWsMask::kBand : m.causal ? FwdWsMask::kCausal : FwdWsMask::kEnds;
+}
+
+// The kernel for this call (LaunchFwdWsKernel's errors; also
+// cudaErrorNotSupported for a bias with dropout, a kernel of its own that no
+// one has measured, or a dense mask with a bias or dropout).
 // `workspace`: PersistentScheduler::kWorkspaceBytes bytes for the tile
 // counter (zeroed here, before the launch).
 template <typename T, int kHeadDim>
 cudaError_t LaunchFwdWs(const FwdParams& params, void* workspace, cudaStream_t stream) {
-  using Traits = FwdWsTraits<kHeadDim>;
-  if (params.mask.dense != nullptr && (params.score.bias != nullptr || params.dropout.enabled()))
-    return cudaErrorNotSupported;
-  const AttentionShape& s = params.shape;
-  if (s.head_dim > kHeadDim) return cudaErrorInvalidValue;
-  const int64_t m_blocks = CeilDiv(s.seqlen_q, Traits::kBlockM);
-  if (m_blocks == 0 || s.num_heads_q == 0 || s.batch == 0) return cudaSuccess;
-  FwdWsArgs a;
-  a.args = MakeFwdArgs(params);
-  if (workspace == nullptr) return cudaErrorInvalidValue;
-  a.tile_counter = static_cast<int*>(workspace);
-  if (!PersistentScheduler::MakeArgs(m_blocks, s, a.args.order, &a.sched) ||
-      s.seqlen_k > INT32_MAX)
-    return cudaErrorNotSupported;
-  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  if (!EncodeRowsTensorMap(&a.q_map, params.q, params.q_strides, s.batch, s.seqlen_q,
-                           s.num_heads_q, s.head_dim, Traits::kBlockM, kBf16) ||
-      !EncodeRowsTensorMap(&a.k_map, params.k, params.k_strides, s.batch, s.seqlen_k,
-                           s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16) ||
-      !EncodeRowsTensorMap(&a.v_map, params.v, params.v_strides, s.batch, s.seqlen_k,
-                           s.num_heads_kv, s.head_dim, Traits::kBlockN, kBf16))
-    return cudaErrorNotSupported;
-  // out through TMA where the staging tiles fit (FwdWsSmem::kStageO): its
-  // strides are Q's shape's, so where Q's map exists this one does too
-  // unless out is laid out otherwise.
-  if (!EncodeRowsTensorMap(&a.o_map, params.out, params.out_strides, s.batch, s.seqlen_q,
-                           s.num_heads_q, s.head_dim, 64, kBf16))
-    return cudaErrorNotSupported;
-  if (params.mask.dense != nullptr)
-    return LaunchFwdWsKernel<T, Traits, void, /*kDropout=*/false, /*kDenseMask=*/true>(a, stream);
-  if (params.dropout.enabled()) {
-    if (params.score.bias != nullptr) return cudaErrorNotSupported;
-    return LaunchFwdWsKernel<T, Traits, void, /*kDropout=*/true>(a, stream);
+  if (params.shape.head_dim > kHeadDim) return cudaErrorInvalidValue;
+  const bool bias = params.score.bias != nullptr, dropout = params.dropout.enabled();
+  if (params.mask.dense != nullptr) {
+    if (bias || dropout) return cudaErrorNotSupported;
+    return LaunchFwdWsKernel<T, FwdWsTraits<kHeadDim, FwdWsMask::kDense>>(params, workspace,
+                                                                           stream);
   }
-  if (params.score.bias == nullptr) return LaunchFwdWsKernel<T, Traits, void>(a, stream);
-  if (!EncodeBiasTensorMap(&a.bias_map, params.score, s, 64)) return cudaErrorNotSupported;
-  return params.score.bias_type == BiasType::kAcc
-             ? LaunchFwdWsKernel<T, Traits, BiasTile<64, Traits::kBlockN, float>>(a, stream)
-             : LaunchFwdWsKernel<T, Traits, BiasTile<64, Traits::kBlockN, T>>(a, stream);
+  using Band = FwdWsTraits<kHeadDim>;
+  if (dropout) {
+    if (bias) return cudaErrorNotSupported;
+    return LaunchFwdWsKernel<T, Band, void, /*kDropout=*/true>(params, workspace, stream);
+  }
+  if (bias) {
+    return params.score.bias_type == BiasType::kAcc
+               ? LaunchFwdWsKernel<T, Band, BiasTile<64, Band::kBlockN, float>>(params, workspace,
+                                                                                 stream)
+               : LaunchFwdWsKernel<T, Band, BiasTile<64, Band::kBlockN, T>>(params, workspace,
+                                                                             stream);
+  }
+  using Ends = FwdWsTraits<kHeadDim, FwdWsMask::kEnds>;
+  using Causal = FwdWsTraits<kHeadDim, FwdWsMask::kCausal>;
+  if constexpr (Ends::kBlockM != Band::kBlockM) {
+    switch (LightestMask(params.mask)) {
+      case FwdWsMask::kEnds:
+        return LaunchFwdWsKernel<T, Ends>(params, workspace, stream);
+      case FwdWsMask::kCausal:
+        if (params.shape.seqlen_q >= kLightCausalMinRows)
+          return LaunchFwdWsKernel<T, Causal>(params, workspace, stream);
+        break;
+      default:
+        break;
+    }
+  }
+  return LaunchFwdWsKernel<T, Band>(params, workspace, stream);
 }
 
 }  // namespace jax_flash::cuda::sm90

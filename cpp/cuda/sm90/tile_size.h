@@ -61,6 +61,21 @@ struct FwdWsTile {
   int q_stages = 1;
 };
 
+// The masking a ws forward kernel compiles in (sm90/fwd_ws.cuh):
+// - kEnds: only the sequences' ends (no causal, window, lengths, segments,
+//   dense or block mask), and kCausal: those and causal. The kernel sets the
+//   tile's mask to these constants, so the rest of the band and the tile-map
+//   code fold away and the key loop keeps its registers; the blocks on the
+//   diagonal and past a sequence's end test their keys. Only the buckets
+//   where they take a tile of their own (FwdWsTileSize: D = 64) run them;
+//   at D = 128 / 256 on kBand's tile they timed level to 3% slower than
+//   kBand (H200, NOTES_sm90_fwd.md);
+// - kBand: the band (causal, window, lengths), segments and the tile map;
+// - kDense: kBand and a dense mask (and its tile map; neither bias nor
+//   dropout then); the other instantiations know there is none, which keeps
+//   its per-element loads out of their code.
+enum class FwdWsMask { kEnds, kCausal, kBand, kDense };
+
 // Deterministic dQ (the forward's structure: S and dP, then dQ += dS K):
 // query rows per CTA (two warpgroups of 64), keys per K/V block, threads,
 // K/V stages. dQ takes head_dim / 2 registers per thread, S and dP
@@ -145,10 +160,16 @@ constexpr DqTile DqTileSize(int head_dim) { return TilesFor(head_dim).dq; }
 // and -DJAX_FLASH_TUNE_WS_CONSUMER_REGS=<n> replace that field of the
 // bucket's warp-specialized forward tile (three consumer warpgroups: 512
 // threads, 128 registers each at launch, so 24 and 160 at most).
-constexpr FwdWsTile FwdWsTileSize(int head_dim) {
-  FwdWsTile t = head_dim <= 64    ? FwdWsTile{128, 128, 4, 24, 240}
-                : head_dim <= 128 ? FwdWsTile{128, 128, 2, 24, 240}
-                                  : FwdWsTile{128, 64, 2, 24, 240};
+// At D = 64 the light masks (kEnds, kCausal) take FA3's 192-row tile: three
+// consumer warpgroups, whose 160 registers hold their key loop without a
+// spill once the mask's code is folded away (kBand's spills 316 B there;
+// NOTES_sm90_fwd.md). Tile maps and block masks only meet kBand's tiles.
+constexpr FwdWsTile FwdWsTileSize(int head_dim, FwdWsMask mask = FwdWsMask::kBand) {
+  const bool light = mask == FwdWsMask::kEnds || mask == FwdWsMask::kCausal;
+  FwdWsTile t = head_dim <= 64 && light ? FwdWsTile{192, 128, 4, 24, 160}
+                : head_dim <= 64        ? FwdWsTile{128, 128, 4, 24, 240}
+                : head_dim <= 128       ? FwdWsTile{128, 128, 2, 24, 240}
+                                        : FwdWsTile{128, 64, 2, 24, 240};
 #ifdef JAX_FLASH_TUNE_D
   if (head_dim != JAX_FLASH_TUNE_D) return t;
 #ifdef JAX_FLASH_TUNE_WS_STAGES
@@ -177,7 +198,7 @@ constexpr FwdWsTile FwdWsTileSize(int head_dim) {
 // cell of kCell x kCell positions (the tile map's and the block mask's,
 // mask.h): a block-sparse mask reaches these kernels through the tile map
 // only then (cuda/dispatch.cu), since they skip its empty cells but test no
-// cell inside a block.
+// cell inside a block. (The ws forward's light-mask tiles never see a map.)
 constexpr bool TilesInCells(int head_dim, int cell) {
   auto in = [cell](int n) { return n > 0 && cell % n == 0; };
   const Sm90Tiles t = TilesFor(head_dim);

@@ -77,6 +77,19 @@ inline bool EncodeRowsTensorMap(CUtensorMap* map, const void* base, const SeqStr
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// The forwards' maps of Q, K and V (sm90/fwd.cuh, sm90/fwd_ws.cuh): boxes of
+// box_m query rows and box_n key rows; false where TMA cannot address one.
+inline bool EncodeQkvTensorMaps(const FwdParams& p, int box_m, int box_n, bool bf16,
+                                CUtensorMap* q, CUtensorMap* k, CUtensorMap* v) {
+  const AttentionShape& s = p.shape;
+  return EncodeRowsTensorMap(q, p.q, p.q_strides, s.batch, s.seqlen_q, s.num_heads_q,
+                             s.head_dim, box_m, bf16) &&
+         EncodeRowsTensorMap(k, p.k, p.k_strides, s.batch, s.seqlen_k, s.num_heads_kv,
+                             s.head_dim, box_n, bf16) &&
+         EncodeRowsTensorMap(v, p.v, p.v_strides, s.batch, s.seqlen_k, s.num_heads_kv,
+                             s.head_dim, box_n, bf16);
+}
+
 // A map of the bias (contract.h: its own shape (B', N', T', S'), 1 where it
 // broadcasts, contiguous; float32 or 16-bit, ScoreParams::bias_type), read in
 // boxes of 128 bytes of keys (one row of the swizzle: 32 float32 or 64 16-bit
