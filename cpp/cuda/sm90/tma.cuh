@@ -42,11 +42,6 @@ inline TensorMapEncodeTiledFn TensorMapEncoder() {
   return fn;
 }
 
-// A map of a 16-bit (batch, rows, heads, cols) tensor with element strides
-// `strides`, read in boxes of 64 columns x box_rows rows of one head, 128-byte
-// swizzled. False where TMA cannot address the tensor: the base or a stride
-// not a multiple of 16 bytes (e.g. an odd head_dim), or no driver support;
-// the caller then uses a kernel without TMA.
 // Whether EncodeRowsTensorMap can address 16-bit rows at `base` with these
 // strides (its checks before encoding): the callers that must know before
 // launching (a backward with a dense mask, bwd/run.cuh).
@@ -58,10 +53,18 @@ inline bool TmaCanAddress(const void* base, const SeqStrides& strides) {
   return true;
 }
 
+// A map of a 16-bit (batch, rows, heads, cols) tensor with element strides
+// `strides`, read in boxes of 64 columns x box_rows rows of one head, 128-byte
+// swizzled. False where TMA cannot address the tensor: the base or a stride
+// not a multiple of 16 bytes (e.g. an odd head_dim), an empty dimension (no
+// keys: a map's extents are at least 1; asked anyway, the driver fails the
+// call and compute-sanitizer reports it), or no driver support; the caller
+// then uses a kernel without TMA.
 inline bool EncodeRowsTensorMap(CUtensorMap* map, const void* base, const SeqStrides& strides,
                                 int64_t batch, int64_t rows, int64_t heads, int64_t cols,
                                 int box_rows, bool bf16) {
-  if (!TmaCanAddress(base, strides)) return false;
+  if (!TmaCanAddress(base, strides) || batch <= 0 || rows <= 0 || heads <= 0 || cols <= 0)
+    return false;
   const TensorMapEncodeTiledFn encode = TensorMapEncoder();
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
                               static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
@@ -96,8 +99,8 @@ inline bool EncodeQkvTensorMaps(const FwdParams& p, int box_m, int box_n, bool b
 // keys) x box_rows queries of one (batch, head), 128-byte swizzled. False
 // where TMA cannot read the bias as tiles: a query or key dimension broadcast
 // (a box would repeat its one row, which TMA does not do), the base or the
-// row pitch not a multiple of 16 bytes, or no driver support; the caller then
-// runs a kernel that reads the bias per element.
+// row pitch not a multiple of 16 bytes, an empty dimension, or no driver
+// support; the caller then runs a kernel that reads the bias per element.
 inline bool EncodeBiasTensorMap(CUtensorMap* map, const ScoreParams& score,
                                 const AttentionShape& shape, int box_rows) {
   const int64_t* d = score.bias_dims;
@@ -105,7 +108,8 @@ inline bool EncodeBiasTensorMap(CUtensorMap* map, const ScoreParams& score,
   const int64_t elem_bytes = is_float ? 4 : 2;
   if (TensorMapEncoder() == nullptr || score.bias == nullptr ||
       reinterpret_cast<uintptr_t>(score.bias) % 16 != 0 || d[2] != shape.seqlen_q ||
-      d[3] != shape.seqlen_k || d[3] * elem_bytes % 16 != 0)
+      d[3] != shape.seqlen_k || d[3] * elem_bytes % 16 != 0 || d[0] <= 0 || d[1] <= 0 ||
+      d[2] <= 0 || d[3] <= 0)
     return false;
   const CUtensorMapDataType type = is_float                                   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                    : score.bias_type == BiasType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
