@@ -411,5 +411,9 @@ inline std::vector<SeededCase> SmallCases() {
   c = Case{1, 70, 150, 2, 2, 256}; c.dropout = 0.25; c.causal = true; s.push_back({c, 36});
   c = Case{1, 300, 280, 2, 1, 96}; c.dropout = 0.25; c.mask = MaskKind::kCausal;
   c.tile_map = true; s.push_back({c, 37});
+  // The D = 64 forward's light kernels (192-row tiles, three consumer
+  // warpgroups): plain, and causal from 2048 query rows.
+  c = Case{2, 200, 300, 4, 2, 64}; s.push_back({c, 38});
+  c = Case{1, 2049, 2100, 2, 1, 64}; c.causal = true; c.bf16 = false; s.push_back({c, 39});
   return s;
 }
