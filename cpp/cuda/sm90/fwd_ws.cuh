@@ -38,6 +38,7 @@ template <int kHeadDim_, FwdWsMask kMask_ = FwdWsMask::kBand>
 struct FwdWsTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr FwdWsMask kMask = kMask_;
+  static constexpr bool kLightMask = IsLightMask(kMask);  // the tile's mask folded to constants
   static constexpr FwdWsTile kTile = FwdWsTileSize(kHeadDim, kMask);  // sm90/tile_size.h
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
@@ -98,7 +99,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                                                                          tile);
     constexpr FwdWsMask kMask = Traits::kMask;
     if constexpr (kMask != FwdWsMask::kDense) blk.mask.dense = nullptr;
-    if constexpr (kMask == FwdWsMask::kEnds || kMask == FwdWsMask::kCausal) {
+    if constexpr (Traits::kLightMask) {
       BatchMask& m = blk.mask;
       m.causal = kMask == FwdWsMask::kCausal;
       m.window_left = m.window_right = -1;
