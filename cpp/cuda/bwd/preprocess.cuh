@@ -22,18 +22,9 @@ __device__ __forceinline__ float Lse2(float lse) {
   return lse == -INFINITY ? INFINITY : lse * kLog2e;
 }
 
-// Lanes per query row of the preprocess: one 16-byte vector each of the head
-// dim's (D / 8 rounded up to a power of two, at most a warp): at D = 64 a
-// warp took one row with 8 of its lanes loading, too few loads in flight to
-// read at the memory's rate.
-__host__ __device__ constexpr int PreprocessLanes(int head_dim) {
-  int lanes = 1;
-  while (lanes < 32 && lanes * kVecElems < head_dim) lanes *= 2;
-  return lanes;
-}
-
-// D = rowsum(dO * O), PreprocessLanes rows per group of lanes, 16-byte
-// loads; also lse in log2 units, once per row instead of once per (row, key
+// D = rowsum(dO * O), RowVectorLanes lanes per row, 16-byte loads (at
+// D = 64 a warp per row had 8 of its lanes loading: too few loads in flight
+// to read at the memory's rate); also lse in log2 units, once per row instead of once per (row, key
 // block) in the kernels; and with zero_dq_accum (the fast mode) the row's
 // float32 dQ accumulator zeroed (two half-rows, DqAccumLayout): the memset
 // that did it was a launch and a pass over memory of its own. Grid (query
@@ -41,7 +32,7 @@ __host__ __device__ constexpr int PreprocessLanes(int head_dim) {
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(256)
     BwdPreprocessKernel(const __grid_constant__ BwdArgs args, bool zero_dq_accum) {
-  constexpr int kLanes = PreprocessLanes(kHeadDim);
+  constexpr int kLanes = RowVectorLanes(kHeadDim);
   constexpr int kRows = 256 / kLanes;  // rows per block
   const BwdParams& p = args.p;
   const int64_t seqlen_q = p.shape.seqlen_q;
@@ -89,7 +80,7 @@ __global__ void __launch_bounds__(256)
 // fast mode's accumulator too.
 template <typename T, int kHeadDim>
 cudaError_t LaunchPreprocess(const BwdArgs& args, bool zero_dq_accum, cudaStream_t stream) {
-  constexpr int kRows = 256 / PreprocessLanes(kHeadDim);
+  constexpr int kRows = 256 / RowVectorLanes(kHeadDim);
   const AttentionShape& s = args.p.shape;
   const dim3 grid(static_cast<unsigned>(CeilDiv(s.seqlen_q, kRows)),
                   static_cast<unsigned>(s.num_heads_q), static_cast<unsigned>(s.batch));

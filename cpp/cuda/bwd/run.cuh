@@ -81,7 +81,7 @@ cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool determini
     }
     return sm80::LaunchDq<T, kHeadDim, kTerms, kArch == 75 ? 75 : 80>(args, stream);
   }
-  return LaunchDqConvert<T, kHeadDim>(args, rows, stream);
+  return LaunchDqConvert<T, kHeadDim>(args, stream);
 }
 
 // The fast mode on Turing runs the deterministic structure (dK/dV, then dQ
