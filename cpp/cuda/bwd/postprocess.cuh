@@ -25,6 +25,7 @@ __global__ void __launch_bounds__(256) DqConvertKernel(const __grid_constant__ B
   const BwdParams& p = args.p;
   constexpr int kLanes = RowVectorLanes(kHeadDim);  // threads per row, 8 columns each
   constexpr int kRows = 256 / kLanes;                // rows per block
+  static_assert(kLanes * 8 >= kHeadDim, "one group of 8 columns per thread covers the row");
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kRows + threadIdx.x / kLanes;
   const int col = static_cast<int>(threadIdx.x % kLanes) * 8;
   const int64_t h = blockIdx.y, b = blockIdx.z;

@@ -69,7 +69,8 @@ __global__ void __launch_bounds__(256)
     static_assert(Layout::kHalfRowFloats % 4 == 0, "half-rows of whole float4s");
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float4* row = reinterpret_cast<float4*>(args.dq_accum + Layout::HalfRow(bh, seqlen_q, half, i));
+      float4* row =
+          reinterpret_cast<float4*>(args.dq_accum + Layout::HalfRow(bh, seqlen_q, half, i));
       for (int v = lane; v < Layout::kHalfRowFloats / 4; v += kLanes)
         row[v] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
