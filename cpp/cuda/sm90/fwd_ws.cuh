@@ -185,7 +185,7 @@ cudaError_t LaunchFwdWsKernel(const FwdParams& params, void* workspace, cudaStre
 
 // Calls of fewer query rows keep kBand's 128-row tile where the light
 // masks' is taller and taller is not faster (H200 timings,
-// NOTES_sm90_fwd.md): causal calls, whose 192-row tiles cross the diagonal in
+// NOTES_sm90_fwd_light.md): causal calls, whose 192-row tiles cross the diagonal in
 // blocks computed whole and masked (a third more work than 128-row tiles at
 // S = 1k: 5% slower there, 4-10% faster at 4k and 16k), and calls with
 // dropout (non-causal: 7% slower at 1k, 3% / 7% faster at 4k / 16k).

@@ -69,7 +69,7 @@ struct FwdWsTile {
 //   diagonal and past a sequence's end test their keys. Only the buckets
 //   where they take a tile of their own (FwdWsTileSize: D = 64) run them;
 //   at D = 128 / 256 on kBand's tile they timed level to 3% slower than
-//   kBand (H200, NOTES_sm90_fwd.md);
+//   kBand (H200, NOTES_sm90_fwd_light.md);
 // - kBand: the band (causal, window, lengths), segments and the tile map;
 // - kDense: kBand and a dense mask (and its tile map; neither bias nor
 //   dropout then); the other instantiations know there is none, which keeps
@@ -168,7 +168,7 @@ constexpr DqTile DqTileSize(int head_dim) { return TilesFor(head_dim).dq; }
 // At D = 64 the light masks (kEnds, kCausal) take FA3's 192-row tile: three
 // consumer warpgroups, whose 160 registers hold their key loop without a
 // spill once the mask's code is folded away (kBand's spills 316 B there;
-// NOTES_sm90_fwd.md). Tile maps and block masks only meet kBand's tiles.
+// NOTES_sm90_fwd_light.md). Tile maps and block masks only meet kBand's tiles.
 constexpr FwdWsTile FwdWsTileSize(int head_dim, FwdWsMask mask = FwdWsMask::kBand) {
   FwdWsTile t = head_dim <= 64 && IsLightMask(mask) ? FwdWsTile{192, 128, 4, 24, 160}
                 : head_dim <= 64                     ? FwdWsTile{128, 128, 4, 24, 240}
