@@ -21,10 +21,11 @@ namespace jax_flash::cuda {
 // (64-bit, per thread) once cost more than the memory (H100, D=128, two
 // elements per thread: ~33 us per 16M elements against ~18 us for the bytes).
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(256) DqConvertKernel(const __grid_constant__ BwdArgs args) {
+__global__ void __launch_bounds__(kRowVectorThreads)
+    DqConvertKernel(const __grid_constant__ BwdArgs args) {
   const BwdParams& p = args.p;
   constexpr int kLanes = RowVectorLanes(kHeadDim);  // threads per row, 8 columns each
-  constexpr int kRows = 256 / kLanes;                // rows per block
+  constexpr int kRows = RowVectorRows(kHeadDim);
   static_assert(kLanes * 8 >= kHeadDim, "one group of 8 columns per thread covers the row");
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kRows + threadIdx.x / kLanes;
   const int col = static_cast<int>(threadIdx.x % kLanes) * 8;
@@ -43,11 +44,9 @@ __global__ void __launch_bounds__(256) DqConvertKernel(const __grid_constant__ B
 // Launches the conversion of the chunk's query rows.
 template <typename T, int kHeadDim>
 cudaError_t LaunchDqConvert(const BwdArgs& args, cudaStream_t stream) {
-  constexpr int kRows = 256 / RowVectorLanes(kHeadDim);
   const AttentionShape& s = args.p.shape;
-  const dim3 grid(static_cast<unsigned>(CeilDiv(s.seqlen_q, kRows)),
-                  static_cast<unsigned>(s.num_heads_q), static_cast<unsigned>(s.batch));
-  DqConvertKernel<T, kHeadDim><<<grid, 256, 0, stream>>>(args);
+  const dim3 grid = RowVectorGrid(kHeadDim, s.seqlen_q, s.num_heads_q, s.batch);
+  DqConvertKernel<T, kHeadDim><<<grid, kRowVectorThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
 

@@ -24,16 +24,17 @@ __device__ __forceinline__ float Lse2(float lse) {
 
 // D = rowsum(dO * O), RowVectorLanes lanes per row, 16-byte loads (at
 // D = 64 a warp per row had 8 of its lanes loading: too few loads in flight
-// to read at the memory's rate); also lse in log2 units, once per row instead of once per (row, key
-// block) in the kernels; and with zero_dq_accum (the fast mode) the row's
-// float32 dQ accumulator zeroed (two half-rows, DqAccumLayout): the memset
-// that did it was a launch and a pass over memory of its own. Grid (query
-// blocks, q heads, batch): no index divisions.
+// to read at the memory's rate); also lse in log2 units, once per row
+// instead of once per (row, key block) in the kernels; and with
+// zero_dq_accum (the fast mode) the row's float32 dQ accumulator zeroed (two
+// half-rows, DqAccumLayout): the memset that did it was a launch and a pass
+// over memory of its own. Grid (query blocks, q heads, batch): no index
+// divisions.
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(kRowVectorThreads)
     BwdPreprocessKernel(const __grid_constant__ BwdArgs args, bool zero_dq_accum) {
   constexpr int kLanes = RowVectorLanes(kHeadDim);
-  constexpr int kRows = 256 / kLanes;  // rows per block
+  constexpr int kRows = RowVectorRows(kHeadDim);
   const BwdParams& p = args.p;
   const int64_t seqlen_q = p.shape.seqlen_q;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kRows + threadIdx.x / kLanes;
@@ -81,11 +82,9 @@ __global__ void __launch_bounds__(256)
 // fast mode's accumulator too.
 template <typename T, int kHeadDim>
 cudaError_t LaunchPreprocess(const BwdArgs& args, bool zero_dq_accum, cudaStream_t stream) {
-  constexpr int kRows = 256 / RowVectorLanes(kHeadDim);
   const AttentionShape& s = args.p.shape;
-  const dim3 grid(static_cast<unsigned>(CeilDiv(s.seqlen_q, kRows)),
-                  static_cast<unsigned>(s.num_heads_q), static_cast<unsigned>(s.batch));
-  BwdPreprocessKernel<T, kHeadDim><<<grid, 256, 0, stream>>>(args, zero_dq_accum);
+  const dim3 grid = RowVectorGrid(kHeadDim, s.seqlen_q, s.num_heads_q, s.batch);
+  BwdPreprocessKernel<T, kHeadDim><<<grid, kRowVectorThreads, 0, stream>>>(args, zero_dq_accum);
   return cudaGetLastError();
 }
 

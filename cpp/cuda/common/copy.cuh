@@ -11,13 +11,24 @@ namespace jax_flash::cuda {
 
 inline constexpr int kVecElems = 8;  // 16-byte vector of 16-bit elements
 
-// Threads that cover a row of `cols` 16-bit elements with one kVecElems
-// vector each: cols / 8 rounded up to a power of two, at most a warp (the
-// backward's row-wise pre- and postprocess, bwd/).
+// The backward's row-wise kernels (bwd/preprocess.cuh, bwd/postprocess.cuh):
+// blocks of kRowVectorThreads threads, RowVectorLanes(cols) per row of
+// `cols` 16-bit elements (one kVecElems vector each: cols / 8 rounded up to
+// a power of two, at most a warp), RowVectorRows(cols) rows per block, on a
+// grid of (row blocks, heads, batch), RowVectorGrid.
+inline constexpr int kRowVectorThreads = 256;
 __host__ __device__ constexpr int RowVectorLanes(int cols) {
   int lanes = 1;
   while (lanes < 32 && lanes * kVecElems < cols) lanes *= 2;
   return lanes;
+}
+__host__ __device__ constexpr int RowVectorRows(int cols) {
+  return kRowVectorThreads / RowVectorLanes(cols);
+}
+inline dim3 RowVectorGrid(int cols, int64_t rows, int64_t heads, int64_t batch) {
+  const int64_t per_block = RowVectorRows(cols);
+  return dim3(static_cast<unsigned>((rows + per_block - 1) / per_block),
+              static_cast<unsigned>(heads), static_cast<unsigned>(batch));
 }
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
