@@ -174,11 +174,21 @@ struct KeyBlockSectionScheduler {
     return true;
   }
 
-  static dim3 Grid(const Args& a) { return dim3(static_cast<unsigned>(a.n_blocks * a.pairs)); }
+  __host__ __device__ __forceinline__ static int Tiles(const Args& a) {
+    return a.n_blocks * a.pairs;
+  }
+  static dim3 Grid(const Args& a) { return dim3(static_cast<unsigned>(Tiles(a))); }
 
   __device__ __forceinline__ static Tile Get(const Args& a) {
-    const SectionedPosition at = SectionedPosition::At(static_cast<int>(blockIdx.x), a.n_blocks,
-                                                       a.section_pairs, a.pairs);
+    return At(a, static_cast<int>(blockIdx.x));
+  }
+
+  // The tile at position `index` of the order (a persistent CTA walks
+  // blockIdx.x, + gridDim.x, ...: the CTAs running at a time still take
+  // consecutive positions).
+  __device__ __forceinline__ static Tile At(const Args& a, int index) {
+    const SectionedPosition at =
+        SectionedPosition::At(index, a.n_blocks, a.section_pairs, a.pairs);
     Tile tile;
     tile.n_block = at.block;
     tile.b = at.pair / a.heads_kv;
