@@ -7,9 +7,9 @@
 // Work partition: a tile per (block of 128 keys, KV head, batch), two
 // warpgroups of 64 keys each; the tile walks (query head of the GQA group,
 // block of 64 queries) steps (128 queries at D = 64: FA3's tile there).
-// Up to D = 128 the CTAs are persistent, one per SM walking the tiles (the
-// next tile's loads under this one's dK/dV stores); the wide and the
-// warp-specialized kernels run a CTA per tile.
+// Up to D = 128 the CTAs are persistent, one per SM taking tiles from a
+// counter (the next tile's loads under this one's dK/dV stores); the wide
+// and the warp-specialized kernels run a CTA per tile.
 //
 // dQ leaves through shared memory and the TMA unit's bulk reduce-add into the
 // float32 accumulator: warpgroup w adds columns [w D/2, (w+1) D/2) of the
@@ -101,7 +101,9 @@ struct BwdSm90Traits {
   static constexpr int kFullOffset = kDeltaOffset + kStages * kStatBytes;
   static constexpr int kEmptyOffset = kFullOffset + kStages * 8;
   static constexpr int kDqSlotOffset = kEmptyOffset + kStages * 8;
-  static constexpr int kSmemBytes = kEmptyOffset + sm90::kAtomBytes;
+  // The persistent kernel's next tile index, two slots (by tile parity).
+  static constexpr int kTileSlotOffset = kEmptyOffset;
+  static constexpr int kSmemBytes = kTileSlotOffset + 2 * 4 + sm90::kAtomBytes;
   // The warp-specialized kernel (kTile.ws, sm90/bwd_ws.cuh): a producer
   // warpgroup more; an empty barrier per stage and a DqHandoff slot per MMA
   // warpgroup (BwdSmem).
@@ -121,30 +123,41 @@ struct BwdSm90Traits {
                 "shared memory of one CTA");
 };
 
-// A persistent CTA (one per SM): key blocks blockIdx.x, + gridDim.x, ... of
-// the scheduler's order, each the mainloop over its steps (adding dQ as it
-// goes) and the dK/dV epilogue. The next key block's K, V and first step
+// A persistent CTA (one per SM): the key blocks of the scheduler's order, its
+// first blockIdx.x and each next one the next not yet taken (the tile
+// counter, asked by thread 0 when a tile starts, handed to the CTA through
+// a shared slot of the tile's parity: read after the tile's end barrier,
+// rewritten two tiles later), each the mainloop over its steps (adding dQ as
+// it goes) and the dK/dV epilogue. The next key block's K, V and first step
 // load while this one's dK and dV are stored, instead of after a CTA exit
 // and launch: at S = 1k (eight steps per key block) those per-block costs
-// were about a third of the kernel's time (NOTES_sm90_bwd.md).
+// were about a third of the kernel's time (NOTES_sm90_bwd.md). Taken in
+// order rather than round-robin, the causal blocks (longest first) stay
+// balanced over the CTAs.
 template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kDropout>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     BwdKernel(const __grid_constant__ BwdTmaArgs tma_args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
   const ThreadPos pos = ThreadPos::Here();
   const KeyBlockSectionScheduler::Args& sched = tma_args.sched;
   const int tiles = KeyBlockSectionScheduler::Tiles(sched);
+  int* const slots = reinterpret_cast<int*>(BwdSmem<Traits>::Floats(
+      smem_raw, BwdSmem<Traits>::Of(smem_raw).base + Traits::kTileSlotOffset));
   InitStageBarriers<Traits>(tma_args, pos.tid);
   int index = static_cast<int>(blockIdx.x), step = 0;  // step: the CTA's steps so far
   IssueTileLoads<T, Traits>(tma_args, KeyBlockSectionScheduler::At(sched, index), step, pos.tid);
   float dk[Traits::kHeadDim / kMmaN][4], dv[Traits::kHeadDim / kMmaN][4];
-  for (;;) {
+  for (int parity = 0;; parity ^= 1) {
+    if (pos.tid == 0)
+      slots[parity] = static_cast<int>(gridDim.x) + atomicAdd(tma_args.args.tile_counter, 1);
     const KeyBlockScheduler::Tile tile = KeyBlockSectionScheduler::At(sched, index);
     step += BwdMainloop<T, Traits, kSoftcap, kDq, kDropout>(tma_args, tile, pos, dk, dv,
                                                             step);  // steps -> dK, dV (+ dQ)
-    index += static_cast<int>(gridDim.x);
-    // Both warpgroups are past the last step: K, V and the stages are free.
+    // Both warpgroups are past the last step: K, V and the stages are free,
+    // and thread 0's slot is written.
     __syncthreads();
+    index = slots[parity];
     if (index < tiles)
       IssueTileLoads<T, Traits>(tma_args, KeyBlockSectionScheduler::At(sched, index), step,
                                 pos.tid);
@@ -222,7 +235,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 // Launches a dK/dV kernel over KeyBlockSectionScheduler's tiles, with Q and
 // dO through TMA in boxes of Traits::kBlockM rows, kThreads threads and
 // kSmemBytes of shared memory (the warp-specialized kernel's are others);
-// one CTA per tile, or with `persistent` one per SM at most (BwdKernel).
+// one CTA per tile, or with `persistent` one per SM at most (BwdKernel,
+// whose tile counter is zeroed here).
 // cudaErrorNotSupported when TMA cannot address them (see
 // EncodeRowsTensorMap).
 template <typename T, typename Traits, int kThreads = Traits::kThreads,
@@ -256,7 +270,11 @@ cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t str
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
   dim3 grid = KeyBlockSectionScheduler::Grid(tma_args.sched);
-  if (persistent) grid.x = std::min<unsigned>(grid.x, static_cast<unsigned>(SmCount()));
+  if (persistent) {
+    grid.x = std::min<unsigned>(grid.x, static_cast<unsigned>(SmCount()));
+    err = cudaMemsetAsync(args.tile_counter, 0, sizeof(int), stream);
+    if (err != cudaSuccess) return err;
+  }
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(tma_args);
   return cudaGetLastError();
 }
