@@ -64,9 +64,10 @@ struct DqAccumLayout {
   }
 };
 
-// The tensor-core kernels' part: [lse2: rows floats, padded to 256 bytes]
-// [dq_accum: rows x DqAccumLayout::kRowFloats floats, fast mode only],
-// rows = B * Hq * Sq of the chunk below.
+// The tensor-core kernels' part: [tile counter: kTileCounterBytes]
+// [lse2: rows floats, padded to 256 bytes] [dq_accum: rows x
+// DqAccumLayout::kRowFloats floats, fast mode only], rows = B * Hq * Sq of
+// the chunk below (MakeBwdArgs, bwd/args.h).
 inline size_t Lse2Bytes(const AttentionShape& shape) {
   const size_t rows = static_cast<size_t>(shape.batch * shape.num_heads_q * shape.seqlen_q);
   return (rows * sizeof(float) + 255) / 256 * 256;
@@ -161,11 +162,12 @@ BwdParams ChunkParams(const BwdParams& p, const AttentionShape& sub, int64_t b0,
   return c;
 }
 
-// Bytes of lse2 and dq_accum for the bucket's kernels. The fast mode takes
-// the larger of its own layout and the deterministic one's: on Hopper it runs
-// the deterministic structure above D = 128 and at D = 128 with dropout
-// (sm90/bwd.cuh, SeparateDq), on Turing mostly (bwd/run.cuh,
-// TuringSeparateDq), and the size is fixed before the GPU is known.
+// Bytes of the tile counter, lse2 and dq_accum for the bucket's kernels.
+// The fast mode takes the larger of its own layout and the deterministic
+// one's: on Hopper it runs the deterministic structure above D = 128 and at
+// D = 128 with dropout (sm90/bwd.cuh, SeparateDq), on Turing mostly
+// (bwd/run.cuh, TuringSeparateDq), and the size is fixed before the GPU is
+// known.
 template <int kHeadDim>
 size_t Lse2AndDqAccumBytes(const AttentionShape& shape, bool deterministic) {
   if (deterministic) return kTileCounterBytes + Lse2Bytes(shape);

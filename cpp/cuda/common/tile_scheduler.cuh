@@ -162,7 +162,9 @@ struct KeyBlockSectionScheduler {
   static bool MakeArgs(int64_t n_blocks, int block_n, const AttentionShape& s, bool causal,
                        Args* a) {
     const int64_t pairs = s.batch * s.num_heads_kv;
-    if (n_blocks * pairs > INT32_MAX) return false;
+    // Half the int range: the persistent kernel's next index, gridDim.x +
+    // the counter, stays below tiles + gridDim.x (as PersistentScheduler).
+    if (n_blocks * pairs > INT32_MAX / 2) return false;
     // Q, dO (16-bit) and the dQ accumulator (float32) of a pair's q heads.
     const int64_t pair_bytes = s.group_size() * s.seqlen_q * s.head_dim * (2 + 2 + 4);
     const int64_t section =
