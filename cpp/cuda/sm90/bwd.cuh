@@ -7,9 +7,10 @@
 // Work partition: a tile per (block of 128 keys, KV head, batch), two
 // warpgroups of 64 keys each; the tile walks (query head of the GQA group,
 // block of 64 queries) steps (128 queries at D = 64: FA3's tile there).
-// Up to D = 128 the CTAs are persistent, one per SM taking tiles from a
-// counter (the next tile's loads under this one's dK/dV stores); the wide
-// and the warp-specialized kernels run a CTA per tile.
+// Up to D = 128 the CTAs take their tiles from a counter, one CTA per SM
+// (the next tile's loads under this one's dK/dV stores) where every key
+// block has the same steps; causal masks and windows, the wide and the
+// warp-specialized kernels run a CTA per tile.
 //
 // dQ leaves through shared memory and the TMA unit's bulk reduce-add into the
 // float32 accumulator: warpgroup w adds columns [w D/2, (w+1) D/2) of the
@@ -123,17 +124,16 @@ struct BwdSm90Traits {
                 "shared memory of one CTA");
 };
 
-// A persistent CTA (one per SM): the key blocks of the scheduler's order, its
-// first blockIdx.x and each next one the next not yet taken (the tile
-// counter, asked by thread 0 when a tile starts, handed to the CTA through
-// a shared slot of the tile's parity: read after the tile's end barrier,
-// rewritten two tiles later), each the mainloop over its steps (adding dQ as
-// it goes) and the dK/dV epilogue. The next key block's K, V and first step
-// load while this one's dK and dV are stored, instead of after a CTA exit
-// and launch: at S = 1k (eight steps per key block) those per-block costs
-// were about a third of the kernel's time (NOTES_sm90_bwd.md). Taken in
-// order rather than round-robin, the causal blocks (longest first) stay
-// balanced over the CTAs.
+// A CTA taking key blocks (one per SM, or one per block: LaunchKeyBlocks):
+// the scheduler's order at its blockIdx.x, then each next position not yet
+// taken (the tile counter, asked by thread 0 when a tile starts and handed to
+// the CTA through a shared slot of the tile's parity: read after the tile's
+// end barrier, rewritten two tiles later); each the mainloop over
+// its steps (adding dQ as it goes) and the dK/dV epilogue. The next key
+// block's K, V and first step load while this one's dK and dV are stored,
+// instead of after a CTA exit and launch: at S = 1k (eight steps per key
+// block) those per-block costs were about a third of the kernel's time
+// (NOTES_sm90_bwd.md).
 template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kDropout>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     BwdKernel(const __grid_constant__ BwdTmaArgs tma_args) {
@@ -235,14 +235,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 // Launches a dK/dV kernel over KeyBlockSectionScheduler's tiles, with Q and
 // dO through TMA in boxes of Traits::kBlockM rows, kThreads threads and
 // kSmemBytes of shared memory (the warp-specialized kernel's are others);
-// one CTA per tile, or with `persistent` one per SM at most (BwdKernel,
-// whose tile counter is zeroed here).
+// one CTA per tile; with `takes_tiles` (BwdKernel: its tile counter zeroed
+// here) one per SM at most where the key blocks have equal work.
 // cudaErrorNotSupported when TMA cannot address them (see
 // EncodeRowsTensorMap).
 template <typename T, typename Traits, int kThreads = Traits::kThreads,
           int kSmemBytes = Traits::kSmemBytes, typename Kernel>
 cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t stream,
-                            bool persistent = false) {
+                            bool takes_tiles = false) {
   const AttentionShape& shape = args.p.shape;
   const int64_t n_blocks = CeilDiv(shape.seqlen_k, Traits::kBlockN);
   if (n_blocks == 0) return cudaSuccess;
@@ -270,8 +270,14 @@ cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t str
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
   dim3 grid = KeyBlockSectionScheduler::Grid(tma_args.sched);
-  if (persistent) {
-    grid.x = std::min<unsigned>(grid.x, static_cast<unsigned>(SmCount()));
+  if (takes_tiles) {
+    // One CTA per SM where every key block has the same steps; a CTA per
+    // key block under a causal mask or a window, where the persistent CTAs
+    // were 2-7% slower at D = 128 (H200; NOTES_sm90_bwd.md). Either way the
+    // kernel takes its next tiles from the counter.
+    const MaskParams& m = args.p.mask;
+    if (!m.causal && m.window_left < 0 && m.window_right < 0)
+      grid.x = std::min<unsigned>(grid.x, static_cast<unsigned>(SmCount()));
     err = cudaMemsetAsync(args.tile_counter, 0, sizeof(int), stream);
     if (err != cudaSuccess) return err;
   }
@@ -330,11 +336,11 @@ cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t str
       if constexpr (SeparateDq(kHeadDim, false)) {
         if (accumulate_dq) return cudaErrorInvalidValue;
         return LaunchKeyBlocks<T, Traits>(args, BwdKernel<T, Traits, kCap, false, kDrop>, stream,
-                                          /*persistent=*/true);
+                                          /*takes_tiles=*/true);
       } else {
         auto kernel = accumulate_dq ? BwdKernel<T, Traits, kCap, true, kDrop>
                                     : BwdKernel<T, Traits, kCap, false, kDrop>;
-        return LaunchKeyBlocks<T, Traits>(args, kernel, stream, /*persistent=*/true);
+        return LaunchKeyBlocks<T, Traits>(args, kernel, stream, /*takes_tiles=*/true);
       }
     }
   });
