@@ -28,7 +28,8 @@ template <int kArch, typename T, int kHeadDim, bool kTerms>
 cudaError_t RunFwd(const FwdParams& params, void* workspace, cudaStream_t stream);
 
 // RunBwd writes dq, dk, dv (and params.delta = rowsum(dout * out));
-// `workspace`: Lse2AndDqAccumBytes<kHeadDim>(...) bytes (bwd/workspace.h),
+// `workspace`: Lse2AndDqAccumBytes<kHeadDim>(...) bytes (bwd/workspace.h:
+// the tile counter, lse2 and the dQ accumulator),
 // 256-byte aligned. deterministic = true: bitwise reproducible (dQ by a pass
 // parallel over query blocks, no atomics).
 template <int kArch, typename T, int kHeadDim, bool kTerms>

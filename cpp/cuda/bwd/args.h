@@ -18,6 +18,7 @@ struct BwdArgs {
   float softcap;         // 0 = off
   float scale_over_cap;  // scale / softcap (1 / softcap with a bias)
   float inv_softcap;     // 1 / softcap, 0 when off (then d x / d s = 1 - 0 = 1)
+  int* tile_counter;     // the persistent dK/dV kernel's (sm90/bwd.cuh), zeroed per launch
   float* lse2;           // (B, Hq, Sq) float32 workspace: Lse2(lse), bwd/preprocess.cuh
   float* dq_accum;       // float32 workspace, fast mode only: DqAccumLayout
   float keep_scale;      // dropout: 1 / (1 - rate), the kept elements' factor
@@ -52,9 +53,10 @@ inline BwdArgs MakeBwdArgs(const BwdParams& params, void* workspace, int64_t bat
     args.scale_over_cap = 0.f;
   }
   args.inv_softcap = args.softcap > 0.f ? 1.f / args.softcap : 0.f;
-  args.lse2 = static_cast<float*>(workspace);
-  args.dq_accum =
-      reinterpret_cast<float*>(static_cast<char*>(workspace) + Lse2Bytes(params.shape));
+  char* const base = static_cast<char*>(workspace);
+  args.tile_counter = reinterpret_cast<int*>(base);
+  args.lse2 = reinterpret_cast<float*>(base + kTileCounterBytes);
+  args.dq_accum = reinterpret_cast<float*>(base + kTileCounterBytes + Lse2Bytes(params.shape));
   args.keep_scale = static_cast<float>(params.dropout.keep_scale());
   args.batch = batch;
   args.batch0 = batch0;

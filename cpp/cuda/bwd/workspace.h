@@ -5,6 +5,7 @@
 // lowered by cuda::BwdWorkspaceBytes (launch.h), a function of the shape
 // alone; from its start:
 //   delta     D = rowsum(dO * O), (B, Hq, Sq) accumulation type   every family
+//   counter   the persistent dK/dV kernel's tile counter (int)     tensor cores
 //   lse2      lse in log2 units, (B, Hq, Sq) float32 of a chunk   tensor cores
 //   dq_accum  float32 dQ (DqAccumLayout) of a chunk, fast mode    tensor cores
 // each starting at a multiple of 256 bytes.
@@ -26,6 +27,9 @@ namespace jax_flash::cuda {
 inline constexpr size_t kWorkspacePartAlignment = 256;
 
 inline size_t RoundUp(size_t n, size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// The persistent dK/dV kernel's tile counter (sm90/bwd.cuh), one part.
+inline constexpr size_t kTileCounterBytes = kWorkspacePartAlignment;
 
 // Bytes of delta, (B, Hq, Sq) elements of acc_bytes each.
 inline size_t DeltaBytes(const AttentionShape& s, size_t acc_bytes) {
@@ -60,9 +64,10 @@ struct DqAccumLayout {
   }
 };
 
-// The tensor-core kernels' part: [lse2: rows floats, padded to 256 bytes]
-// [dq_accum: rows x DqAccumLayout::kRowFloats floats, fast mode only],
-// rows = B * Hq * Sq of the chunk below.
+// The tensor-core kernels' part: [tile counter: kTileCounterBytes]
+// [lse2: rows floats, padded to 256 bytes] [dq_accum: rows x
+// DqAccumLayout::kRowFloats floats, fast mode only], rows = B * Hq * Sq of
+// the chunk below (MakeBwdArgs, bwd/args.h).
 inline size_t Lse2Bytes(const AttentionShape& shape) {
   const size_t rows = static_cast<size_t>(shape.batch * shape.num_heads_q * shape.seqlen_q);
   return (rows * sizeof(float) + 255) / 256 * 256;
@@ -157,18 +162,19 @@ BwdParams ChunkParams(const BwdParams& p, const AttentionShape& sub, int64_t b0,
   return c;
 }
 
-// Bytes of lse2 and dq_accum for the bucket's kernels. The fast mode takes
-// the larger of its own layout and the deterministic one's: on Hopper it runs
-// the deterministic structure above D = 128 and at D = 128 with dropout
-// (sm90/bwd.cuh, SeparateDq), on Turing mostly (bwd/run.cuh,
-// TuringSeparateDq), and the size is fixed before the GPU is known.
+// Bytes of the tile counter, lse2 and dq_accum for the bucket's kernels.
+// The fast mode takes the larger of its own layout and the deterministic
+// one's: on Hopper it runs the deterministic structure above D = 128 and at
+// D = 128 with dropout (sm90/bwd.cuh, SeparateDq), on Turing mostly
+// (bwd/run.cuh, TuringSeparateDq), and the size is fixed before the GPU is
+// known.
 template <int kHeadDim>
 size_t Lse2AndDqAccumBytes(const AttentionShape& shape, bool deterministic) {
-  if (deterministic) return Lse2Bytes(shape);
+  if (deterministic) return kTileCounterBytes + Lse2Bytes(shape);
   const AttentionShape chunk = ChunkShape(shape, ChunkFor<kHeadDim>(shape), 0, 0);
   const size_t rows = static_cast<size_t>(chunk.batch * chunk.num_heads_q * chunk.seqlen_q);
   const size_t fast = Lse2Bytes(chunk) + sizeof(float) * rows * DqAccumLayout<kHeadDim>::kRowFloats;
-  return fast > Lse2Bytes(shape) ? fast : Lse2Bytes(shape);
+  return kTileCounterBytes + (fast > Lse2Bytes(shape) ? fast : Lse2Bytes(shape));
 }
 
 }  // namespace jax_flash::cuda

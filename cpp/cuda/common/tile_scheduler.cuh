@@ -162,7 +162,9 @@ struct KeyBlockSectionScheduler {
   static bool MakeArgs(int64_t n_blocks, int block_n, const AttentionShape& s, bool causal,
                        Args* a) {
     const int64_t pairs = s.batch * s.num_heads_kv;
-    if (n_blocks * pairs > INT32_MAX) return false;
+    // Half the int range: the persistent kernel's next index, gridDim.x +
+    // the counter, stays below tiles + gridDim.x (as PersistentScheduler).
+    if (n_blocks * pairs > INT32_MAX / 2) return false;
     // Q, dO (16-bit) and the dQ accumulator (float32) of a pair's q heads.
     const int64_t pair_bytes = s.group_size() * s.seqlen_q * s.head_dim * (2 + 2 + 4);
     const int64_t section =
@@ -174,11 +176,21 @@ struct KeyBlockSectionScheduler {
     return true;
   }
 
-  static dim3 Grid(const Args& a) { return dim3(static_cast<unsigned>(a.n_blocks * a.pairs)); }
+  __host__ __device__ __forceinline__ static int Tiles(const Args& a) {
+    return a.n_blocks * a.pairs;
+  }
+  static dim3 Grid(const Args& a) { return dim3(static_cast<unsigned>(Tiles(a))); }
 
   __device__ __forceinline__ static Tile Get(const Args& a) {
-    const SectionedPosition at = SectionedPosition::At(static_cast<int>(blockIdx.x), a.n_blocks,
-                                                       a.section_pairs, a.pairs);
+    return At(a, static_cast<int>(blockIdx.x));
+  }
+
+  // The tile at position `index` of the order (a persistent CTA walks
+  // blockIdx.x, + gridDim.x, ...: the CTAs running at a time still take
+  // consecutive positions).
+  __device__ __forceinline__ static Tile At(const Args& a, int index) {
+    const SectionedPosition at =
+        SectionedPosition::At(index, a.n_blocks, a.section_pairs, a.pairs);
     Tile tile;
     tile.n_block = at.block;
     tile.b = at.pair / a.heads_kv;

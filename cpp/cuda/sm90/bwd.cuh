@@ -4,10 +4,13 @@
 // key blocks outermost), mainloop (sm90/mainloop_bwd.cuh) and epilogues
 // (common/epilogue_bwd.cuh for dK and dV, sm90/epilogue_bwd.cuh for dQ).
 //
-// Work partition: one CTA per (block of 128 keys, KV head, batch), two
-// warpgroups of 64 keys each; the CTA walks (query head of the GQA group,
-// block of 64 queries) steps (or 128 queries at D = 64: FA3's tile there,
-// a tuning hook until it has been timed, NOTES_sm90_bwd.md).
+// Work partition: a tile per (block of 128 keys, KV head, batch), two
+// warpgroups of 64 keys each; the tile walks (query head of the GQA group,
+// block of 64 queries) steps (128 queries at D = 64: FA3's tile there).
+// Up to D = 128 the CTAs take their tiles from a counter, one CTA per SM
+// (the next tile's loads under this one's dK/dV stores) where every key
+// block has the same steps; causal masks and windows, the wide and the
+// warp-specialized kernels run a CTA per tile.
 //
 // dQ leaves through shared memory and the TMA unit's bulk reduce-add into the
 // float32 accumulator: warpgroup w adds columns [w D/2, (w+1) D/2) of the
@@ -34,6 +37,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -48,6 +52,7 @@
 #include "cuda/sm90/epilogue_bwd.cuh"
 #include "cuda/sm90/mainloop_bwd.cuh"
 #include "cuda/sm90/mainloop_bwd_wide.cuh"
+#include "cuda/sm90/scheduler_persistent.cuh"
 #include "cuda/sm90/tile_size.h"
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
@@ -97,7 +102,9 @@ struct BwdSm90Traits {
   static constexpr int kFullOffset = kDeltaOffset + kStages * kStatBytes;
   static constexpr int kEmptyOffset = kFullOffset + kStages * 8;
   static constexpr int kDqSlotOffset = kEmptyOffset + kStages * 8;
-  static constexpr int kSmemBytes = kEmptyOffset + sm90::kAtomBytes;
+  // The persistent kernel's next tile index, two slots (by tile parity).
+  static constexpr int kTileSlotOffset = kEmptyOffset;
+  static constexpr int kSmemBytes = kTileSlotOffset + 2 * 4 + sm90::kAtomBytes;
   // The warp-specialized kernel (kTile.ws, sm90/bwd_ws.cuh): a producer
   // warpgroup more; an empty barrier per stage and a DqHandoff slot per MMA
   // warpgroup (BwdSmem).
@@ -117,17 +124,46 @@ struct BwdSm90Traits {
                 "shared memory of one CTA");
 };
 
-// One CTA: its key block from the scheduler, the mainloop over its steps
-// (adding dQ as it goes), the dK/dV epilogue.
+// A CTA taking key blocks (one per SM, or one per block: LaunchKeyBlocks):
+// the scheduler's order at its blockIdx.x, then each next position not yet
+// taken (the tile counter, asked by thread 0 when a tile starts and handed to
+// the CTA through a shared slot of the tile's parity: read after the tile's
+// end barrier, rewritten two tiles later); each the mainloop over
+// its steps (adding dQ as it goes) and the dK/dV epilogue. The next key
+// block's K, V and first step load while this one's dK and dV are stored,
+// instead of after a CTA exit and launch: at S = 1k (eight steps per key
+// block) those per-block costs were about a third of the kernel's time
+// (NOTES_sm90_bwd.md).
 template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kDropout>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     BwdKernel(const __grid_constant__ BwdTmaArgs tma_args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
   const ThreadPos pos = ThreadPos::Here();
-  const KeyBlockScheduler::Tile tile = KeyBlockSectionScheduler::Get(tma_args.sched);
+  const KeyBlockSectionScheduler::Args& sched = tma_args.sched;
+  const int tiles = KeyBlockSectionScheduler::Tiles(sched);
+  int* const slots = reinterpret_cast<int*>(BwdSmem<Traits>::Floats(
+      smem_raw, BwdSmem<Traits>::Of(smem_raw).base + Traits::kTileSlotOffset));
+  InitStageBarriers<Traits>(tma_args, pos.tid);
+  int index = static_cast<int>(blockIdx.x), step = 0;  // step: the CTA's steps so far
+  IssueTileLoads<T, Traits>(tma_args, KeyBlockSectionScheduler::At(sched, index), step, pos.tid);
   float dk[Traits::kHeadDim / kMmaN][4], dv[Traits::kHeadDim / kMmaN][4];
-  BwdMainloop<T, Traits, kSoftcap, kDq, kDropout>(tma_args, tile, pos, dk, dv);  // steps -> dK, dV (+ dQ)
-  StoreWarpDkDv<T, Traits, kDropout>(tma_args, tile, pos, dk, dv);
+  for (int parity = 0;; parity ^= 1) {
+    if (pos.tid == 0)
+      slots[parity] = static_cast<int>(gridDim.x) + atomicAdd(tma_args.args.tile_counter, 1);
+    const KeyBlockScheduler::Tile tile = KeyBlockSectionScheduler::At(sched, index);
+    step += BwdMainloop<T, Traits, kSoftcap, kDq, kDropout>(tma_args, tile, pos, dk, dv,
+                                                            step);  // steps -> dK, dV (+ dQ)
+    // Both warpgroups are past the last step: K, V and the stages are free,
+    // and thread 0's slot is written.
+    __syncthreads();
+    index = slots[parity];
+    if (index < tiles)
+      IssueTileLoads<T, Traits>(tma_args, KeyBlockSectionScheduler::At(sched, index), step,
+                                pos.tid);
+    StoreWarpDkDv<T, Traits, kDropout>(tma_args, tile, pos, dk, dv);
+    if (index >= tiles) break;
+  }
   if constexpr (kDq) DrainDqReductions(pos.tid % 128);
 #else
   __trap();  // built without sm_90a; the dispatch never launches it then
@@ -198,12 +234,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
 // Launches a dK/dV kernel over KeyBlockSectionScheduler's tiles, with Q and
 // dO through TMA in boxes of Traits::kBlockM rows, kThreads threads and
-// kSmemBytes of shared memory (the warp-specialized kernel's are others).
+// kSmemBytes of shared memory (the warp-specialized kernel's are others);
+// one CTA per tile; with `takes_tiles` (BwdKernel: its tile counter zeroed
+// here) one per SM at most where the key blocks have equal work.
 // cudaErrorNotSupported when TMA cannot address them (see
 // EncodeRowsTensorMap).
 template <typename T, typename Traits, int kThreads = Traits::kThreads,
           int kSmemBytes = Traits::kSmemBytes, typename Kernel>
-cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t stream) {
+cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t stream,
+                            bool takes_tiles = false) {
   const AttentionShape& shape = args.p.shape;
   const int64_t n_blocks = CeilDiv(shape.seqlen_k, Traits::kBlockN);
   if (n_blocks == 0) return cudaSuccess;
@@ -230,8 +269,19 @@ cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t str
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
-  kernel<<<KeyBlockSectionScheduler::Grid(tma_args.sched), kThreads, kSmemBytes, stream>>>(
-      tma_args);
+  dim3 grid = KeyBlockSectionScheduler::Grid(tma_args.sched);
+  if (takes_tiles) {
+    // One CTA per SM where every key block has the same steps; a CTA per
+    // key block under a causal mask or a window, where the persistent CTAs
+    // were 2-7% slower at D = 128 (H200; NOTES_sm90_bwd.md). Either way the
+    // kernel takes its next tiles from the counter.
+    const MaskParams& m = args.p.mask;
+    if (!m.causal && m.window_left < 0 && m.window_right < 0)
+      grid.x = std::min<unsigned>(grid.x, static_cast<unsigned>(SmCount()));
+    err = cudaMemsetAsync(args.tile_counter, 0, sizeof(int), stream);
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(tma_args);
   return cudaGetLastError();
 }
 
@@ -285,11 +335,12 @@ cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t str
       using Traits = BwdSm90Traits<kHeadDim>;
       if constexpr (SeparateDq(kHeadDim, false)) {
         if (accumulate_dq) return cudaErrorInvalidValue;
-        return LaunchKeyBlocks<T, Traits>(args, BwdKernel<T, Traits, kCap, false, kDrop>, stream);
+        return LaunchKeyBlocks<T, Traits>(args, BwdKernel<T, Traits, kCap, false, kDrop>, stream,
+                                          /*takes_tiles=*/true);
       } else {
         auto kernel = accumulate_dq ? BwdKernel<T, Traits, kCap, true, kDrop>
                                     : BwdKernel<T, Traits, kCap, false, kDrop>;
-        return LaunchKeyBlocks<T, Traits>(args, kernel, stream);
+        return LaunchKeyBlocks<T, Traits>(args, kernel, stream, /*takes_tiles=*/true);
       }
     }
   });

@@ -163,6 +163,67 @@ __device__ __forceinline__ void IssueStepLoads(const BwdTmaArgs& tma_args, uint3
                                   delta + stage * kBlockM, bar, tid);
 }
 
+// The full mbarriers of the stages, once per CTA (kernels without warp
+// specialization): one arrival of thread 0's expect_tx, plus IssueRowStats'
+// cp.async arrivals.
+template <class Traits>
+__device__ __forceinline__ void InitStageBarriers(const BwdTmaArgs& tma_args, int tid) {
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t full_bar = BwdSmem<Traits>::Of(smem_raw).full();
+  if (tid == 0) {
+    for (int stage = 0; stage < Traits::kStages; ++stage)
+      sm90::MbarrierInit(full_bar + 8 * stage, 1 + RowStatsArrivals<Traits>(tma_args));
+    sm90::FenceBarrierInit();
+  }
+  __syncthreads();  // the barriers are initialized before anyone uses them
+}
+
+// A tile's K and V (keys n0.. of kv head h_kv) by cp.async from all kThreads
+// threads, as one commit group. All kSmemCols columns, so that those past
+// the head dim are zeros: the dQ GEMM of a head dim of 96 reads K's second
+// column block whole.
+template <typename T, class Traits>
+__device__ __forceinline__ void IssueKvLoads(const BwdParams& p, uint32_t sK, uint32_t sV, int b,
+                                             int h_kv, int n0, int tid) {
+  const int head_dim = static_cast<int>(p.shape.head_dim);
+  const int64_t seqlen_k = p.shape.seqlen_k;
+  const GmemRows<T> k = GmemRows<T>::Head(p.k, p.k_strides, b, h_kv, seqlen_k, head_dim);
+  const GmemRows<T> v = GmemRows<T>::Head(p.v, p.v_strides, b, h_kv, seqlen_k, head_dim);
+  LoadSwizzledTile<T, Traits::kBlockN, Traits::kSmemCols, Traits::kThreads>(sK, k, n0, tid);
+  LoadSwizzledTile<T, Traits::kBlockN, Traits::kSmemCols, Traits::kThreads>(sV, v, n0, tid);
+  CpAsyncCommit();
+}
+
+// A tile's loads before its mainloop (kernels without warp specialization):
+// K and V (IssueKvLoads, which BwdMainloop waits for), and its first step's
+// into stage `step` % kStages, `step` counting the CTA's steps over its
+// tiles so far. The persistent kernel issues them for its next tile while
+// this one's dK and dV are stored: K, V and that stage must be free then
+// (both warpgroups past the tile's last step).
+template <typename T, class Traits>
+__device__ __forceinline__ void IssueTileLoads(const BwdTmaArgs& tma_args,
+                                               const KeyBlockScheduler::Tile& tile, int step,
+                                               int tid) {
+  constexpr int kBlockN = Traits::kBlockN, kBlockM = Traits::kBlockM;
+  extern __shared__ unsigned char smem_raw[];
+  const BwdSmem<Traits> sm = BwdSmem<Traits>::Of(smem_raw);
+  const BwdParams& p = tma_args.args.p;
+  const int h_kv = static_cast<int>(tile.h_kv), b = static_cast<int>(tile.b);
+  const int n0 = static_cast<int>(tile.n_block) * kBlockN;
+  IssueKvLoads<T, Traits>(p, sm.base, sm.base + Traits::kVOffset, b, h_kv, n0, tid);
+  const int group = static_cast<int>(p.shape.group_size());
+  const BatchMask mask =
+      BatchMask::For(p.mask, b, h_kv * group, p.shape.seqlen_q, p.shape.seqlen_k);
+  const QuerySteps<kBlockN, kBlockM> walk = QuerySteps<kBlockN, kBlockM>::Make(mask, n0, group);
+  if (walk.count > 0) {
+    const int stage = step % Traits::kStages;
+    IssueStepLoads<Traits>(tma_args, sm.q(), sm.dout(), BwdSmem<Traits>::Floats(smem_raw, sm.lse()),
+                           BwdSmem<Traits>::Floats(smem_raw, sm.delta()), stage, b, h_kv * group,
+                           static_cast<int>((walk.m_begin + walk.first) * kBlockM),
+                           sm.full() + 8 * stage, tid);
+  }
+}
+
 // kSoftcap: a template parameter rather than a branch, because ptxas
 // serializes every wgmma of the kernel when the two waits of the two paths
 // below meet in one function. kWs: the mainloop of the warp-specialized
@@ -177,11 +238,12 @@ __device__ __forceinline__ void IssueStepLoads(const BwdTmaArgs& tma_args, uint3
 // Z s dP^T before D is subtracted, dS^T = P^T (Z s dP^T - D) from the
 // undropped P^T, with keep bits drawn while the step's GEMMs run.
 template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kDropout, bool kWs = false>
-__device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
-                                            const KeyBlockScheduler::Tile& tile,
-                                            const ThreadPos& pos,
-                                            float (&dk)[Traits::kHeadDim / kMmaN][4],
-                                            float (&dv)[Traits::kHeadDim / kMmaN][4]) {
+__device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
+                                           const KeyBlockScheduler::Tile& tile,
+                                           const ThreadPos& pos,
+                                           float (&dk)[Traits::kHeadDim / kMmaN][4],
+                                           float (&dv)[Traits::kHeadDim / kMmaN][4],
+                                           int step_base = 0) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kQTiles = kBlockM / kMmaN;   // n-tiles of S^T (queries)
@@ -217,14 +279,10 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   const int64_t seqlen_q = p.shape.seqlen_q, seqlen_k = p.shape.seqlen_k;
   const int num_heads_q = static_cast<int>(p.shape.num_heads_q);
   const int group = static_cast<int>(p.shape.group_size());
-  const int head_dim = static_cast<int>(p.shape.head_dim);
   // The group's first head's mask; a dense mask's view moves to the step's
   // head below (a dense mask comes here with a tile map: BwdPath).
   BatchMask mask = BatchMask::For(p.mask, b, h_kv * group, seqlen_q, seqlen_k);
   const uint8_t* const dense0 = mask.dense;
-
-  const GmemRows<T> k = GmemRows<T>::Head(p.k, p.k_strides, b, h_kv, seqlen_k, head_dim);
-  const GmemRows<T> v = GmemRows<T>::Head(p.v, p.v_strides, b, h_kv, seqlen_k, head_dim);
 
   const QuerySteps<kBlockN, kBlockM> walk = QuerySteps<kBlockN, kBlockM>::Make(mask, n0, group);
   const int m_begin = static_cast<int>(walk.m_begin), steps = static_cast<int>(walk.count);
@@ -235,23 +293,13 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
                            (m_begin + mi) * kBlockM, full_bar + 8 * stage, tid);
   };
 
-  // All kSmemCols columns, so that those past the head dim are zeros: the dQ
-  // GEMM of a head dim of 96 reads K's second column block whole.
-  LoadSwizzledTile<T, kBlockN, Traits::kSmemCols, Traits::kThreads>(sK, k, n0, tid);
-  LoadSwizzledTile<T, kBlockN, Traits::kSmemCols, Traits::kThreads>(sV, v, n0, tid);
-  CpAsyncCommit();
   if constexpr (kWs) {
+    IssueKvLoads<T, Traits>(p, sK, sV, b, h_kv, n0, tid);
     CpAsyncWait<0>();  // K and V, published to both warpgroups and to wgmma here
     sm90::FenceProxyAsync();
     NamedBarrierSync(DqHandoff::kMmaBarrier, Traits::kThreads);
   } else {
-    if (tid == 0) {
-      for (int stage = 0; stage < Traits::kStages; ++stage)
-        sm90::MbarrierInit(full_bar + 8 * stage, 1 + RowStatsArrivals<Traits>(tma_args));
-      sm90::FenceBarrierInit();
-    }
-    __syncthreads();  // the barriers are initialized before anyone uses them
-    if (steps > 0) issue(0, static_cast<int>(walk.first), 0);
+    // K, V and the first step's loads were issued before (IssueTileLoads).
     CpAsyncWait<0>();  // K and V, published to all threads and to wgmma here
     sm90::FenceProxyAsync();
     __syncthreads();
@@ -290,7 +338,9 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
   const uint64_t desc_ds = sm90::SmemDescriptor(sdS, kBlockN * kRow, sm90::kAtomBytes);
   const uint64_t desc_dst = sm90::SmemDescriptor(sdS + warpgroup * 64 * kRow, 0, sm90::kAtomBytes);
   const uint64_t desc_kt = sm90::SmemDescriptor(dq_k_cols, kBlockN * kRow, sm90::kAtomBytes);
-  if constexpr (kDq) ZeroDqStagingPadding<Traits>(sDq, tid);
+  // Once per CTA: a later tile's could overwrite padding that a bulk
+  // reduction of the last one still reads (the same zeros, but a race).
+  if (kDq && step_base == 0) ZeroDqStagingPadding<Traits>(sDq, tid);
   const float scale_log2 = args.scale_log2;
 
   // Dropout's keep bits of this warp's 16 keys x the kBlockM queries of step
@@ -316,15 +366,18 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     // when both warpgroups were done with the stage; dS^T alternates
     // between two buffers so that this step's writes miss the other
     // warpgroup's dQ GEMM of step s - 1.
-    const int stage = static_cast<int>(s & 1);
-    const uint32_t ds_offset = static_cast<uint32_t>(s & 1) * Traits::kDsBytes;
+    // Stages, their barriers' phases and the dS^T buffers go by the CTA's
+    // steps over all its tiles (step_base: the earlier tiles').
+    const int sg = step_base + s;
+    const int stage = sg % Traits::kStages;
+    const uint32_t ds_offset = static_cast<uint32_t>(sg & 1) * Traits::kDsBytes;
     const int h = h_kv * group + gi;
     const int m0 = (m_begin + mi) * kBlockM;
     const CellClass cls = walk.Class(mi);
     if (dense0 != nullptr) mask.dense = dense0 + gi * p.mask.dense_strides.head;
     walk.Advance(gi, mi);  // (gi, mi) is now the next step
     // The stage's k-th use completes its barrier's phase k (parity k % 2).
-    sm90::MbarrierWait(full_bar + 8 * stage, static_cast<uint32_t>((s / Traits::kStages) & 1));
+    sm90::MbarrierWait(full_bar + 8 * stage, static_cast<uint32_t>((sg / Traits::kStages) & 1));
     const uint32_t q_tile = sQ + stage * Traits::kQBytes;
     const uint32_t do_tile = sdO + stage * Traits::kQBytes;
     const float* lse2_s = sLse + stage * kBlockM;
@@ -440,7 +493,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
       NamedBarrierSync(DqHandoff::kMmaBarrier, Traits::kThreads);
     } else {
       __syncthreads();
-      if (s + 1 < steps) issue(gi, mi, stage ^ 1);
+      if (s + 1 < steps) issue(gi, mi, (sg + 1) % Traits::kStages);
     }
 
     // dQ part: 64 queries x kDqCols columns, reduced over the CTA's keys, out
@@ -510,6 +563,7 @@ __device__ __forceinline__ void BwdMainloop(const BwdTmaArgs& tma_args,
     if (wg_tid == 0) DqHandoff::Post(dq_slot, warpgroup, 0, DqHandoff::kEnd);
     DqHandoff::Full(warpgroup);
   }
+  return steps;
 }
 
 // After the mainloop: this warp's dK and dV (its 16 keys of its warpgroup's
