@@ -16,8 +16,8 @@
 # none) on `small`; then every build is timed side by side, ROUNDS rounds
 # (default 2; 0: no timing), D in DIMS (default "64 128"), S in SEQS
 # (default "1024 4096 16384"), causal and not, with dropout at RATE (unset:
-# none) and with PAD=1 the jax bench's padding mask (dense, with its tile
-# map): the backward (bench1, bwd ms), the forward (bench1_fwd, fwd ms), or
+# none), with PAD=1 the jax bench's padding mask (dense, with its tile
+# map), with LENS=1 that padding as sequence lengths: the backward (bench1, bwd ms), the forward (bench1_fwd, fwd ms), or
 # both (direction "both"). Logs and bench.txt under $OUT.
 # Budget of one call (600 s): about 100 s for this tree, 100-130 s for the
 # variants, 75 s of checks and memcheck (side by side for the variants),
@@ -105,6 +105,7 @@ directions=$direction; [ "$direction" = both ] && directions="fwd bwd"
 time_of() {  # $1: build dir; dir D S c from the loop
   [ -f "$1/HUNG" ] && { echo hung; return; }
   local mode=bench1; [ "$dir" = fwd ] && mode=bench1_fwd; [ -n "${PAD:-}" ] && mode=${mode}_pad
+  [ -n "${LENS:-}" ] && mode=${mode}_lens
   timeout 30 "$1/tc_kernel_check" $mode $D $S $c ${RATE:-} 2>&1 | grep BENCH |
     sed "s/.*| bwd \([0-9.]*\) ms.*/\1/; s/.*: fwd \([0-9.]*\) ms.*/\1/"
 }

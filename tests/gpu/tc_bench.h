@@ -21,9 +21,17 @@
 #include "cuda/launch.h"
 #include "jax_flash/params.h"
 
-// A padding mask as `python -m jax_flash.bench --features padding` makes it
-// (Flax's make_attention_mask of per-example valid lengths from S - S / (4B)
-// down to 3S/4): dense (B, 1, S, S) bytes and its tile map (B, 1, R, C).
+// Per-example valid lengths as `python -m jax_flash.bench --features padding`
+// and `lengths` make them, from S - S / (4B) down to 3S/4: (B,) int32, the
+// `lengths` row's query_seq_lengths and key_value_seq_lengths.
+inline std::vector<int32_t> PaddingLengths(int B, int S) {
+  std::vector<int32_t> len(B);
+  for (int b = 0; b < B; ++b) len[b] = S - (b + 1) * S / (4 * B);
+  return len;
+}
+
+// That padding as the `padding` row's mask (Flax's make_attention_mask of
+// those lengths): dense (B, 1, S, S) bytes and its tile map (B, 1, R, C).
 struct PaddingMask {
   check::DeviceBytes dense, cells;
   int64_t rows = 0, cols = 0;
@@ -33,8 +41,9 @@ struct PaddingMask {
     rows = cols = check::CeilCells(S);
     const int64_t cell = jax_flash::kBlockMaskBlock;
     std::vector<uint8_t> d((size_t)B * S * S), m((size_t)B * rows * cols);
+    const std::vector<int32_t> lengths = PaddingLengths(B, S);
     for (int64_t b = 0; b < B; ++b) {
-      const int64_t len = S - (b + 1) * S / (4 * B);
+      const int64_t len = lengths[b];
       for (int64_t i = 0; i < S; ++i)
         for (int64_t j = 0; j < S; ++j) d[(b * S + i) * S + j] = i < len && j < len;
       for (int64_t r = 0; r < rows; ++r)
@@ -59,9 +68,12 @@ struct PaddingMask {
   }
 };
 
+// How a timed call pads its sequences: not, by PaddingMask, or by lengths.
+enum class Padding { kNone, kMask, kLengths };
+
 inline void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once = false,
                   float softcap = 0.f, bool fwd_only = false, float dropout = 0.f,
-                  bool padding = false) {
+                  Padding padding = Padding::kNone) {
   using namespace jax_flash;  // BwdParams, AttentionShape, cuda::
   using Dev = check::DeviceBytes;
   if (check::RoutesAsTuring()) bf16 = false;  // as tc_kernel_check.cu's RunCase
@@ -86,10 +98,18 @@ inline void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once 
   p.dv = dv.p();
   check::SetContiguousStrides(&p);
   std::unique_ptr<PaddingMask> pad;
-  if (padding) {
+  if (padding == Padding::kMask) {
     pad = std::make_unique<PaddingMask>(B, S);
     pad->Apply(&p.mask, S);
   }
+  Dev lengths((size_t)B * 4);
+  if (padding == Padding::kLengths) {
+    const std::vector<int32_t> len = PaddingLengths(B, S);
+    CHECK_CUDA(cudaMemcpy(lengths.p(), len.data(), len.size() * 4, cudaMemcpyHostToDevice));
+    p.mask.q_seqlens = p.mask.kv_seqlens = static_cast<const int32_t*>(lengths.p());
+  }
+  const char* padding_name =
+      padding == Padding::kMask ? " padding" : padding == Padding::kLengths ? " lengths" : "";
   const cuda::DType dtype = check::DType16(bf16);
   Dev ws(cuda::BwdWorkspaceBytes(p.shape, dtype, false));
   const double flops = 4.0 * B * H * (double)S * S * D * (causal ? 0.5 : 1.0);
@@ -104,27 +124,32 @@ inline void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once 
   if (fwd_only) {
     std::printf("BENCH %s B%d S%d H%d D%d %s%s%s%s: fwd %.3f ms %.0f TF/s\n",
                 bf16 ? "bf16" : "fp16", B, S, H, D, causal ? "causal" : "full",
-                softcap > 0 ? " cap" : "", dropout > 0 ? " dropout" : "",
-                padding ? " padding" : "", tf, flops / tf * 1e-9);
+                softcap > 0 ? " cap" : "", dropout > 0 ? " dropout" : "", padding_name, tf,
+                flops / tf * 1e-9);
     return;
   }
   float tb = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), false, nullptr)); }, 10);
   float td = check::TimeMs([&] { CHECK_CUDA(cuda::LaunchBwd(p, dtype, ws.p(), true, nullptr)); }, 5);
   std::printf("BENCH %s B%d S%d H%d D%d %s%s%s%s: fwd %.3f ms %.0f TF/s | bwd %.3f ms %.0f TF/s | bwd-det %.3f ms %.0f TF/s\n",
               bf16 ? "bf16" : "fp16", B, S, H, D, causal ? "causal" : "full", softcap > 0 ? " cap" : "",
-              dropout > 0 ? " dropout" : "", padding ? " padding" : "", tf, flops / tf * 1e-9, tb,
+              dropout > 0 ? " dropout" : "", padding_name, tf, flops / tf * 1e-9, tb,
               2.5 * flops / tb * 1e-9, td, 2.5 * flops / td * 1e-9);
 }
 
 // Runs `mode` if it is a timing mode: bench, bench_fp16, bench_cap,
 // bench_fwd, bench_d, or bench1 / bench1_fwd (the forward alone) / prof with
 // D S causal [dropout rate] (argv[2..5]), and bench1_pad / bench1_fwd_pad,
-// the same with the padding mask (PaddingMask); false for any other mode,
+// the same with the padding mask (PaddingMask), bench1_lens / bench1_fwd_lens
+// with that padding as lengths (PaddingLengths); false for any other mode,
 // the one-shape modes without their three numbers included.
 inline bool RunBenchMode(const std::string& mode, int argc, char** argv) {
-  const bool padding = mode == "bench1_pad" || mode == "bench1_fwd_pad";
-  const bool fwd_only = mode == "bench1_fwd" || mode == "bench1_fwd_pad";
-  const bool one_shape = mode == "bench1" || fwd_only || padding || mode == "prof";
+  const Padding padding = mode == "bench1_pad" || mode == "bench1_fwd_pad"     ? Padding::kMask
+                          : mode == "bench1_lens" || mode == "bench1_fwd_lens" ? Padding::kLengths
+                                                                               : Padding::kNone;
+  const bool fwd_only =
+      mode == "bench1_fwd" || mode == "bench1_fwd_pad" || mode == "bench1_fwd_lens";
+  const bool one_shape =
+      mode == "bench1" || fwd_only || padding != Padding::kNone || mode == "prof";
   if (one_shape && (argc == 5 || argc == 6)) {
     const int D = std::atoi(argv[2]), S = std::atoi(argv[3]);
     const float dropout = argc == 6 ? std::strtof(argv[5], nullptr) : 0.f;

@@ -15,8 +15,10 @@
 //
 // Build: tests/gpu/build.sh. Usage: tc_kernel_check [check|small|features|bench|bench_fp16|
 // bench_cap|bench_d|bench_fwd|bench1 D S causal [rate]|bench1_fwd D S causal [rate]|
-// bench1_pad D S causal [rate]|bench1_fwd_pad D S causal [rate]|prof D S causal]
-// (the _pad modes with the padding mask of the jax bench's `padding` row, dense with its tile map)
+// bench1_pad D S causal [rate]|bench1_fwd_pad D S causal [rate]|bench1_lens D S causal [rate]|
+// bench1_fwd_lens D S causal [rate]|prof D S causal]
+// (the _pad modes with the padding mask of the jax bench's `padding` row, dense with its tile map;
+// the _lens modes with that padding as sequence lengths, the `lengths` row)
 // check and features take an optional range, FIRST [COUNT]: those cases alone, with the
 // seeds of the whole run, so that a long run (forced onto sm75) can be split over calls;
 // CASES=<regex> keeps the cases whose names match.
