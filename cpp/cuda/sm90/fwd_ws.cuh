@@ -192,10 +192,11 @@ cudaError_t LaunchFwdWsKernel(const FwdParams& params, void* workspace, cudaStre
 constexpr int64_t kLightMinRows = 2048;
 
 // kEnds or kCausal where the call's mask is no more than that, else kBand
-// (a dense mask runs kDense: LaunchFwdWs).
+// (a dense mask runs kDense: LaunchFwdWs). The ends are the sequences'
+// lengths where the call has them: the light kernels keep q_len and kv_len
+// at run time, as every kernel does.
 inline FwdWsMask LightestMask(const MaskParams& m) {
-  const bool more = m.window_left >= 0 || m.window_right >= 0 || m.q_seqlens != nullptr ||
-                    m.kv_seqlens != nullptr || m.q_segment_ids != nullptr ||
+  const bool more = m.window_left >= 0 || m.window_right >= 0 || m.q_segment_ids != nullptr ||
                     m.kv_segment_ids != nullptr || m.dense != nullptr || m.block != nullptr ||
                     m.tile_map != nullptr;
   return more ? FwdWsMask::kBand : m.causal ? FwdWsMask::kCausal : FwdWsMask::kEnds;
