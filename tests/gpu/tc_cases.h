@@ -342,6 +342,9 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   // partial tiles, GQA, both dtypes.
   c = Case{1, 2100, 2300, 4, 2, 64}; c.causal = true; cases->push_back(c);
   c = Case{2, 2049, 1900, 2, 1, 64}; c.causal = true; c.bf16 = false; cases->push_back(c);
+  // ... and with dropout (non-causal from 2048 rows: the kEnds kernel's
+  // dropout instantiation).
+  c = Case{1, 2100, 2200, 4, 2, 64}; c.dropout = 26.0 / 256; cases->push_back(c);
 }
 
 // small (for compute-sanitizer): a few cases of each kernel family, each
@@ -412,8 +415,10 @@ inline std::vector<SeededCase> SmallCases() {
   c = Case{1, 300, 280, 2, 1, 96}; c.dropout = 0.25; c.mask = MaskKind::kCausal;
   c.tile_map = true; s.push_back({c, 37});
   // The D = 64 forward's light kernels (192-row tiles, three consumer
-  // warpgroups): plain, and causal from 2048 query rows.
+  // warpgroups): plain, causal from 2048 query rows, dropout (non-causal,
+  // from 2048 rows).
   c = Case{2, 200, 300, 4, 2, 64}; s.push_back({c, 38});
   c = Case{1, 2049, 2100, 2, 1, 64}; c.causal = true; c.bf16 = false; s.push_back({c, 39});
+  c = Case{1, 2049, 300, 2, 1, 64}; c.dropout = 0.25; s.push_back({c, 40});
   return s;
 }

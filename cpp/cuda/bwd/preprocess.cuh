@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda/bwd/args.h"
+#include "cuda/bwd/workspace.h"
 #include "cuda/common/copy.cuh"
 #include "cuda/common/fragment.cuh"
 #include "jax_flash/math.h"
@@ -21,42 +22,70 @@ __device__ __forceinline__ float Lse2(float lse) {
   return lse == -INFINITY ? INFINITY : lse * kLog2e;
 }
 
-// D = rowsum(dO * O), one warp per row, 16-byte loads; also lse in log2
-// units, once per row instead of once per (row, key block) in the kernels.
-template <typename T>
-__global__ void __launch_bounds__(256) BwdPreprocessKernel(const __grid_constant__ BwdArgs args) {
+// D = rowsum(dO * O), RowVectorLanes lanes per row, 16-byte loads (at
+// D = 64 a warp per row had 8 of its lanes loading: too few loads in flight
+// to read at the memory's rate); also lse in log2 units, once per row instead of once per (row, key
+// block) in the kernels; and with zero_dq_accum (the fast mode) the row's
+// float32 dQ accumulator zeroed (two half-rows, DqAccumLayout): the memset
+// that did it was a launch and a pass over memory of its own. Grid (query
+// blocks, q heads, batch): no index divisions.
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(256)
+    BwdPreprocessKernel(const __grid_constant__ BwdArgs args, bool zero_dq_accum) {
+  constexpr int kLanes = RowVectorLanes(kHeadDim);
+  constexpr int kRows = 256 / kLanes;  // rows per block
   const BwdParams& p = args.p;
-  const int64_t rows = p.shape.batch * p.shape.num_heads_q * p.shape.seqlen_q;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (r >= rows) return;
-  const int64_t i = r % p.shape.seqlen_q;
-  const int64_t h = (r / p.shape.seqlen_q) % p.shape.num_heads_q;
-  const int64_t b = r / (p.shape.seqlen_q * p.shape.num_heads_q);
-  const T* o = static_cast<const T*>(p.out) + p.out_strides.offset(b, i, h);
-  const T* d_o = static_cast<const T*>(p.dout) + p.dout_strides.offset(b, i, h);
+  const int64_t seqlen_q = p.shape.seqlen_q;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kRows + threadIdx.x / kLanes;
+  const int64_t h = blockIdx.y, b = blockIdx.z;
+  const int lane = threadIdx.x % kLanes;
+  // Rows past seqlen_q stay in the shuffles below (their lanes share warps
+  // with valid rows) and store nothing.
+  const bool valid = i < seqlen_q;
   float sum = 0.f;
-  for (int c = lane * kVecElems; c < p.shape.head_dim; c += 32 * kVecElems) {
-    const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
-    const uint4 dv = *reinterpret_cast<const uint4*>(d_o + c);
-    const T* oe = reinterpret_cast<const T*>(&ov);
-    const T* de = reinterpret_cast<const T*>(&dv);
+  if (valid) {
+    const T* o = static_cast<const T*>(p.out) + p.out_strides.offset(b, i, h);
+    const T* d_o = static_cast<const T*>(p.dout) + p.dout_strides.offset(b, i, h);
+    for (int c = lane * kVecElems; c < p.shape.head_dim; c += kLanes * kVecElems) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
+      const uint4 dv = *reinterpret_cast<const uint4*>(d_o + c);
+      const T* oe = reinterpret_cast<const T*>(&ov);
+      const T* de = reinterpret_cast<const T*>(&dv);
 #pragma unroll
-    for (int e = 0; e < kVecElems; ++e) sum += ToFloat(oe[e]) * ToFloat(de[e]);
+      for (int e = 0; e < kVecElems; ++e) sum += ToFloat(oe[e]) * ToFloat(de[e]);
+    }
   }
 #pragma unroll
-  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  for (int off = kLanes / 2; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (!valid) return;
+  const int64_t bh = b * p.shape.num_heads_q + h;
+  const int64_t r = bh * seqlen_q + i;
   if (lane == 0) {
     static_cast<float*>(p.delta)[r] = sum;
     args.lse2[r] = Lse2(static_cast<const float*>(p.lse)[r]);
   }
+  if (zero_dq_accum) {
+    using Layout = DqAccumLayout<kHeadDim>;
+    static_assert(Layout::kHalfRowFloats % 4 == 0, "half-rows of whole float4s");
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float4* row =
+          reinterpret_cast<float4*>(args.dq_accum + Layout::HalfRow(bh, seqlen_q, half, i));
+      for (int v = lane; v < Layout::kHalfRowFloats / 4; v += kLanes)
+        row[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
 }
 
-// Launches the preprocess over the problem's `rows` (B * Hq * Sq) query rows,
-// eight per block of 256 threads.
-template <typename T>
-cudaError_t LaunchPreprocess(const BwdArgs& args, int64_t rows, cudaStream_t stream) {
-  BwdPreprocessKernel<T><<<static_cast<unsigned>(CeilDiv(rows, 8)), 256, 0, stream>>>(args);
+// Launches the preprocess over the chunk's query rows; zero_dq_accum: the
+// fast mode's accumulator too.
+template <typename T, int kHeadDim>
+cudaError_t LaunchPreprocess(const BwdArgs& args, bool zero_dq_accum, cudaStream_t stream) {
+  constexpr int kRows = 256 / RowVectorLanes(kHeadDim);
+  const AttentionShape& s = args.p.shape;
+  const dim3 grid(static_cast<unsigned>(CeilDiv(s.seqlen_q, kRows)),
+                  static_cast<unsigned>(s.num_heads_q), static_cast<unsigned>(s.batch));
+  BwdPreprocessKernel<T, kHeadDim><<<grid, 256, 0, stream>>>(args, zero_dq_accum);
   return cudaGetLastError();
 }
 

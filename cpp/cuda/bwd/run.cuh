@@ -1,6 +1,7 @@
 // The tensor-core backward of one (arch path, dtype, head-dim bucket), in
 // stream order:
-//   1. preprocess (bwd/preprocess.cuh): D = rowsum(dO * O), lse in log2 units;
+//   1. preprocess (bwd/preprocess.cuh): D = rowsum(dO * O), lse in log2 units,
+//      and in the fast mode the float32 dQ accumulator zeroed;
 //   2. dK/dV (sm80/bwd_dkdv.cuh, or on Hopper sm90/bwd.cuh), which in the
 //      fast mode also adds dQ into a float32 accumulator;
 //   3. dQ: fast mode, its conversion (bwd/postprocess.cuh); deterministic
@@ -46,13 +47,9 @@ cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool determini
   cudaError_t err;
 
   const int64_t rows = shape.batch * shape.num_heads_q * shape.seqlen_q;
-  if (rows > 0) {
-    if ((err = LaunchPreprocess<T>(args, rows, stream)) != cudaSuccess) return err;
-  }
-  if (!deterministic && rows > 0) {
-    err = cudaMemsetAsync(args.dq_accum, 0,
-                          sizeof(float) * rows * DqAccumLayout<kHeadDim>::kRowFloats, stream);
-    if (err != cudaSuccess) return err;
+  if (rows > 0) {  // D, lse2, and in the fast mode the zeroed dQ accumulator
+    if ((err = LaunchPreprocess<T, kHeadDim>(args, !deterministic, stream)) != cudaSuccess)
+      return err;
   }
 
   // The Hopper kernels decline (cudaErrorNotSupported) where TMA cannot
@@ -84,7 +81,7 @@ cudaError_t RunBwdChunk(const BwdParams& params, void* workspace, bool determini
     }
     return sm80::LaunchDq<T, kHeadDim, kTerms, kArch == 75 ? 75 : 80>(args, stream);
   }
-  return LaunchDqConvert<T, kHeadDim>(args, rows, stream);
+  return LaunchDqConvert<T, kHeadDim>(args, stream);
 }
 
 // The fast mode on Turing runs the deterministic structure (dK/dV, then dQ

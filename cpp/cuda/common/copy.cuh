@@ -11,6 +11,15 @@ namespace jax_flash::cuda {
 
 inline constexpr int kVecElems = 8;  // 16-byte vector of 16-bit elements
 
+// Threads that cover a row of `cols` 16-bit elements with one kVecElems
+// vector each: cols / 8 rounded up to a power of two, at most a warp (the
+// backward's row-wise pre- and postprocess, bwd/).
+__host__ __device__ constexpr int RowVectorLanes(int cols) {
+  int lanes = 1;
+  while (lanes < 32 && lanes * kVecElems < cols) lanes *= 2;
+  return lanes;
+}
+
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

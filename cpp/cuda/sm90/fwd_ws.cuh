@@ -38,6 +38,7 @@ template <int kHeadDim_, FwdWsMask kMask_ = FwdWsMask::kBand>
 struct FwdWsTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr FwdWsMask kMask = kMask_;
+  static constexpr bool kLightMask = IsLightMask(kMask);  // the tile's mask folded to constants
   static constexpr FwdWsTile kTile = FwdWsTileSize(kHeadDim, kMask);  // sm90/tile_size.h
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
@@ -98,7 +99,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                                                                          tile);
     constexpr FwdWsMask kMask = Traits::kMask;
     if constexpr (kMask != FwdWsMask::kDense) blk.mask.dense = nullptr;
-    if constexpr (kMask == FwdWsMask::kEnds || kMask == FwdWsMask::kCausal) {
+    if constexpr (Traits::kLightMask) {
       BatchMask& m = blk.mask;
       m.causal = kMask == FwdWsMask::kCausal;
       m.window_left = m.window_right = -1;
@@ -182,11 +183,13 @@ cudaError_t LaunchFwdWsKernel(const FwdParams& params, void* workspace, cudaStre
   }
 }
 
-// Causal calls of fewer query rows keep kBand's 128-row tile where the light
-// masks' is taller: 192-row tiles cross the diagonal in blocks that are
-// computed whole and masked, a third more work than 128-row tiles at S = 1k
-// (timed 5% slower there on an H200, 4-10% faster at 4k and 16k).
-constexpr int64_t kLightCausalMinRows = 2048;
+// Calls of fewer query rows keep kBand's 128-row tile where the light
+// masks' is taller and taller is not faster (H200 timings,
+// NOTES_sm90_fwd.md): causal calls, whose 192-row tiles cross the diagonal in
+// blocks computed whole and masked (a third more work than 128-row tiles at
+// S = 1k: 5% slower there, 4-10% faster at 4k and 16k), and calls with
+// dropout (non-causal: 7% slower at 1k, 3% / 7% faster at 4k / 16k).
+constexpr int64_t kLightMinRows = 2048;
 
 // kEnds or kCausal where the call's mask is no more than that, else kBand
 // (a dense mask runs kDense: LaunchFwdWs).
@@ -196,6 +199,29 @@ inline FwdWsMask LightestMask(const MaskParams& m) {
                     m.kv_segment_ids != nullptr || m.dense != nullptr || m.block != nullptr ||
                     m.tile_map != nullptr;
   return more ? FwdWsMask::kBand : m.causal ? FwdWsMask::kCausal : FwdWsMask::kEnds;
+}
+
+// The kernel for a call without bias or dense mask: a light-mask one where
+// the bucket has a tile of its own for them (FwdWsTileSize: D = 64), the
+// call's mask allows it (LightestMask) and the call is long enough where it
+// has to be (kLightMinRows), else kBand's. With dropout only kEnds: the
+// causal light kernel was 3% slower at 4k and 2% faster at 16k.
+template <typename T, int kHeadDim, bool kDropout>
+cudaError_t LaunchFwdWsLightest(const FwdParams& params, void* workspace, cudaStream_t stream) {
+  using Band = FwdWsTraits<kHeadDim>;
+  using Ends = FwdWsTraits<kHeadDim, FwdWsMask::kEnds>;
+  using Causal = FwdWsTraits<kHeadDim, FwdWsMask::kCausal>;
+  if constexpr (Ends::kBlockM != Band::kBlockM) {
+    const FwdWsMask light = LightestMask(params.mask);
+    const bool tall = params.shape.seqlen_q >= kLightMinRows;
+    if (light == FwdWsMask::kEnds && (tall || !kDropout))
+      return LaunchFwdWsKernel<T, Ends, void, kDropout>(params, workspace, stream);
+    if constexpr (!kDropout) {
+      if (light == FwdWsMask::kCausal && tall)
+        return LaunchFwdWsKernel<T, Causal>(params, workspace, stream);
+    }
+  }
+  return LaunchFwdWsKernel<T, Band, void, kDropout>(params, workspace, stream);
 }
 
 // The kernel for this call (LaunchFwdWsKernel's errors; also
@@ -212,33 +238,17 @@ cudaError_t LaunchFwdWs(const FwdParams& params, void* workspace, cudaStream_t s
     return LaunchFwdWsKernel<T, FwdWsTraits<kHeadDim, FwdWsMask::kDense>>(params, workspace,
                                                                            stream);
   }
-  using Band = FwdWsTraits<kHeadDim>;
-  if (dropout) {
-    if (bias) return cudaErrorNotSupported;
-    return LaunchFwdWsKernel<T, Band, void, /*kDropout=*/true>(params, workspace, stream);
-  }
   if (bias) {
+    if (dropout) return cudaErrorNotSupported;
+    using Band = FwdWsTraits<kHeadDim>;
     return params.score.bias_type == BiasType::kAcc
                ? LaunchFwdWsKernel<T, Band, BiasTile<64, Band::kBlockN, float>>(params, workspace,
                                                                                  stream)
                : LaunchFwdWsKernel<T, Band, BiasTile<64, Band::kBlockN, T>>(params, workspace,
                                                                              stream);
   }
-  using Ends = FwdWsTraits<kHeadDim, FwdWsMask::kEnds>;
-  using Causal = FwdWsTraits<kHeadDim, FwdWsMask::kCausal>;
-  if constexpr (Ends::kBlockM != Band::kBlockM) {
-    switch (LightestMask(params.mask)) {
-      case FwdWsMask::kEnds:
-        return LaunchFwdWsKernel<T, Ends>(params, workspace, stream);
-      case FwdWsMask::kCausal:
-        if (params.shape.seqlen_q >= kLightCausalMinRows)
-          return LaunchFwdWsKernel<T, Causal>(params, workspace, stream);
-        break;
-      default:
-        break;
-    }
-  }
-  return LaunchFwdWsKernel<T, Band>(params, workspace, stream);
+  return dropout ? LaunchFwdWsLightest<T, kHeadDim, /*kDropout=*/true>(params, workspace, stream)
+                 : LaunchFwdWsLightest<T, kHeadDim, /*kDropout=*/false>(params, workspace, stream);
 }
 
 }  // namespace jax_flash::cuda::sm90

@@ -76,6 +76,11 @@ struct FwdWsTile {
 //   its per-element loads out of their code.
 enum class FwdWsMask { kEnds, kCausal, kBand, kDense };
 
+// Whether a kernel of this mask mode folds the tile's mask to constants.
+constexpr bool IsLightMask(FwdWsMask mask) {
+  return mask == FwdWsMask::kEnds || mask == FwdWsMask::kCausal;
+}
+
 // Deterministic dQ (the forward's structure: S and dP, then dQ += dS K):
 // query rows per CTA (two warpgroups of 64), keys per K/V block, threads,
 // K/V stages. dQ takes head_dim / 2 registers per thread, S and dP
@@ -165,11 +170,10 @@ constexpr DqTile DqTileSize(int head_dim) { return TilesFor(head_dim).dq; }
 // spill once the mask's code is folded away (kBand's spills 316 B there;
 // NOTES_sm90_fwd.md). Tile maps and block masks only meet kBand's tiles.
 constexpr FwdWsTile FwdWsTileSize(int head_dim, FwdWsMask mask = FwdWsMask::kBand) {
-  const bool light = mask == FwdWsMask::kEnds || mask == FwdWsMask::kCausal;
-  FwdWsTile t = head_dim <= 64 && light ? FwdWsTile{192, 128, 4, 24, 160}
-                : head_dim <= 64        ? FwdWsTile{128, 128, 4, 24, 240}
-                : head_dim <= 128       ? FwdWsTile{128, 128, 2, 24, 240}
-                                        : FwdWsTile{128, 64, 2, 24, 240};
+  FwdWsTile t = head_dim <= 64 && IsLightMask(mask) ? FwdWsTile{192, 128, 4, 24, 160}
+                : head_dim <= 64                     ? FwdWsTile{128, 128, 4, 24, 240}
+                : head_dim <= 128                    ? FwdWsTile{128, 128, 2, 24, 240}
+                                                     : FwdWsTile{128, 64, 2, 24, 240};
 #ifdef JAX_FLASH_TUNE_D
   if (head_dim != JAX_FLASH_TUNE_D) return t;
 #ifdef JAX_FLASH_TUNE_WS_STAGES
