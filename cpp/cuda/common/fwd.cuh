@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "cuda/common/fragment.cuh"
+#include "cuda/common/softmax.cuh"
 #include "cuda/common/tile_map.cuh"
 #include "cuda/common/tile_scheduler.cuh"
 #include "cuda/common/views.cuh"
@@ -31,6 +32,8 @@ struct FwdArgs {
                          // or with a bias (the kernel forms x = scale * q.k + bias first)
   float softcap;         // 0 = off
   float scale_over_cap;  // scale / softcap (1 / softcap with a bias)
+  float rescale_margin;  // kRescaleLog2 / scale_log2: the growth of a row max (score
+                         // units) that moves the softmax's reference (common/softmax.cuh)
   TileOrder order;       // CTA order for a bias or dense mask (TermsTileOrder), in
                          // the kTerms kernels and the wgmma forwards
 };
@@ -52,6 +55,9 @@ inline FwdArgs MakeFwdArgs(const FwdParams& params) {
     args.scale_log2 = pre * kLog2e;
     args.scale_over_cap = 0.f;
   }
+  // Here, not in the kernels: a float division in the ws forward's loop was
+  // ~10 instructions and a MUFU.RCP per key block (ptxas kept it there).
+  args.rescale_margin = kRescaleLog2 / args.scale_log2;
   return args;
 }
 

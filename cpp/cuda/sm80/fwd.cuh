@@ -166,9 +166,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocks)
   const uint32_t v_lane =
       SmemAddr(sV) + 2 * ((((lane / 8) % 2) * 8 + lane % 8) * kStride + (lane / 16) * 8);
   const float scale_log2 = args.scale_log2;
-  // Growth of a row max (score units) that forces a rescale: kRescaleLog2
-  // in log2 units (scale_log2 > 0).
-  const float rescale_margin = kRescaleLog2 / scale_log2;
+  const float rescale_margin = args.rescale_margin;
 
   // The next block's K and V on their way (Traits::kRegStaged: in registers).
   NextKvBlock<T, kBlockN, kHeadDim, kStride, Traits::kThreads, Traits::kRegStaged> next_kv;

@@ -131,7 +131,7 @@ __device__ __forceinline__ void FwdMainloop(const FwdTmaArgs& kargs, const FwdBl
   const uint32_t q_rows = sQ + warpgroup * 64 * sm90::kSwizzleBytes;
   const float scale_log2 = args.scale_log2;
   const float scale = static_cast<float>(args.p.score.scale);  // with a bias (MakeFwdArgs)
-  const float rescale_margin = kRescaleLog2 / scale_log2;
+  const float rescale_margin = args.rescale_margin;
   const HeadDropout dropout = kDropout ? HeadDropout::For(args.p.dropout, args.p.shape.batch,
                                                           blk.b, blk.h)
                                        : HeadDropout{};

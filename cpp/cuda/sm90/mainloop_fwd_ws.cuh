@@ -389,7 +389,7 @@ __device__ __forceinline__ bool ScoresToP(float (&s)[1][Traits::kBlockN / kMmaN]
   TransformAndMask<kBlockM>(s, args.softcap, args.scale_over_cap, blk.mask, blk.m0, warp_row0,
                             n * kBlockN, g, t, blk.template BlockClass<kBlockN>(n));
   return OnlineSoftmaxDeferRescale(s, row_m, row_l, alpha, args.scale_log2,
-                                   kRescaleLog2 / args.scale_log2);
+                                   args.rescale_margin);
 }
 
 // P packed to 16 bits as the A operand of O += P V (k-step ks: keys
