@@ -423,6 +423,8 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
     // dS^T instead (kLateDv): there P^T, its packed copy and dP^T in flight
     // would not fit the registers together.
     constexpr bool kLateDv = kBlockM == 128;
+    // Or after dS^T's stores (BwdTile::dv_after_ds), before the step's barrier.
+    constexpr bool kDvAfterDs = Traits::kTile.dv_after_ds;
     uint32_t ap[kBlockM / kMmaK][4];
     const uint64_t desc_do = sm90::SmemDescriptor(do_tile, kBlockM * kRow, sm90::kAtomBytes);
     auto issue_dv = [&] {
@@ -448,11 +450,11 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
       }
       sm90::WgmmaCommit();
     };
-    if constexpr (!kLateDv) issue_dv();
+    if constexpr (!kLateDv && !kDvAfterDs) issue_dv();
 
     // ---- dS^T = P^T (dP^T - D) dx, to shared memory -------------------------
     if constexpr (!kSoftcap) {
-      sm90::WgmmaWait<kLateDv ? 0 : 1>();  // dP^T (an early dV may still run)
+      sm90::WgmmaWait<kLateDv || kDvAfterDs ? 0 : 1>();  // dP^T (an early dV may still run)
       sm90::FenceRegisters(dpt);
       // Kept or 0, then 1 / (1 - rate) in SubtractDelta's FFMA.
       if constexpr (kDropout) ApplyKeepT(dpt, keep, 1.f);
@@ -465,7 +467,7 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
       for (int nt = 0; nt < kQTiles; ++nt)
 #pragma unroll
         for (int r = 0; r < 4; ++r) dpt[nt][r] *= st[nt][r];
-      issue_dv();
+      if constexpr (!kDvAfterDs) issue_dv();
     }
     // dS^T, packed to 16 bits as A fragments (the C layout of S^T, as P^T
     // for dV): dK may take it from registers; dQ, which needs both
@@ -484,6 +486,7 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
       sm90::StMatrixX4(sdS + ds_offset + sm90::SwizzledOffset(st_row, 2 * ks + lane / 16, kBlockN),
                        ads[ks][0], ads[ks][1], ads[ks][2], ads[ks][3]);
     }
+    if constexpr (kDvAfterDs) issue_dv();
     if constexpr (kDq && !kWs) WaitDqStagingRead(wg_tid);
     sm90::FenceProxyAsync();
     // dQ reads the other warpgroup's dS^T rows too; and both warpgroups are

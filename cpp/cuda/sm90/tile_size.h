@@ -39,12 +39,16 @@ struct FwdTile {
 // - ws: the warp-specialized kernel (sm90/bwd_ws.cuh: a producer warp for
 //   the loads, a dQ warp for the reductions) instead of BwdKernel; on an
 //   H200 3-7% faster than 64-query steps at D = 64 but slower than 128-query
-//   ones (with which it spills 112-396 B), 0-3% slower at D = 128.
+//   ones (with which it spills 112-396 B), 0-3% slower at D = 128;
+// - dv_after_ds: the dV GEMM issued after dS^T is in shared memory (FA3's
+//   order: the other warpgroup passes the step's barrier sooner) rather
+//   than before it (untimed).
 // NOTES_sm90_bwd.md.
 struct BwdTile {
   int block_n, block_m, threads, stages;
   bool stats_tma = false, dk_rs_with_dq = false, dk_rs_with_dropout = false;
   bool ws = false;
+  bool dv_after_ds = false;
 };
 
 // The warp-specialized forward (sm90/fwd_ws.cuh): query rows per tile (one
@@ -111,7 +115,8 @@ inline constexpr Sm90Tiles kTiles[] = {
 // Tuning hook (tests/gpu/ab_run.sh variants), as sm80/tile_size.h's: with
 // -DJAX_FLASH_TUNE_SM90_D=<bucket>, each of
 // -DJAX_FLASH_TUNE_SM90_{FWD_BN,FWD_STAGES,FWD_TMA,BWD_BN,BWD_BM,BWD_DK_RS,
-// BWD_DK_RS_DROPOUT,BWD_STATS_TMA,BWD_WS,DQ_BN}=<n> replaces that field of the bucket's row.
+// BWD_DK_RS_DROPOUT,BWD_STATS_TMA,BWD_WS,BWD_DV_AFTER_DS,DQ_BN}=<n> replaces that field of the
+// bucket's row.
 constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #ifdef JAX_FLASH_TUNE_SM90_D
   if (t.head_dim != JAX_FLASH_TUNE_SM90_D) return t;
@@ -141,6 +146,9 @@ constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #endif
 #ifdef JAX_FLASH_TUNE_SM90_BWD_WS
   t.bwd.ws = JAX_FLASH_TUNE_SM90_BWD_WS;
+#endif
+#ifdef JAX_FLASH_TUNE_SM90_BWD_DV_AFTER_DS
+  t.bwd.dv_after_ds = JAX_FLASH_TUNE_SM90_BWD_DV_AFTER_DS;
 #endif
 #ifdef JAX_FLASH_TUNE_SM90_DQ_BN
   t.dq.block_n = JAX_FLASH_TUNE_SM90_DQ_BN;
