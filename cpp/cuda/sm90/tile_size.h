@@ -42,7 +42,8 @@ struct FwdTile {
 //   ones (with which it spills 112-396 B), 0-3% slower at D = 128;
 // - dv_after_ds: the dV GEMM issued after dS^T is in shared memory (FA3's
 //   order: the other warpgroup passes the step's barrier sooner) rather
-//   than before it (untimed).
+//   than before it: on an H200 3-5% faster at D = 64 (fewer registers live
+//   across dS^T's stores), no change at D = 128 (off there).
 // NOTES_sm90_bwd.md.
 struct BwdTile {
   int block_n, block_m, threads, stages;
@@ -103,9 +104,11 @@ struct Sm90Tiles {
 // ptxas -v, sm_90a: see NOTES.md.
 inline constexpr Sm90Tiles kTiles[] = {
     // head_dim, fwd {BM, BN, threads, stages, TMA},
-    // bwd {BN, BM, threads, stages, lse2 / D by TMA, dK RS with dQ, and with dropout},
+    // bwd {BN, BM, threads, stages, lse2 / D by TMA, dK RS with dQ, and with dropout,
+    //      warp-specialized, dV after dS},
     // dq {BM, BN, threads, stages}
-    {64, {128, 128, 256, 2, false}, {128, 128, 256, 2, true, true, true}, {128, 64, 256, 2}},
+    {64, {128, 128, 256, 2, false}, {128, 128, 256, 2, true, true, true, false, true},
+     {128, 64, 256, 2}},
     {96, {128, 128, 256, 2, true}, {128, 64, 256, 2, false, true, true}, {128, 64, 256, 2}},
     {128, {128, 128, 256, 2, false}, {128, 64, 256, 2, false, true, false}, {128, 64, 256, 2}},
     {192, {128, 96, 256, 2, true}, {64, 64, 256, 2}, {128, 64, 256, 2}},
