@@ -165,7 +165,7 @@ BwdParams ChunkParams(const BwdParams& p, const AttentionShape& sub, int64_t b0,
 // Bytes of the tile counter, lse2 and dq_accum for the bucket's kernels.
 // The fast mode takes the larger of its own layout and the deterministic
 // one's: on Hopper it runs the deterministic structure above D = 128 and at
-// D = 128 with dropout (sm90/bwd.cuh, SeparateDq), on Turing mostly
+// D = 128 with a bias (sm90/bwd_routing.h, SeparateDq), on Turing mostly
 // (bwd/run.cuh, TuringSeparateDq), and the size is fixed before the GPU is
 // known.
 template <int kHeadDim>
