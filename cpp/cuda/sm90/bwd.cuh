@@ -149,8 +149,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   IssueTileLoads<T, Traits>(tma_args, KeyBlockSectionScheduler::At(sched, index), step, pos.tid);
   float dk[Traits::kHeadDim / kMmaN][4], dv[Traits::kHeadDim / kMmaN][4];
   for (int parity = 0;; parity ^= 1) {
-    if (pos.tid == 0)
-      slots[parity] = static_cast<int>(gridDim.x) + atomicAdd(tma_args.args.tile_counter, 1);
+    // The forward's counter protocol (sm90/scheduler_persistent.cuh).
+    if (pos.tid == 0) slots[parity] = PersistentScheduler::NextIndex(tma_args.args.tile_counter);
     const KeyBlockScheduler::Tile tile = KeyBlockSectionScheduler::At(sched, index);
     step += BwdMainloop<T, Traits, kSoftcap, kDq, kDropout>(tma_args, tile, pos, dk, dv,
                                                             step);  // steps -> dK, dV (+ dQ)
@@ -278,7 +278,7 @@ cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t str
     const MaskParams& m = args.p.mask;
     if (!m.causal && m.window_left < 0 && m.window_right < 0)
       grid.x = std::min<unsigned>(grid.x, static_cast<unsigned>(SmCount()));
-    err = cudaMemsetAsync(args.tile_counter, 0, sizeof(int), stream);
+    err = PersistentScheduler::ResetCounter(args.tile_counter, stream);
     if (err != cudaSuccess) return err;
   }
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(tma_args);
