@@ -37,45 +37,67 @@ inline size_t DeltaBytes(const AttentionShape& s, size_t acc_bytes) {
                  kWorkspacePartAlignment);
 }
 
-// The float32 dQ accumulator of the fast backward. Each (batch, query head)
-// has its kCols columns as two halves, [half][query][kCols / 2 + 8
-// floats]: a row of a half is padded by 32 bytes. So a block of queries of
-// one half is one contiguous range, which the Hopper kernel adds with a
-// single bulk reduction from a shared staging tile with the same padded rows
-// (whose padding keeps its fragment stores free of bank conflicts).
+// The float32 dQ accumulator of the fast backward, unpadded. Each (batch,
+// query head) has its rows rounded up to whole blocks of 64 and its kCols
+// columns as two halves; a unit is one block's 64 rows of one half, units
+// in [row block][half] order. Within a unit the rows and columns form 8 x 8
+// tiles, each 256 contiguous bytes in row order, the tiles in [column tile]
+// [rows 8-15 of a 16][16-row group] order: the order of a warpgroup's wgmma
+// accumulator fragments (warp w rows 16w..16w+15; a lane's pair of row g,
+// columns 2t, 2t+1, and the same of row g + 8). So the Hopper kernel stages
+// a warpgroup's dQ part in shared memory in this order (a warp's 8-byte
+// stores cover 256 contiguous bytes: no bank conflicts, no padding) and adds
+// it with one bulk reduction per unit (or two adjacent units); the Ampere
+// kernel's atomics and the conversion's 8-column groups are whole 32-byte
+// sectors of a tile row. FlashAttention-3 stages dQ the same way; the rows
+// padded by 8 floats that this replaced added 25% (D = 64) / 12.5% (D = 128)
+// more bytes to every reduction, zeroing and conversion.
 //
 // Above 64 the halves cover the head dim rounded up to whole 64-column
 // blocks: the Hopper kernel's dQ GEMMs read whole blocks of K, so a head dim
-// of 96 has halves of 64 columns, the second one half padding.
+// of 96 has halves of 64 columns, the second one half padding. Columns past
+// head_dim and rows past seqlen_q may hold anything (the Hopper kernel adds
+// whole units); nothing reads them.
 template <int kHeadDim>
 struct DqAccumLayout {
   static constexpr int kCols = kHeadDim > 64 ? (kHeadDim + 63) / 64 * 64 : kHeadDim;
-  static constexpr int kHalf = kCols / 2;            // columns per half
-  static constexpr int kHalfRowFloats = kHalf + 8;   // a half-row and its padding
-  static constexpr int kRowFloats = 2 * kHalfRowFloats;  // floats per query row
-  // Element (query i, column col) of the accumulator of (batch, head) bh.
+  static constexpr int kHalf = kCols / 2;             // columns per half
+  static constexpr int kBlockRows = 64;               // rows per unit
+  static constexpr int kUnitFloats = kBlockRows * kHalf;
+  static_assert(kHalf % 8 == 0, "halves of whole 8-column tiles");
+  // Rows of a (batch, head), rounded up to whole units.
+  __host__ __device__ static int64_t PaddedRows(int64_t seqlen_q) {
+    return (seqlen_q + kBlockRows - 1) / kBlockRows * kBlockRows;
+  }
+  // The first element of unit (row block rb, half) of (batch, head) bh.
+  __host__ __device__ static int64_t Unit(int64_t bh, int64_t seqlen_q, int64_t rb, int half) {
+    return (bh * PaddedRows(seqlen_q) + rb * kBlockRows) * kCols + half * kUnitFloats;
+  }
+  // The position of a row r (0..63) and column c (0..kHalf-1) in a unit.
+  __host__ __device__ static int InUnit(int r, int c) {
+    return (((c >> 3) * 2 + ((r >> 3) & 1)) * 4 + (r >> 4)) * 64 + (r & 7) * 8 + (c & 7);
+  }
+  // Element (query i, column col) of (batch, head) bh; columns 8k..8k+7 of a
+  // row are contiguous.
   __host__ __device__ static int64_t Index(int64_t bh, int64_t seqlen_q, int64_t i, int col) {
     const int half = col >= kHalf;
-    return ((bh * 2 + half) * seqlen_q + i) * kHalfRowFloats + (col - half * kHalf);
-  }
-  // The first element of half `half`'s row i of (batch, head) bh.
-  __host__ __device__ static int64_t HalfRow(int64_t bh, int64_t seqlen_q, int half, int64_t i) {
-    return ((bh * 2 + half) * seqlen_q + i) * kHalfRowFloats;
+    return Unit(bh, seqlen_q, i / kBlockRows, half) +
+           InUnit(static_cast<int>(i % kBlockRows), col - half * kHalf);
   }
 };
 
 // The tensor-core kernels' part: [tile counter: kTileCounterBytes]
-// [lse2: rows floats, padded to 256 bytes] [dq_accum: rows x
-// DqAccumLayout::kRowFloats floats, fast mode only], rows = B * Hq * Sq of
-// the chunk below (MakeBwdArgs, bwd/args.h).
+// [lse2: rows floats, padded to 256 bytes] [dq_accum: B * Hq *
+// DqAccumLayout::PaddedRows(Sq) x kCols floats, fast mode only], rows =
+// B * Hq * Sq of the chunk below (MakeBwdArgs, bwd/args.h).
 inline size_t Lse2Bytes(const AttentionShape& shape) {
   const size_t rows = static_cast<size_t>(shape.batch * shape.num_heads_q * shape.seqlen_q);
   return (rows * sizeof(float) + 255) / 256 * 256;
 }
 
 // The fast (atomic) backward accumulates dQ in float32, 4 bytes per element
-// of q (and 16 floats of padding per row): about a quarter of q, k, v, dout,
-// out and the gradients together. A problem
+// of q (rows rounded up to 64, columns to the halves'): about a quarter of
+// q, k, v, dout, out and the gradients together. A problem
 // whose accumulator would exceed kMaxDqAccumBytes runs as consecutive chunks,
 // runs of whole batch elements or else runs of KV heads (with their query
 // heads) of one batch element, that reuse one accumulator of at most that
@@ -98,8 +120,9 @@ template <int kHeadDim>
 BwdChunk ChunkFor(const AttentionShape& shape) {
   if (shape.batch == 0 || shape.num_heads_kv == 0 || shape.seqlen_q == 0)
     return {shape.batch, shape.num_heads_kv};
-  const size_t per_kv_head = sizeof(float) * DqAccumLayout<kHeadDim>::kRowFloats *
-                             static_cast<size_t>(shape.seqlen_q) *
+  using Layout = DqAccumLayout<kHeadDim>;
+  const size_t per_kv_head = sizeof(float) * Layout::kCols *
+                             static_cast<size_t>(Layout::PaddedRows(shape.seqlen_q)) *
                              static_cast<size_t>(shape.group_size());
   const size_t per_batch = per_kv_head * static_cast<size_t>(shape.num_heads_kv);
   if (per_batch * static_cast<size_t>(shape.batch) <= kMaxDqAccumBytes)
@@ -172,8 +195,10 @@ template <int kHeadDim>
 size_t Lse2AndDqAccumBytes(const AttentionShape& shape, bool deterministic) {
   if (deterministic) return kTileCounterBytes + Lse2Bytes(shape);
   const AttentionShape chunk = ChunkShape(shape, ChunkFor<kHeadDim>(shape), 0, 0);
-  const size_t rows = static_cast<size_t>(chunk.batch * chunk.num_heads_q * chunk.seqlen_q);
-  const size_t fast = Lse2Bytes(chunk) + sizeof(float) * rows * DqAccumLayout<kHeadDim>::kRowFloats;
+  using Layout = DqAccumLayout<kHeadDim>;
+  const size_t rows = static_cast<size_t>(chunk.batch * chunk.num_heads_q *
+                                          Layout::PaddedRows(chunk.seqlen_q));
+  const size_t fast = Lse2Bytes(chunk) + sizeof(float) * rows * Layout::kCols;
   return kTileCounterBytes + (fast > Lse2Bytes(shape) ? fast : Lse2Bytes(shape));
 }
 
