@@ -38,51 +38,51 @@ inline size_t DeltaBytes(const AttentionShape& s, size_t acc_bytes) {
 }
 
 // The float32 dQ accumulator of the fast backward, unpadded. Each (batch,
-// query head) has its rows rounded up to whole blocks of 64 and its kCols
-// columns as two halves; a unit is one block's 64 rows of one half, units
-// in [row block][half] order. Within a unit the rows and columns form 8 x 8
-// tiles, each 256 contiguous bytes in row order, the tiles in [column tile]
-// [rows 8-15 of a 16][16-row group] order: the order of a warpgroup's wgmma
-// accumulator fragments (warp w rows 16w..16w+15; a lane's pair of row g,
-// columns 2t, 2t+1, and the same of row g + 8). So the Hopper kernel stages
-// a warpgroup's dQ part in shared memory in this order (a warp's 8-byte
-// stores cover 256 contiguous bytes: no bank conflicts, no padding) and adds
-// it with one bulk reduction per unit (or two adjacent units); the Ampere
-// kernel's atomics and the conversion's 8-column groups are whole 32-byte
-// sectors of a tile row. FlashAttention-3 stages dQ the same way; the rows
-// padded by 8 floats that this replaced added 25% (D = 64) / 12.5% (D = 128)
-// more bytes to every reduction, zeroing and conversion.
+// query head) has its kCols columns as two halves, [half][row][column] in
+// groups of 16 rows (its rows rounded up to whole groups): within a group
+// the rows and columns form 8 x 8 tiles, each 256 contiguous bytes in row
+// order, the tiles in [column tile][rows 8-15] order. That is the order of
+// a warp's wgmma accumulator fragments (16 rows; a lane's pair at row g,
+// columns 2t, 2t + 1, and the same at row g + 8), so the Hopper kernel
+// stages a warpgroup's dQ part in shared memory in this order (a warp's
+// 8-byte stores cover 256 contiguous bytes: no bank conflicts) and adds the
+// part's rows of a half, one contiguous range, with one bulk reduction; the
+// Ampere kernel's atomics and the conversion's 8-column groups are whole
+// 32-byte sectors of a tile row. FlashAttention-3 stages dQ the same way;
+// the rows padded by 8 floats that this replaced added 25% (D = 64) / 12.5%
+// (D = 128) to every reduction, zeroing and conversion.
 //
 // Above 64 the halves cover the head dim rounded up to whole 64-column
 // blocks: the Hopper kernel's dQ GEMMs read whole blocks of K, so a head dim
 // of 96 has halves of 64 columns, the second one half padding. Columns past
 // head_dim and rows past seqlen_q may hold anything (the Hopper kernel adds
-// whole units); nothing reads them.
+// whole groups); nothing reads them.
 template <int kHeadDim>
 struct DqAccumLayout {
   static constexpr int kCols = kHeadDim > 64 ? (kHeadDim + 63) / 64 * 64 : kHeadDim;
-  static constexpr int kHalf = kCols / 2;             // columns per half
-  static constexpr int kBlockRows = 64;               // rows per unit
-  static constexpr int kUnitFloats = kBlockRows * kHalf;
+  static constexpr int kHalf = kCols / 2;  // columns per half
+  static constexpr int kGroupRows = 16;    // a warp's rows of a wgmma tile
   static_assert(kHalf % 8 == 0, "halves of whole 8-column tiles");
-  // Rows of a (batch, head), rounded up to whole units.
+  // Rows of a (batch, head), rounded up to whole groups.
   __host__ __device__ static int64_t PaddedRows(int64_t seqlen_q) {
-    return (seqlen_q + kBlockRows - 1) / kBlockRows * kBlockRows;
+    return (seqlen_q + kGroupRows - 1) / kGroupRows * kGroupRows;
   }
-  // The first element of unit (row block rb, half) of (batch, head) bh.
-  __host__ __device__ static int64_t Unit(int64_t bh, int64_t seqlen_q, int64_t rb, int half) {
-    return (bh * PaddedRows(seqlen_q) + rb * kBlockRows) * kCols + half * kUnitFloats;
+  // The first element of half `half`'s rows from i0 (a multiple of
+  // kGroupRows) of (batch, head) bh; rows i0.. of a half are contiguous.
+  __host__ __device__ static int64_t HalfRows(int64_t bh, int64_t seqlen_q, int half,
+                                              int64_t i0) {
+    return ((bh * 2 + half) * PaddedRows(seqlen_q) + i0) * kHalf;
   }
-  // The position of a row r (0..63) and column c (0..kHalf-1) in a unit.
-  __host__ __device__ static int InUnit(int r, int c) {
-    return (((c >> 3) * 2 + ((r >> 3) & 1)) * 4 + (r >> 4)) * 64 + (r & 7) * 8 + (c & 7);
+  // The position of row r (0..15) and column c (0..kHalf-1) in a group.
+  __host__ __device__ static int InGroup(int r, int c) {
+    return ((c >> 3) * 2 + (r >> 3)) * 64 + (r & 7) * 8 + (c & 7);
   }
   // Element (query i, column col) of (batch, head) bh; columns 8k..8k+7 of a
   // row are contiguous.
   __host__ __device__ static int64_t Index(int64_t bh, int64_t seqlen_q, int64_t i, int col) {
     const int half = col >= kHalf;
-    return Unit(bh, seqlen_q, i / kBlockRows, half) +
-           InUnit(static_cast<int>(i % kBlockRows), col - half * kHalf);
+    return HalfRows(bh, seqlen_q, half, i / kGroupRows * kGroupRows) +
+           InGroup(static_cast<int>(i % kGroupRows), col - half * kHalf);
   }
 };
 
@@ -96,7 +96,7 @@ inline size_t Lse2Bytes(const AttentionShape& shape) {
 }
 
 // The fast (atomic) backward accumulates dQ in float32, 4 bytes per element
-// of q (rows rounded up to 64, columns to the halves'): about a quarter of
+// of q (rows rounded up to 16, columns to the halves'): about a quarter of
 // q, k, v, dout, out and the gradients together. A problem
 // whose accumulator would exceed kMaxDqAccumBytes runs as consecutive chunks,
 // runs of whole batch elements or else runs of KV heads (with their query

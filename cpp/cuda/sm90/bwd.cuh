@@ -82,8 +82,8 @@ struct BwdSm90Traits {
   static constexpr bool kDqRowSplit = kBlockM == 128;
   static constexpr int kDqCols = kDqRowSplit ? kHeadDim : DqAccumLayout<kHeadDim>::kHalf;
   // One warpgroup's float32 dQ part in shared memory, in the accumulator's
-  // order (DqAccumLayout): the unit of its 64 queries and column half (column
-  // split), or the two units of its 64 queries, half 0 first (row split).
+  // order (DqAccumLayout): 64 rows of its column half (column split), or 64
+  // rows of each half, half 0 first (row split).
   static constexpr int kDqHalfCols = DqAccumLayout<kHeadDim>::kHalf;
   static constexpr int kDqPartBytes = kBlockM * kDqHalfCols * 4;
   // Byte offsets of the tiles and barriers from the 1024-byte-aligned base

@@ -3,9 +3,10 @@
 // leaves through a staging tile in shared memory and bulk reduce-adds of the
 // TMA unit into the float32 accumulator. The staging tile is in the
 // accumulator's order (DqAccumLayout: the fragments' order, in 8 x 8 tiles),
-// so a warpgroup's part is one contiguous range there (one reduction instead
-// of one per row: D=64 +20-25%, D=128 +7% on an H100, when rows were padded
-// instead) and a warp's fragment stores cover 256 contiguous bytes.
+// so a warpgroup's rows of one column half are one contiguous range there
+// (one reduction instead of one per row: D=64 +20-25%, D=128 +7% on an H100,
+// when rows were padded instead) and a warp's fragment stores cover 256
+// contiguous bytes.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -68,43 +69,51 @@ __device__ __forceinline__ void WaitDqStagingRead(int wg_tid) {
 }
 
 // This warpgroup's dQ part of a step, from its fragments to its staging
-// tile dq_part in the accumulator's order: tile (column tile dt, rows 8hr..,
-// warp) of 8 x 8, the lane's pair at row g, columns 2t, 2t + 1. With the row
-// split the second half's column tiles follow the first's, as its unit does.
+// tile dq_part in the accumulator's order (DqAccumLayout): its 64 rows of
+// its column half (the column split), or of each half, half 0 first (the
+// row split, BwdSm90Traits::kDqRowSplit); warp w's rows are group w, the
+// lane's pair of column tile dt at row g (+ 8 hr), columns 2t, 2t + 1.
 template <typename Traits, int kDqTiles>
 __device__ __forceinline__ void StoreDqPart(const float (&dq)[kDqTiles][4], uint32_t dq_part,
                                             int wg_warp, int g, int t) {
-  static_assert(kDqTiles == (Traits::kDqRowSplit ? 2 : 1) * Traits::kDqHalfCols / 8,
+  using Layout = DqAccumLayout<Traits::kHeadDim>;
+  constexpr int kHalfTiles = Traits::kDqHalfCols / 8;
+  constexpr uint32_t kGroupBytes = Layout::kGroupRows * Traits::kDqHalfCols * 4;
+  static_assert(kDqTiles == (Traits::kDqRowSplit ? 2 : 1) * kHalfTiles,
                 "the columns of the warpgroup's part");
+  const uint32_t group = dq_part + wg_warp * kGroupBytes + g * 32 + t * 8;
 #pragma unroll
   for (int dt = 0; dt < kDqTiles; ++dt)
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      const uint32_t at = dq_part + ((dt * 2 + hr) * 4 + wg_warp) * 256 + g * 32 + t * 8;
+      const uint32_t at = group + (dt / kHalfTiles) * 4 * kGroupBytes +
+                          ((dt % kHalfTiles) * 2 + hr) * 256;
       asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(dq[dt][2 * hr]),
                    "f"(dq[dt][2 * hr + 1]));
     }
 }
 
-// The bulk reduction of warpgroup w's staged part of the step at query m0
+// The bulk reductions of warpgroup w's staged part of the step at query m0
 // of (batch, head) bh into dq_accum, by one thread, committed as one bulk
-// group: its unit (column split) or its two adjacent units (row split), whole
-// (rows past seqlen_q go to the accumulator's padding rows); none where the
-// row split's second warpgroup is past seqlen_q (a last step of 64 or fewer
-// queries).
+// group: one contiguous range of the accumulator per column half, the
+// part's groups of 16 rows that hold rows below seqlen_q (none: the row
+// split's second warpgroup in a last step of 64 or fewer queries).
 template <typename Traits>
 __device__ __forceinline__ void IssueDqReduce(uint32_t dq_part, float* dq_accum, int64_t bh,
                                               int64_t seqlen_q, int64_t m0, int warpgroup) {
   using Layout = DqAccumLayout<Traits::kHeadDim>;
-  static_assert(Layout::kBlockRows == 64, "a warpgroup's 64 queries are one row block");
+  constexpr int kRowBytes = Traits::kDqHalfCols * 4;
+  const int64_t m = Traits::kDqRowSplit ? m0 + 64 * warpgroup : m0;
+  if (m >= seqlen_q) return;
+  const int64_t left = Layout::PaddedRows(seqlen_q) - m;
+  const int bytes = static_cast<int>(left < 64 ? left : 64) * kRowBytes;
   if constexpr (Traits::kDqRowSplit) {
-    const int64_t m = m0 + 64 * warpgroup;
-    if (m >= seqlen_q) return;
-    BulkReduceAddF32(dq_accum + Layout::Unit(bh, seqlen_q, m / 64, 0), dq_part,
-                     Traits::kDqPartBytes);
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      BulkReduceAddF32(dq_accum + Layout::HalfRows(bh, seqlen_q, half, m),
+                       dq_part + half * 64 * kRowBytes, bytes);
   } else {
-    BulkReduceAddF32(dq_accum + Layout::Unit(bh, seqlen_q, m0 / 64, warpgroup), dq_part,
-                     Traits::kDqPartBytes);
+    BulkReduceAddF32(dq_accum + Layout::HalfRows(bh, seqlen_q, warpgroup, m), dq_part, bytes);
   }
   BulkCommit();
 }
