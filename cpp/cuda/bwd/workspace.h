@@ -38,11 +38,12 @@ inline size_t DeltaBytes(const AttentionShape& s, size_t acc_bytes) {
                  kWorkspacePartAlignment);
 }
 
-// The float32 dQ accumulator of the fast backward, unpadded. Each (batch,
-// query head) has its kCols columns as two halves, [half][row][column] in
-// groups of 16 rows (its rows rounded up to whole groups): within a group
-// the rows and columns form 8 x 8 tiles, each 256 contiguous bytes in row
-// order, the tiles in [column tile][rows 8-15] order. That is the order of
+// The float32 dQ accumulator of the fast backward, without per-row padding.
+// Each (batch, query head) has its kCols columns as two halves,
+// [half][row][column] in groups of 16 rows (its rows rounded up to whole
+// groups): within a group the rows and columns form 8 x 8 tiles, each 256
+// contiguous bytes in row order, the tiles in [column tile][rows 0-7, then
+// rows 8-15] order. That is the order of
 // a warp's wgmma accumulator fragments (16 rows; a lane's pair at row g,
 // columns 2t, 2t + 1, and the same at row g + 8), so the Hopper kernel
 // stages a warpgroup's dQ part in shared memory in this order (a warp's
@@ -77,6 +78,18 @@ struct DqAccumLayout {
   // The position of row r (0..15) and column c (0..kHalf-1) in a group.
   __host__ __device__ static int InGroup(int r, int c) {
     return ((c >> 3) * 2 + (r >> 3)) * 64 + (r & 7) * 8 + (c & 7);
+  }
+  // Where the Hopper kernel stages a warpgroup's accumulator fragment in a
+  // part of 64 rows that starts at a group (sm90/epilogue_bwd.cuh): warp w's
+  // rows 16w.., the lane's pair at row g + 8 hr (g < 8), columns 8 tile + 2t
+  // (t < 4) and the next; `tile` counts the column tiles of both halves where
+  // the part has both (the row split), the second half's 64 rows after the
+  // first's. InGroup's order, so HalfRows(bh, sq, half, m) + the offset
+  // within the half is Index(bh, sq, m + row, col) (tc_kernel_check checks).
+  __host__ __device__ static int PartOffset(int warp, int g, int t, int tile, int hr) {
+    constexpr int kHalfTiles = kHalf / 8;
+    return (tile / kHalfTiles) * 64 * kHalf + warp * kGroupRows * kHalf +
+           ((tile % kHalfTiles) * 2 + hr) * 64 + g * 8 + 2 * t;
   }
   // Element (query i, column col) of (batch, head) bh; columns 8k..8k+7 of a
   // row are contiguous.

@@ -77,17 +77,13 @@ template <typename Traits, int kDqTiles>
 __device__ __forceinline__ void StoreDqPart(const float (&dq)[kDqTiles][4], uint32_t dq_part,
                                             int wg_warp, int g, int t) {
   using Layout = DqAccumLayout<Traits::kHeadDim>;
-  constexpr int kHalfTiles = Traits::kDqHalfCols / 8;
-  constexpr uint32_t kGroupBytes = Layout::kGroupRows * Traits::kDqHalfCols * 4;
-  static_assert(kDqTiles == (Traits::kDqRowSplit ? 2 : 1) * kHalfTiles,
+  static_assert(kDqTiles == (Traits::kDqRowSplit ? 2 : 1) * Traits::kDqHalfCols / 8,
                 "the columns of the warpgroup's part");
-  const uint32_t group = dq_part + wg_warp * kGroupBytes + g * 32 + t * 8;
 #pragma unroll
   for (int dt = 0; dt < kDqTiles; ++dt)
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      const uint32_t at = group + (dt / kHalfTiles) * 4 * kGroupBytes +
-                          ((dt % kHalfTiles) * 2 + hr) * 256;
+      const uint32_t at = dq_part + 4 * Layout::PartOffset(wg_warp, g, t, dt, hr);
       asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(dq[dt][2 * hr]),
                    "f"(dq[dt][2 * hr + 1]));
     }
