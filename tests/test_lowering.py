@@ -79,14 +79,18 @@ def test_cuda_backward_returns_its_workspace(dtype, deterministic):
   assert len(results) == 5, results
   nbytes = _ffi.cuda_bwd_workspace_bytes(q.shape, k.shape, dtype, deterministic)
   assert results[-1] == f"tensor<{nbytes}xui8>"
-  rows = q.shape[0] * q.shape[1] * q.shape[2]
+  batch, seqlen_q, heads_q, head_dim = q.shape
+  rows = batch * seqlen_q * heads_q
   # delta (float32 per row) always; the tensor-core kernels (bf16) add their
   # log2-scaled lse per row and, unless deterministic, a float32 dQ accumulator
-  # (the head-dim bucket's columns and 16 floats of padding per row).
+  # (bwd/workspace.h: the head-dim bucket's columns, 64-column blocks above 64,
+  # of each query row rounded up to 16 rows per head).
   minimum = 4 * rows
   if dtype == jnp.bfloat16:
-    accum_row = _supported.head_dim_bucket(q.shape[3]) + 16
-    minimum += 4 * rows + (0 if deterministic else 4 * rows * accum_row)
+    bucket = _supported.head_dim_bucket(head_dim)
+    cols = -(-bucket // 64) * 64 if bucket > 64 else bucket
+    accum_rows = batch * heads_q * -(-seqlen_q // 16) * 16
+    minimum += 4 * rows + (0 if deterministic else 4 * accum_rows * cols)
   assert minimum <= nbytes < minimum + 1024
 
 

@@ -13,7 +13,7 @@
 // include/jax_flash/dropout.h on the host, so the kernels must drop exactly
 // the elements the CPU drops.
 //
-// Build: tests/gpu/build.sh. Usage: tc_kernel_check [check|small|features|bench|bench_fp16|
+// Build: tests/gpu/build.sh. Usage: tc_kernel_check [check|small|features|layout|bench|bench_fp16|
 // bench_cap|bench_d|bench_fwd|bench1 D S causal [rate]|bench1_fwd D S causal [rate]|
 // bench1_pad D S causal [rate]|bench1_fwd_pad D S causal [rate]|bench1_lens D S causal [rate]|
 // bench1_fwd_lens D S causal [rate]|prof D S causal]
@@ -36,6 +36,7 @@
 
 #include "check_util.h"
 #include "cuda/dispatch.h"
+#include "dq_layout_check.h"
 #include "cuda/launch.h"
 #include "tc_bench.h"
 #include "tc_cases.h"
@@ -446,6 +447,10 @@ int main(int argc, char** argv) {
     return ok ? 0 : 1;
   }
   if (RunBenchMode(mode, argc, argv)) return 0;
+  // The dQ accumulator's layout, on the host (dq_layout_check.h): before any
+  // case, whose backward would fail anyway but less legibly.
+  const bool layout_ok = check::DqAccumLayoutOk();
+  if (mode == "layout") return layout_ok ? 0 : 1;
   std::vector<Case> cases;
   if (mode == "features") AddFeatureCases(&cases);  // the score terms alone (also part of check)
   else AddCheckCases(&cases);
@@ -456,7 +461,7 @@ int main(int argc, char** argv) {
   // when a variant changed only its kernels), with their seeds of the whole run.
   const char* filter = std::getenv("CASES");
   const std::regex re(filter ? filter : "");
-  int fails = 0;
+  int fails = !layout_ok;
   size_t ran = 0;
   for (size_t i = first; i < end; ++i) {
     if (filter && !std::regex_search(cases[i].name(), re)) continue;

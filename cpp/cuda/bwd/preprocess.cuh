@@ -26,9 +26,9 @@ __device__ __forceinline__ float Lse2(float lse) {
 // D = 64 a warp per row had 8 of its lanes loading: too few loads in flight
 // to read at the memory's rate); also lse in log2 units, once per row
 // instead of once per (row, key block) in the kernels; and with
-// zero_dq_accum (the fast mode) the row's float32 dQ accumulator zeroed (two
-// half-rows, DqAccumLayout): the memset that did it was a launch and a pass
-// over memory of its own. Grid (query blocks, q heads, batch): no index
+// zero_dq_accum (the fast mode) the row's float32 dQ accumulator zeroed
+// (DqAccumLayout): the memset that did it was a launch and a pass over
+// memory of its own. Grid (query blocks, q heads, batch): no index
 // divisions.
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kRowVectorThreads)
@@ -66,14 +66,12 @@ __global__ void __launch_bounds__(kRowVectorThreads)
     args.lse2[r] = Lse2(static_cast<const float*>(p.lse)[r]);
   }
   if (zero_dq_accum) {
-    using Layout = DqAccumLayout<kHeadDim>;
-    static_assert(Layout::kHalfRowFloats % 4 == 0, "half-rows of whole float4s");
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float4* row =
-          reinterpret_cast<float4*>(args.dq_accum + Layout::HalfRow(bh, seqlen_q, half, i));
-      for (int v = lane; v < Layout::kHalfRowFloats / 4; v += kLanes)
-        row[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+    // The row's columns below head_dim, 8 contiguous floats (a 32-byte
+    // sector) per group; nothing reads the others.
+    for (int c = lane * 8; c < p.shape.head_dim; c += kLanes * 8) {
+      float4* group = reinterpret_cast<float4*>(
+          args.dq_accum + DqAccumLayout<kHeadDim>::Index(bh, seqlen_q, i, c));
+      group[0] = group[1] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
 }

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "jax_flash/math.h"
 #include "jax_flash/params.h"
 
 namespace jax_flash::cuda {
@@ -37,56 +38,94 @@ inline size_t DeltaBytes(const AttentionShape& s, size_t acc_bytes) {
                  kWorkspacePartAlignment);
 }
 
-// The float32 dQ accumulator of the fast backward. Each (batch, query head)
-// has its kCols columns as two halves, [half][query][kCols / 2 + 8
-// floats]: a row of a half is padded by 32 bytes. So a block of queries of
-// one half is one contiguous range, which the Hopper kernel adds with a
-// single bulk reduction from a shared staging tile with the same padded rows
-// (whose padding keeps its fragment stores free of bank conflicts).
+// The float32 dQ accumulator of the fast backward, without per-row padding.
+// Each (batch, query head) has its kCols columns as two halves,
+// [half][row][column] in groups of 16 rows (its rows rounded up to whole
+// groups): within a group the rows and columns form 8 x 8 tiles, each 256
+// contiguous bytes in row order, the tiles in [column tile][rows 0-7, then
+// rows 8-15] order. That is the order of
+// a warp's wgmma accumulator fragments (16 rows; a lane's pair at row g,
+// columns 2t, 2t + 1, and the same at row g + 8), so the Hopper kernel
+// stages a warpgroup's dQ part in shared memory in this order (a warp's
+// 8-byte stores cover 256 contiguous bytes: no bank conflicts) and adds the
+// part's rows of a half, one contiguous range, with one bulk reduction; the
+// Ampere kernel's atomics and the conversion's 8-column groups are whole
+// 32-byte sectors of a tile row. FlashAttention-3 stages dQ the same way;
+// the rows padded by 8 floats that this replaced added 25% (D = 64) / 12.5%
+// (D = 128) to every reduction, zeroing and conversion.
 //
 // Above 64 the halves cover the head dim rounded up to whole 64-column
 // blocks: the Hopper kernel's dQ GEMMs read whole blocks of K, so a head dim
-// of 96 has halves of 64 columns, the second one half padding.
+// of 96 has halves of 64 columns, the second one half padding. Columns past
+// head_dim and rows past seqlen_q may hold anything (the Hopper kernel adds
+// whole groups); nothing reads them.
 template <int kHeadDim>
 struct DqAccumLayout {
   static constexpr int kCols = kHeadDim > 64 ? (kHeadDim + 63) / 64 * 64 : kHeadDim;
-  static constexpr int kHalf = kCols / 2;            // columns per half
-  static constexpr int kHalfRowFloats = kHalf + 8;   // a half-row and its padding
-  static constexpr int kRowFloats = 2 * kHalfRowFloats;  // floats per query row
-  // Element (query i, column col) of the accumulator of (batch, head) bh.
+  static constexpr int kHalf = kCols / 2;  // columns per half
+  static constexpr int kGroupRows = 16;    // a warp's rows of a wgmma tile
+  static_assert(kHalf % 8 == 0, "halves of whole 8-column tiles");
+  // Rows of a (batch, head), rounded up to whole groups.
+  __host__ __device__ static int64_t PaddedRows(int64_t seqlen_q) {
+    return (seqlen_q + kGroupRows - 1) / kGroupRows * kGroupRows;
+  }
+  // The first element of half `half`'s rows from i0 (a multiple of
+  // kGroupRows) of (batch, head) bh; rows i0.. of a half are contiguous.
+  __host__ __device__ static int64_t HalfRows(int64_t bh, int64_t seqlen_q, int half,
+                                              int64_t i0) {
+    return ((bh * 2 + half) * PaddedRows(seqlen_q) + i0) * kHalf;
+  }
+  // The position of row r (0..15) and column c (0..kHalf-1) in a group.
+  __host__ __device__ static int InGroup(int r, int c) {
+    return ((c >> 3) * 2 + (r >> 3)) * 64 + (r & 7) * 8 + (c & 7);
+  }
+  // Where the Hopper kernel stages a warpgroup's accumulator fragment in a
+  // part of 64 rows that starts at a group (sm90/epilogue_bwd.cuh): warp w's
+  // rows 16w.., the lane's pair at row g + 8 hr (g < 8), columns 8 tile + 2t
+  // (t < 4) and the next; `tile` counts the column tiles of both halves where
+  // the part has both (the row split), the second half's 64 rows after the
+  // first's. InGroup's order, so HalfRows(bh, sq, half, m) + the offset
+  // within the half is Index(bh, sq, m + row, col) (tc_kernel_check checks).
+  __host__ __device__ static int PartOffset(int warp, int g, int t, int tile, int hr) {
+    constexpr int kHalfTiles = kHalf / 8;
+    return (tile / kHalfTiles) * 64 * kHalf + warp * kGroupRows * kHalf +
+           ((tile % kHalfTiles) * 2 + hr) * 64 + g * 8 + 2 * t;
+  }
+  // Element (query i, column col) of (batch, head) bh; columns 8k..8k+7 of a
+  // row are contiguous.
   __host__ __device__ static int64_t Index(int64_t bh, int64_t seqlen_q, int64_t i, int col) {
     const int half = col >= kHalf;
-    return ((bh * 2 + half) * seqlen_q + i) * kHalfRowFloats + (col - half * kHalf);
-  }
-  // The first element of half `half`'s row i of (batch, head) bh.
-  __host__ __device__ static int64_t HalfRow(int64_t bh, int64_t seqlen_q, int half, int64_t i) {
-    return ((bh * 2 + half) * seqlen_q + i) * kHalfRowFloats;
+    return HalfRows(bh, seqlen_q, half, i / kGroupRows * kGroupRows) +
+           InGroup(static_cast<int>(i % kGroupRows), col - half * kHalf);
   }
 };
 
 // The tensor-core kernels' part: [tile counter: kTileCounterBytes]
-// [lse2: rows floats, padded to 256 bytes] [dq_accum: rows x
-// DqAccumLayout::kRowFloats floats, fast mode only], rows = B * Hq * Sq of
-// the chunk below (MakeBwdArgs, bwd/args.h).
+// [lse2: rows floats, padded to 256 bytes] [dq_accum: B * Hq *
+// DqAccumLayout::PaddedRows(Sq) x kCols floats, fast mode only], rows =
+// B * Hq * Sq of the chunk below (MakeBwdArgs, bwd/args.h).
 inline size_t Lse2Bytes(const AttentionShape& shape) {
   const size_t rows = static_cast<size_t>(shape.batch * shape.num_heads_q * shape.seqlen_q);
   return (rows * sizeof(float) + 255) / 256 * 256;
 }
 
 // The fast (atomic) backward accumulates dQ in float32, 4 bytes per element
-// of q (and 16 floats of padding per row): about a quarter of q, k, v, dout,
-// out and the gradients together. A problem
+// of q (rows rounded up to 16, columns to the halves'): about a quarter of
+// q, k, v, dout, out and the gradients together. A problem
 // whose accumulator would exceed kMaxDqAccumBytes runs as consecutive chunks,
 // runs of whole batch elements or else runs of KV heads (with their query
 // heads) of one batch element, that reuse one accumulator of at most that
-// size. Peak memory then stays near the inputs + outputs + gradients at long
-// sequences, and every chunk is still large enough to fill the GPU.
+// size, the chunks as equal as whole batch elements or heads allow. Peak
+// memory then stays near the inputs + outputs + gradients at long sequences
+// (at most 1/8 more at S = 32k, D = 128, H = 16), and every chunk is still
+// large enough to fill the GPU; one chunk, as the bench's 1k shapes were in
+// a trial, saves a few percent of tail but holds about 0.3x of them.
 // tests/gpu/run.sh also builds the kernel check with a tiny limit so that its
 // small cases run chunked too.
 #ifdef JAX_FLASH_MAX_DQ_ACCUM_BYTES
 inline constexpr size_t kMaxDqAccumBytes = JAX_FLASH_MAX_DQ_ACCUM_BYTES;
 #else
-inline constexpr size_t kMaxDqAccumBytes = size_t{64} << 20;
+inline constexpr size_t kMaxDqAccumBytes = size_t{128} << 20;
 #endif
 
 struct BwdChunk {
@@ -98,16 +137,21 @@ template <int kHeadDim>
 BwdChunk ChunkFor(const AttentionShape& shape) {
   if (shape.batch == 0 || shape.num_heads_kv == 0 || shape.seqlen_q == 0)
     return {shape.batch, shape.num_heads_kv};
-  const size_t per_kv_head = sizeof(float) * DqAccumLayout<kHeadDim>::kRowFloats *
-                             static_cast<size_t>(shape.seqlen_q) *
+  using Layout = DqAccumLayout<kHeadDim>;
+  const size_t per_kv_head = sizeof(float) * Layout::kCols *
+                             static_cast<size_t>(Layout::PaddedRows(shape.seqlen_q)) *
                              static_cast<size_t>(shape.group_size());
   const size_t per_batch = per_kv_head * static_cast<size_t>(shape.num_heads_kv);
   if (per_batch * static_cast<size_t>(shape.batch) <= kMaxDqAccumBytes)
     return {shape.batch, shape.num_heads_kv};
+  // As few chunks as the limit allows, of equal size: a last chunk of a
+  // few heads would be a short wave of its own.
+  auto even = [](int64_t n, int64_t most) { return CeilDiv(n, CeilDiv(n, most)); };
   if (per_batch <= kMaxDqAccumBytes)
-    return {static_cast<int64_t>(kMaxDqAccumBytes / per_batch), shape.num_heads_kv};
+    return {even(shape.batch, static_cast<int64_t>(kMaxDqAccumBytes / per_batch)),
+            shape.num_heads_kv};
   const int64_t heads = static_cast<int64_t>(kMaxDqAccumBytes / per_kv_head);
-  return {1, heads > 0 ? heads : 1};
+  return {1, even(shape.num_heads_kv, heads > 0 ? heads : 1)};
 }
 
 // The shape of chunk (b0, hk0) of `chunk`, clipped at the problem's edges.
@@ -172,8 +216,10 @@ template <int kHeadDim>
 size_t Lse2AndDqAccumBytes(const AttentionShape& shape, bool deterministic) {
   if (deterministic) return kTileCounterBytes + Lse2Bytes(shape);
   const AttentionShape chunk = ChunkShape(shape, ChunkFor<kHeadDim>(shape), 0, 0);
-  const size_t rows = static_cast<size_t>(chunk.batch * chunk.num_heads_q * chunk.seqlen_q);
-  const size_t fast = Lse2Bytes(chunk) + sizeof(float) * rows * DqAccumLayout<kHeadDim>::kRowFloats;
+  using Layout = DqAccumLayout<kHeadDim>;
+  const size_t rows = static_cast<size_t>(chunk.batch * chunk.num_heads_q *
+                                          Layout::PaddedRows(chunk.seqlen_q));
+  const size_t fast = Lse2Bytes(chunk) + sizeof(float) * rows * Layout::kCols;
   return kTileCounterBytes + (fast > Lse2Bytes(shape) ? fast : Lse2Bytes(shape));
 }
 

@@ -81,13 +81,11 @@ struct BwdSm90Traits {
   // CTA's 128 keys.
   static constexpr bool kDqRowSplit = kBlockM == 128;
   static constexpr int kDqCols = kDqRowSplit ? kHeadDim : DqAccumLayout<kHeadDim>::kHalf;
-  // One warpgroup's float32 dQ part in shared memory, as half-rows padded as
-  // the accumulator's (DqAccumLayout): kBlockM half-rows of its column half
-  // (column split), or 64 rows of each half, half 0 first (row split). A
-  // half-warp's fragment stores then hit 32 different banks.
+  // One warpgroup's float32 dQ part in shared memory, in the accumulator's
+  // order (DqAccumLayout): 64 rows of its column half (column split), or 64
+  // rows of each half, half 0 first (row split).
   static constexpr int kDqHalfCols = DqAccumLayout<kHeadDim>::kHalf;
-  static constexpr int kDqRowBytes = DqAccumLayout<kHeadDim>::kHalfRowFloats * 4;
-  static constexpr int kDqPartBytes = kBlockM * kDqRowBytes;
+  static constexpr int kDqPartBytes = kBlockM * kDqHalfCols * 4;
   // Byte offsets of the tiles and barriers from the 1024-byte-aligned base
   // (BwdSmem): K, V; Q and dO per stage; dS^T per buffer; each warpgroup's dQ
   // staging; lse2 and D per stage; the full mbarriers, and in the

@@ -1,11 +1,12 @@
 // The Hopper backward's dQ epilogue, once per step: each warpgroup's part of
 // dQ (summed over the CTA's 128 keys; which part: BwdSm90Traits::kDqRowSplit)
 // leaves through a staging tile in shared memory and bulk reduce-adds of the
-// TMA unit into the float32 accumulator. The staging rows are padded as the
-// accumulator's (DqAccumLayout), so a warpgroup's rows of one column half
-// are one contiguous range there (one reduction instead of one per row:
-// D=64 +20-25%, D=128 +7% on an H100) and a half-warp's fragment stores hit
-// 32 different banks.
+// TMA unit into the float32 accumulator. The staging tile is in the
+// accumulator's order (DqAccumLayout: the fragments' order, in 8 x 8 tiles),
+// so a warpgroup's rows of one column half are one contiguous range there
+// (one reduction instead of one per row: D=64 +20-25%, D=128 +7% on an H100,
+// when rows were padded instead) and a warp's fragment stores cover 256
+// contiguous bytes.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -61,17 +62,6 @@ struct DqHandoff {
   __device__ __forceinline__ static void Empty(int w) { NamedBarrierArrive(kEmpty + w, kThreads); }
 };
 
-// Once, before the first step: the staging rows' padding is added to the
-// accumulator's, so it must be zero. sDq: both warpgroups' staging tiles.
-template <typename Traits>
-__device__ __forceinline__ void ZeroDqStagingPadding(uint32_t sDq, int tid) {
-  for (int r = tid; r < 2 * Traits::kBlockM; r += Traits::kThreads) {
-    const uint32_t pad = sDq + r * Traits::kDqRowBytes + Traits::kDqHalfCols * 4;
-    asm volatile("st.shared.v4.f32 [%0], {%1, %1, %1, %1};\n"
-                 "st.shared.v4.f32 [%0+16], {%1, %1, %1, %1};\n" ::"r"(pad), "f"(0.f));
-  }
-}
-
 // Before the step's dQ: the staging tile is free again once the bulk reduce
 // of the previous step (issued long ago) has read it.
 __device__ __forceinline__ void WaitDqStagingRead(int wg_tid) {
@@ -79,50 +69,47 @@ __device__ __forceinline__ void WaitDqStagingRead(int wg_tid) {
 }
 
 // This warpgroup's dQ part of a step, from its fragments to its staging
-// tile dq_part: kBlockM half-rows of its column half (the column split), or
-// [half][64 rows] of its 64 queries (the row split, BwdSm90Traits::kDqRowSplit).
+// tile dq_part in the accumulator's order (DqAccumLayout): its 64 rows of
+// its column half (the column split), or of each half, half 0 first (the
+// row split, BwdSm90Traits::kDqRowSplit); warp w's rows are group w, the
+// lane's pair of column tile dt at row g (+ 8 hr), columns 2t, 2t + 1.
 template <typename Traits, int kDqTiles>
 __device__ __forceinline__ void StoreDqPart(const float (&dq)[kDqTiles][4], uint32_t dq_part,
                                             int wg_warp, int g, int t) {
-  constexpr int kHalfTiles = Traits::kDqHalfCols / 8;
-  constexpr uint32_t kHalfBytes = 64 * Traits::kDqRowBytes;
-  static_assert(kDqTiles == (Traits::kDqRowSplit ? 2 : 1) * kHalfTiles,
+  using Layout = DqAccumLayout<Traits::kHeadDim>;
+  static_assert(kDqTiles == (Traits::kDqRowSplit ? 2 : 1) * Traits::kDqHalfCols / 8,
                 "the columns of the warpgroup's part");
 #pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const uint32_t row = dq_part + (wg_warp * 16 + g + hr * 8) * Traits::kDqRowBytes;
+  for (int dt = 0; dt < kDqTiles; ++dt)
 #pragma unroll
-    for (int dt = 0; dt < kDqTiles; ++dt) {
-      const uint32_t at =
-          row + (dt / kHalfTiles) * kHalfBytes + ((dt % kHalfTiles) * 8 + 2 * t) * 4;
+    for (int hr = 0; hr < 2; ++hr) {
+      const uint32_t at = dq_part + 4 * Layout::PartOffset(wg_warp, g, t, dt, hr);
       asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(dq[dt][2 * hr]),
                    "f"(dq[dt][2 * hr + 1]));
     }
-  }
 }
 
 // The bulk reductions of warpgroup w's staged part of the step at query m0
 // of (batch, head) bh into dq_accum, by one thread, committed as one bulk
-// group: one contiguous range of the accumulator (DqAccumLayout) per column
-// half, the rows below seqlen_q (none past it: the row split's second
-// warpgroup in a last step of 64 or fewer queries).
+// group: one contiguous range of the accumulator per column half, the
+// part's groups of 16 rows that hold rows below seqlen_q (none: the row
+// split's second warpgroup in a last step of 64 or fewer queries).
 template <typename Traits>
 __device__ __forceinline__ void IssueDqReduce(uint32_t dq_part, float* dq_accum, int64_t bh,
                                               int64_t seqlen_q, int64_t m0, int warpgroup) {
   using Layout = DqAccumLayout<Traits::kHeadDim>;
+  constexpr int kRowBytes = Traits::kDqHalfCols * 4;
+  const int64_t m = Traits::kDqRowSplit ? m0 + 64 * warpgroup : m0;
+  if (m >= seqlen_q) return;
+  const int64_t left = Layout::PaddedRows(seqlen_q) - m;
+  const int bytes = static_cast<int>(left < 64 ? left : 64) * kRowBytes;
   if constexpr (Traits::kDqRowSplit) {
-    const int64_t m = m0 + 64 * warpgroup;
-    if (m >= seqlen_q) return;
-    const int rows = static_cast<int>(seqlen_q - m < 64 ? seqlen_q - m : 64);
 #pragma unroll
     for (int half = 0; half < 2; ++half)
-      BulkReduceAddF32(dq_accum + Layout::HalfRow(bh, seqlen_q, half, m),
-                       dq_part + half * 64 * Traits::kDqRowBytes, rows * Traits::kDqRowBytes);
+      BulkReduceAddF32(dq_accum + Layout::HalfRows(bh, seqlen_q, half, m),
+                       dq_part + half * 64 * kRowBytes, bytes);
   } else {
-    const int rows =
-        static_cast<int>(seqlen_q - m0 < Traits::kBlockM ? seqlen_q - m0 : Traits::kBlockM);
-    BulkReduceAddF32(dq_accum + Layout::HalfRow(bh, seqlen_q, warpgroup, m0), dq_part,
-                     rows * Traits::kDqRowBytes);
+    BulkReduceAddF32(dq_accum + Layout::HalfRows(bh, seqlen_q, warpgroup, m), dq_part, bytes);
   }
   BulkCommit();
 }

@@ -338,9 +338,6 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
   const uint64_t desc_ds = sm90::SmemDescriptor(sdS, kBlockN * kRow, sm90::kAtomBytes);
   const uint64_t desc_dst = sm90::SmemDescriptor(sdS + warpgroup * 64 * kRow, 0, sm90::kAtomBytes);
   const uint64_t desc_kt = sm90::SmemDescriptor(dq_k_cols, kBlockN * kRow, sm90::kAtomBytes);
-  // Once per CTA: a later tile's could overwrite padding that a bulk
-  // reduction of the last one still reads (the same zeros, but a race).
-  if (kDq && step_base == 0) ZeroDqStagingPadding<Traits>(sDq, tid);
   const float scale_log2 = args.scale_log2;
 
   // Dropout's keep bits of this warp's 16 keys x the kBlockM queries of step
