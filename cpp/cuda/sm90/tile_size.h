@@ -36,7 +36,7 @@ struct FwdTile {
 //   spills away; before, 244 B of spill and 1.3-1.45x the time);
 //   dk_rs_with_dropout the same with dropout, whose keep bits take registers
 //   too (at D = 128 once 176 B of spill and 1.23-1.34x the time of SS; with
-//   the unpadded dQ accumulator 4 B and 2-6% faster than SS, H200);
+//   the unpadded dQ accumulator 4 B and 3-5% faster than SS, H200);
 // - ws: the warp-specialized kernel (sm90/bwd_ws.cuh: a producer warp for
 //   the loads, a dQ warp for the reductions) instead of BwdKernel; on an
 //   H200 3-7% faster than 64-query steps at D = 64 but slower than 128-query
