@@ -36,8 +36,8 @@
 
 #include "check_util.h"
 #include "cuda/dispatch.h"
-#include "dq_layout_check.h"
 #include "cuda/launch.h"
+#include "dq_layout_check.h"
 #include "tc_bench.h"
 #include "tc_cases.h"
 
