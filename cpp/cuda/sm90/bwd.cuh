@@ -129,6 +129,8 @@ struct BwdSm90Traits {
                     (2 * kKvBytes + 2 * kStages * kQBytes + kDsBuffers * kDsBytes +
                      2 * kDqPartBytes + kStages * kStatBytes) % 128 == 0,
                 "lse2 and D stages 128-byte aligned where TMA loads them");
+  static_assert(!kTile.stats_tma || kStatBytes % 128 == 0,
+                "every lse2 / D stage 128-byte aligned where TMA loads them (not 80 rows)");
   static_assert(kSmemBytes <= 227 * 1024 && kWsSmemBytes <= 227 * 1024,
                 "shared memory of one CTA");
 };
