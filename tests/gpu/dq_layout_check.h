@@ -4,7 +4,10 @@
 // groups contiguous (the conversion's and the zeroing's float4 pairs, the
 // Ampere kernel's float2 atomics), and every fragment the Hopper kernel
 // stages at PartOffset reaches its own element through IssueDqReduce's
-// ranges (sm90/epilogue_bwd.cuh), with the column split and the row split.
+// ranges (sm90/epilogue_bwd.cuh), with the column split and the row split,
+// and at D = 128 the transposed staging of 80-query steps too (every lane's
+// element at TransposedLanePart + TransposedTilePart, each store of
+// StoreDqPartTransposed in 32 different banks).
 #pragma once
 
 #include <algorithm>
@@ -16,6 +19,45 @@
 #include "jax_flash/supported.h"
 
 namespace check {
+
+// The 80-query steps' parts (column split: warpgroup w's half), staged from
+// transposed fragments: lane (warp, g, t) holds column 16 warp + 8 hc + g,
+// rows 8 nt + 2t + o of its part; lanes t >= 2 store o = 1 first.
+template <int kHeadDim>
+int TransposedStagingErrors(int64_t sq) {
+  using L = jax_flash::cuda::DqAccumLayout<kHeadDim>;
+  constexpr int kRows = 80;
+  int bad = 0;
+  for (int64_t m = 0; m < sq; m += kRows)
+    for (int w = 0; w < 2; ++w) {
+      const int64_t rows = std::min<int64_t>(kRows, L::PaddedRows(sq) - m);
+      std::vector<int> seen(kRows * L::kHalf, 0);
+      for (int nt = 0; nt < kRows / 8; ++nt)
+        for (int hc = 0; hc < 2; ++hc)
+          for (int store = 0; store < 2; ++store) {
+            std::vector<int> banks(32, 0);
+            for (int warp = 0; warp < 4; ++warp)
+              for (int g = 0; g < 8; ++g)
+                for (int t = 0; t < 4; ++t) {
+                  const int o = (t >= 2) ^ store;
+                  const int at = L::TransposedLanePart(warp, g, t) + L::kTileRowFloats * o +
+                                 L::TransposedTilePart(nt, hc);
+                  if (warp == 0) ++banks[at % 32];
+                  if (at < 0 || at >= kRows * L::kHalf) { ++bad; continue; }
+                  ++seen[at];
+                  const int64_t row = m + 8 * nt + 2 * t + o;
+                  const int col = w * L::kHalf + 16 * warp + 8 * hc + g;
+                  if (row >= sq) continue;  // padding: reduced or not, never read
+                  if (at >= rows * L::kHalf ||
+                      L::HalfRows(1, sq, w, m) + at != L::Index(1, sq, row, col))
+                    ++bad;
+                }
+            for (int n : banks) bad += n != 1;  // one warp's store: 32 banks
+          }
+      for (int n : seen) bad += n != 1;
+    }
+  return bad;
+}
 
 template <int kHeadDim>
 int DqAccumLayoutErrors() {
@@ -57,6 +99,7 @@ int DqAccumLayoutErrors() {
                       ++bad;
                   }
         }
+    if constexpr (L::kHalf == 64) bad += TransposedStagingErrors<kHeadDim>(sq);
   }
   return bad;
 }

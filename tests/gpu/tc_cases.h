@@ -349,6 +349,12 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   c = Case{2, 300, 410, 4, 2, 64}; c.lengths = true; cases->push_back(c);
   c = Case{2, 2100, 2000, 2, 1, 64}; c.causal = true; c.lengths = true; c.bf16 = false;
   cases->push_back(c);
+  // The D = 128 backward's 80-query steps (no mask beyond the ends; dQ
+  // transposed): a partial last step, GQA, more key blocks than SMs (the
+  // persistent CTAs take several), lengths, Sq != Sk, both dtypes.
+  c = Case{2, 1000, 1300, 16, 4, 128}; cases->push_back(c);
+  c = Case{3, 250, 200, 4, 2, 128}; c.lengths = true; c.bf16 = false; cases->push_back(c);
+  c = Case{1, 81, 257, 2, 1, 112}; cases->push_back(c);
 }
 
 // small (for compute-sanitizer): a few cases of each kernel family, each
@@ -425,5 +431,7 @@ inline std::vector<SeededCase> SmallCases() {
   c = Case{1, 2049, 2100, 2, 1, 64}; c.causal = true; c.bf16 = false; s.push_back({c, 39});
   c = Case{1, 2049, 300, 2, 1, 64}; c.dropout = 0.25; s.push_back({c, 40});
   c = Case{2, 200, 300, 4, 2, 64}; c.lengths = true; s.push_back({c, 41});
+  // The D = 128 backward's 80-query steps (dQ transposed), a partial last one.
+  c = Case{1, 170, 130, 4, 2, 128}; s.push_back({c, 42});
   return s;
 }

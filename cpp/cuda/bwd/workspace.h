@@ -76,7 +76,7 @@ struct DqAccumLayout {
     return ((bh * 2 + half) * PaddedRows(seqlen_q) + i0) * kHalf;
   }
   // The position of row r (0..15) and column c (0..kHalf-1) in a group.
-  __host__ __device__ static int InGroup(int r, int c) {
+  __host__ __device__ static constexpr int InGroup(int r, int c) {
     return ((c >> 3) * 2 + (r >> 3)) * 64 + (r & 7) * 8 + (c & 7);
   }
   // Where the Hopper kernel stages a warpgroup's accumulator fragment in a
@@ -90,6 +90,24 @@ struct DqAccumLayout {
     constexpr int kHalfTiles = kHalf / 8;
     return (tile / kHalfTiles) * 64 * kHalf + warp * kGroupRows * kHalf +
            ((tile % kHalfTiles) * 2 + hr) * 64 + g * 8 + 2 * t;
+  }
+  // Row r and column c (0..kHalf-1) of a part of one half whose rows start
+  // at a group.
+  __host__ __device__ static constexpr int PartIndex(int r, int c) {
+    return (r / kGroupRows) * kGroupRows * kHalf + InGroup(r % kGroupRows, c);
+  }
+  // Where the Hopper kernel stages dQ computed transposed (80-query steps,
+  // sm90/epilogue_bwd.cuh): warp w's fragments hold columns 16w + 8 hc + g
+  // of the part, n-tile nt the rows 8 nt + 2t + o (o = 0, 1). Their
+  // PartIndex is TransposedLanePart(w, g, t) + o kTileRowFloats +
+  // TransposedTilePart(nt, hc): the kernel keeps two base addresses and adds
+  // constants.
+  static constexpr int kTileRowFloats = 8;  // the next row of an 8 x 8 tile
+  __host__ __device__ static int TransposedLanePart(int warp, int g, int t) {
+    return PartIndex(2 * t, 16 * warp + g);
+  }
+  __host__ __device__ static constexpr int TransposedTilePart(int nt, int hc) {
+    return PartIndex(8 * nt, 8 * hc);
   }
   // Element (query i, column col) of (batch, head) bh; columns 8k..8k+7 of a
   // row are contiguous.

@@ -60,18 +60,19 @@
 
 namespace jax_flash::cuda::sm90 {
 
-template <int kHeadDim_>
+// kBlockM_: the bucket's block_m, or its plain_block_m (LaunchDkDv).
+template <int kHeadDim_, int kBlockM_ = BwdTileSize(kHeadDim_).block_m>
 struct BwdSm90Traits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr BwdTile kTile = BwdTileSize(kHeadDim);  // sm90/tile_size.h
   static constexpr int kBlockN = kTile.block_n;  // keys per CTA: 2 warpgroups x 64
-  static constexpr int kBlockM = kTile.block_m;  // queries per step
+  static constexpr int kBlockM = kBlockM_;       // queries per step
   static constexpr int kThreads = kTile.threads;
   static constexpr int kStages = kTile.stages;
   static constexpr int kSmemCols = SwizzledCols(kHeadDim);
   static constexpr int kKvBytes = kBlockN * kSmemCols * 2;  // K or V
   static constexpr int kQBytes = kBlockM * kSmemCols * 2;   // one stage of Q or dO
-  static constexpr int kDsBytes = kBlockN * kBlockM * 2;   // dS^T, [key][query]
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;   // dS^T ([query][key]: kDqTransposed)
   static constexpr int kDsBuffers = 2;  // step s writes buffer s % 2
   static constexpr int kStatBytes = kBlockM * 4;           // one stage of lse2 or delta
   // Which part of a step's dQ a warpgroup adds. Steps of 64 queries: the
@@ -81,6 +82,15 @@ struct BwdSm90Traits {
   // CTA's 128 keys.
   static constexpr bool kDqRowSplit = kBlockM == 128;
   static constexpr int kDqCols = kDqRowSplit ? kHeadDim : DqAccumLayout<kHeadDim>::kHalf;
+  // Steps of 80 queries (the plain calls at D = 128; a wgmma's M is 64):
+  // the column split computed transposed, dQ^T = K^T dS^T with M = the
+  // warpgroup's 64 columns and N = the 80 queries, and dS^T stored
+  // [query][key] (80 rows of two 64-key blocks: K-major for dQ^T's B,
+  // M-major for dK's A), where [key][query] would take a whole second
+  // 64-query block for 16 queries (shared memory does not have it).
+  static constexpr bool kDqTransposed = kBlockM % 64 != 0;
+  // Rows of a warpgroup's dQ part (the row split: its 64 queries).
+  static constexpr int kDqPartRows = kDqRowSplit ? 64 : kBlockM;
   // One warpgroup's float32 dQ part in shared memory, in the accumulator's
   // order (DqAccumLayout): 64 rows of its column half (column split), or 64
   // rows of each half, half 0 first (row split).
@@ -109,8 +119,9 @@ struct BwdSm90Traits {
   static constexpr int kWsThreads = kThreads + 128;
   static constexpr int kWsSmemBytes = kDqSlotOffset + 2 * 8 + sm90::kAtomBytes;
   static_assert(kBlockN == 2 * 64 && kThreads == 2 * 128 &&
-                    (kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64)),
-                "two warpgroups of 64 keys, 64 queries per step (128 at D = 64)");
+                    (kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64) ||
+                     (kBlockM == 80 && kHeadDim == 128)),
+                "two warpgroups of 64 keys, 64 queries per step (128 at D = 64, 80 at 128)");
   static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128,
                 "two warpgroups of 64 keys hold dK and dV up to D = 128 (bwd_wide.cuh above)");
   static_assert(kDqCols % 64 == 0 || kSmemCols == kHeadDim, "a dQ part of whole column blocks");
@@ -118,6 +129,8 @@ struct BwdSm90Traits {
                     (2 * kKvBytes + 2 * kStages * kQBytes + kDsBuffers * kDsBytes +
                      2 * kDqPartBytes + kStages * kStatBytes) % 128 == 0,
                 "lse2 and D stages 128-byte aligned where TMA loads them");
+  static_assert(!kTile.stats_tma || kStatBytes % 128 == 0,
+                "every lse2 / D stage 128-byte aligned where TMA loads them (not 80 rows)");
   static_assert(kSmemBytes <= 227 * 1024 && kWsSmemBytes <= 227 * 1024,
                 "shared memory of one CTA");
 };
@@ -296,6 +309,18 @@ cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t str
   const bool cap = args.softcap > 0.f;
   const bool bias = args.p.score.bias != nullptr;
   const bool dropout = args.p.dropout.enabled();
+  // Calls without a mask beyond the sequences' ends and without score terms:
+  // the bucket's plain step (80 queries at D = 128, sm90/tile_size.h), with
+  // dQ.
+  constexpr int kPlainBlockM = BwdTileSize(kHeadDim).plain_block_m;
+  if constexpr (kPlainBlockM != 0 && !SeparateDq(kHeadDim, false) &&
+                !BwdTileSize(kHeadDim).ws) {
+    using Plain = BwdSm90Traits<kHeadDim, kPlainBlockM>;
+    if (accumulate_dq && !cap && !bias && !dropout &&
+        LightestMask(args.p.mask) == FwdWsMask::kEnds)
+      return LaunchKeyBlocks<T, Plain>(args, BwdKernel<T, Plain, false, true, false>, stream,
+                                       /*takes_tiles=*/true);
+  }
   // The kernel of (kSoftcap, kBias, kDropout), with and without dQ.
   auto pick = [&](auto make) -> cudaError_t {
     return bias      ? make(std::false_type{}, std::true_type{}, std::false_type{})

@@ -89,6 +89,39 @@ __device__ __forceinline__ void StoreDqPart(const float (&dq)[kDqTiles][4], uint
     }
 }
 
+// The same for dQ computed transposed (BwdSm90Traits::kDqTransposed): warp
+// w's rows of dqt are the part's columns 16w.. (+ 8 for registers 2, 3), its
+// n-tiles the step's queries, a lane's pair at queries 8 nt + 2t and + 1 of
+// one column. Those two are 8 floats apart in the accumulator's order, so
+// each is a store of its own; lanes with t >= 2 store the second query
+// first, which puts a store's 32 lanes in 32 banks (rows 0, 2, 5, 7 and
+// 1, 3, 4, 6 of an 8 x 8 tile, 8 floats each, are four different quarters).
+template <typename Traits, int kQueryTiles>
+__device__ __forceinline__ void StoreDqPartTransposed(const float (&dqt)[kQueryTiles][4],
+                                                      uint32_t dq_part, int wg_warp, int g,
+                                                      int t) {
+  using Layout = DqAccumLayout<Traits::kHeadDim>;
+  static_assert(kQueryTiles * 8 == Traits::kBlockM && Layout::kHalf == 64,
+                "a step's queries x the warpgroup's 64 columns");
+  // Two base addresses and immediate offsets (DqAccumLayout's
+  // TransposedLanePart / TransposedTilePart): 40 addresses, hoisted out of
+  // the step loop, took 40 registers and spilled 260 B.
+  const int odd_first = t >= 2;
+  const uint32_t lane_at = dq_part + 4 * Layout::TransposedLanePart(wg_warp, g, t);
+  const uint32_t first_at = lane_at + 4 * Layout::kTileRowFloats * odd_first;
+  const uint32_t second_at = lane_at + 4 * Layout::kTileRowFloats * (1 - odd_first);
+#pragma unroll
+  for (int nt = 0; nt < kQueryTiles; ++nt)
+#pragma unroll
+    for (int hc = 0; hc < 2; ++hc) {
+      const float first = odd_first ? dqt[nt][2 * hc + 1] : dqt[nt][2 * hc];
+      const float second = odd_first ? dqt[nt][2 * hc] : dqt[nt][2 * hc + 1];
+      const uint32_t offset = 4 * Layout::TransposedTilePart(nt, hc);
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(first_at + offset), "f"(first));
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(second_at + offset), "f"(second));
+    }
+}
+
 // The bulk reductions of warpgroup w's staged part of the step at query m0
 // of (batch, head) bh into dq_accum, by one thread, committed as one bulk
 // group: one contiguous range of the accumulator per column half, the
@@ -102,7 +135,8 @@ __device__ __forceinline__ void IssueDqReduce(uint32_t dq_part, float* dq_accum,
   const int64_t m = Traits::kDqRowSplit ? m0 + 64 * warpgroup : m0;
   if (m >= seqlen_q) return;
   const int64_t left = Layout::PaddedRows(seqlen_q) - m;
-  const int bytes = static_cast<int>(left < 64 ? left : 64) * kRowBytes;
+  constexpr int kRows = Traits::kDqPartRows;
+  const int bytes = static_cast<int>(left < kRows ? left : kRows) * kRowBytes;
   if constexpr (Traits::kDqRowSplit) {
 #pragma unroll
     for (int half = 0; half < 2; ++half)
@@ -121,7 +155,10 @@ __device__ __forceinline__ void ReduceDqPart(const float (&dq)[kDqTiles][4], uin
                                              float* dq_accum, int64_t bh, int64_t seqlen_q,
                                              int64_t m0, int warpgroup, int wg_warp, int wg_tid,
                                              int g, int t) {
-  StoreDqPart<Traits>(dq, dq_part, wg_warp, g, t);
+  if constexpr (Traits::kDqTransposed)
+    StoreDqPartTransposed<Traits>(dq, dq_part, wg_warp, g, t);
+  else
+    StoreDqPart<Traits>(dq, dq_part, wg_warp, g, t);
   FenceProxyAsync();
   WarpgroupBarrier(warpgroup);
   if (wg_tid == 0) IssueDqReduce<Traits>(dq_part, dq_accum, bh, seqlen_q, m0, warpgroup);

@@ -191,17 +191,6 @@ cudaError_t LaunchFwdWsKernel(const FwdParams& params, void* workspace, cudaStre
 // dropout (non-causal: 7% slower at 1k, 3% / 7% faster at 4k / 16k).
 constexpr int64_t kLightMinRows = 2048;
 
-// kEnds or kCausal where the call's mask is no more than that, else kBand
-// (a dense mask runs kDense: LaunchFwdWs). The ends are the sequences'
-// lengths where the call has them: the light kernels keep q_len and kv_len
-// at run time, as every kernel does.
-inline FwdWsMask LightestMask(const MaskParams& m) {
-  const bool more = m.window_left >= 0 || m.window_right >= 0 || m.q_segment_ids != nullptr ||
-                    m.kv_segment_ids != nullptr || m.dense != nullptr || m.block != nullptr ||
-                    m.tile_map != nullptr;
-  return more ? FwdWsMask::kBand : m.causal ? FwdWsMask::kCausal : FwdWsMask::kEnds;
-}
-
 // The kernel for a call without bias or dense mask: a light-mask one where
 // the bucket has a tile of its own for them (FwdWsTileSize: D = 64), the
 // call's mask allows it (LightestMask) and the call is long enough where it

@@ -250,6 +250,10 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
   constexpr int kDTiles = kHeadDim / kMmaN;  // n-tiles of dK, dV, dQ
   constexpr uint32_t kRow = sm90::kSwizzleBytes;
   static_assert(!(kSoftcap && kDropout), "dropout with a soft cap: the mma.sync kernels");
+  // dQ transposed (80-query steps): the plain kernel with dQ alone.
+  constexpr bool kDqTransposed = Traits::kDqTransposed;
+  static_assert(!kDqTransposed || (kDq && !kWs && !kDropout && !kSoftcap),
+                "80-query steps: the fast mode's plain kernel (LaunchDkDv)");
   const BwdArgs& args = tma_args.args;
   const BwdParams& p = args.p;
 
@@ -334,9 +338,15 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
       !kDq || (kDropout ? Traits::kTile.dk_rs_with_dropout : Traits::kTile.dk_rs_with_dq);
   // Descriptors of the tiles that stay put (the k-steps add offsets): dS^T
   // as dQ's M-major A (all 128 keys) and as dK's K-major A (this warpgroup's
-  // rows, SS only), K's dQ columns as dQ's MN-major B.
+  // rows, SS only), K's dQ columns as dQ's MN-major B. Transposed (dS^T
+  // stored [query][key]): K's dQ columns as dQ^T's M-major A, dS^T as its
+  // K-major B (KMajorStep below), and this warpgroup's 64-key block of
+  // dS^T as dK's M-major A (SS only).
   const uint64_t desc_ds = sm90::SmemDescriptor(sdS, kBlockN * kRow, sm90::kAtomBytes);
-  const uint64_t desc_dst = sm90::SmemDescriptor(sdS + warpgroup * 64 * kRow, 0, sm90::kAtomBytes);
+  const uint64_t desc_dst =
+      kDqTransposed
+          ? sm90::SmemDescriptor(sdS + warpgroup * kBlockM * kRow, 0, sm90::kAtomBytes)
+          : sm90::SmemDescriptor(sdS + warpgroup * 64 * kRow, 0, sm90::kAtomBytes);
   const uint64_t desc_kt = sm90::SmemDescriptor(dq_k_cols, kBlockN * kRow, sm90::kAtomBytes);
   const float scale_log2 = args.scale_log2;
 
@@ -420,8 +430,10 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
     // dS^T instead (kLateDv): there P^T, its packed copy and dP^T in flight
     // would not fit the registers together.
     constexpr bool kLateDv = kBlockM == 128;
-    // Or after dS^T's stores (BwdTile::dv_after_ds), before the step's barrier.
-    constexpr bool kDvAfterDs = Traits::kTile.dv_after_ds;
+    // Or after dS^T's stores (BwdTile::dv_after_ds), before the step's barrier;
+    // always with 80 queries, whose P^T and dP^T (40 registers each) left no
+    // room for dV's A fragments beside them (ptxas: 24 B of spill, 0 after).
+    constexpr bool kDvAfterDs = Traits::kTile.dv_after_ds || kDqTransposed;
     uint32_t ap[kBlockM / kMmaK][4];
     const uint64_t desc_do = sm90::SmemDescriptor(do_tile, kBlockM * kRow, sm90::kAtomBytes);
     auto issue_dv = [&] {
@@ -471,17 +483,28 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
     // warpgroups' keys, from shared memory as an M-major A (transposed).
     // One stmatrix per 16 queries: matrices (keys g, g + 8) x (queries
     // 16ks + 0..7, 16ks + 8..15) of this warp's 16 keys; lane l addresses
-    // row l % 8 of matrix l / 8 in the swizzled [key][query] tile.
+    // row l % 8 of matrix l / 8 in the swizzled [key][query] tile, or
+    // (kDqTransposed) column l % 8 of it, stored transposed as a row of the
+    // swizzled [query][key] tile: query 16ks + 8 (l / 16) + l % 8, the 8 keys
+    // of 16-byte chunk 8 w + 2 wg_warp + (l / 8) % 2, in 64-key block w.
     uint32_t ads[kBlockM / kMmaK][4];
     const int st_row = warpgroup * 64 + key_row0 + lane % 8 + ((lane / 8) % 2) * 8;
+    const int st_key_chunk = warpgroup * 8 + wg_warp * 2 + (lane / 8) % 2;
 #pragma unroll
     for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
       if constexpr (kLateDv)
         PackA<T>(ads[ks], dpt[2 * ks], dpt[2 * ks + 1]);
       else
         PackProductA<T>(ads[ks], dpt[2 * ks], dpt[2 * ks + 1], st[2 * ks], st[2 * ks + 1]);
-      sm90::StMatrixX4(sdS + ds_offset + sm90::SwizzledOffset(st_row, 2 * ks + lane / 16, kBlockN),
-                       ads[ks][0], ads[ks][1], ads[ks][2], ads[ks][3]);
+      if constexpr (kDqTransposed)
+        sm90::StMatrixX4Trans(
+            sdS + ds_offset +
+                sm90::SwizzledOffset(16 * ks + 8 * (lane / 16) + lane % 8, st_key_chunk, kBlockM),
+            ads[ks][0], ads[ks][1], ads[ks][2], ads[ks][3]);
+      else
+        sm90::StMatrixX4(
+            sdS + ds_offset + sm90::SwizzledOffset(st_row, 2 * ks + lane / 16, kBlockN),
+            ads[ks][0], ads[ks][1], ads[ks][2], ads[ks][3]);
     }
     if constexpr (kDvAfterDs) issue_dv();
     if constexpr (kDq && !kWs) WaitDqStagingRead(wg_tid);
@@ -499,15 +522,22 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
     // dQ part: 64 queries x kDqCols columns, reduced over the CTA's keys, out
     // through the epilogue (sm90/epilogue_bwd.cuh) while dK runs. A = dS, the
     // M-major view of dS^T (this warpgroup's query block with the row split).
-    float dq[kDq ? kDqCols / kMmaN : 1][4];
+    // Transposed: its kDqCols (64) columns x the step's queries, A = K^T (K's
+    // column block as an M-major A), B = dS^T K-major.
+    float dq[kDq ? (kDqTransposed ? kBlockM : kDqCols) / kMmaN : 1][4];
     if constexpr (kDq) {
       sm90::WgmmaFence();
 #pragma unroll
       for (int kk = 0; kk < kBlockN / kMmaK; ++kk) {
         // k-step kk = keys 16kk..16kk+15: rows of dS^T and of K.
         const uint32_t step = kk * 2 * sm90::kAtomBytes;
-        sm90::WgmmaSS<T, 1, 1>(dq, sm90::DescriptorPlus(desc_ds, ds_offset + dq_query_block + step),
-                               sm90::DescriptorPlus(desc_kt, step), kk > 0);
+        if constexpr (kDqTransposed)
+          sm90::WgmmaSS<T, 0, 1>(dq, sm90::DescriptorPlus(desc_kt, step),
+                                 sm90::KMajorStep<kBlockM>(sdS + ds_offset, kk), kk > 0);
+        else
+          sm90::WgmmaSS<T, 1, 1>(dq,
+                                 sm90::DescriptorPlus(desc_ds, ds_offset + dq_query_block + step),
+                                 sm90::DescriptorPlus(desc_kt, step), kk > 0);
       }
       sm90::WgmmaCommit();
     }
@@ -521,6 +551,10 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
         const uint64_t b_q = sm90::DescriptorPlus(desc_q, ks * 2 * sm90::kAtomBytes);
         if constexpr (kDkFromRegisters)
           sm90::WgmmaRSColumns<T, kHeadDim>(dk, ads[ks], b_q, kBlockM * kRow, 1);
+        else if constexpr (kDqTransposed)  // k-step ks: rows 16ks.. of dS^T
+          sm90::WgmmaSSColumns<T, kHeadDim, /*kTransA=*/1>(
+              dk, sm90::DescriptorPlus(desc_dst, ds_offset + ks * 2 * sm90::kAtomBytes), b_q,
+              kBlockM * kRow, 1);
         else  // k-step ks: queries 16ks.., in column block ks / 4 of dS^T
           sm90::WgmmaSSColumns<T, kHeadDim>(
               dk,

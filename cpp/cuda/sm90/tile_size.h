@@ -6,6 +6,8 @@
 // zeros, which the traits' static_asserts reject at compile time.
 #pragma once
 
+#include "jax_flash/params.h"
+
 namespace jax_flash::cuda::sm90 {
 
 // Forward: query rows per CTA (two warpgroups of 64; every warp then owns 16
@@ -44,13 +46,21 @@ struct FwdTile {
 // - dv_after_ds: the dV GEMM issued after dS^T is in shared memory (FA3's
 //   order: the other warpgroup passes the step's barrier sooner) rather
 //   than before it: on an H200 3-5% faster at D = 64 (fewer registers live
-//   across dS^T's stores), no change at D = 128 (off there).
+//   across dS^T's stores), no change at D = 128 (off there);
+// - plain_block_m: queries per step of the fast mode's kernel for calls
+//   whose mask is the sequences' ends alone (LightestMask kEnds: no causal
+//   mask, window, segments, dense or block mask), without soft cap or
+//   dropout; 0: block_m. 80 at D = 128 (FA3's step there): a step's fixed
+//   costs over 25% more work. Not a multiple of 64, so dQ is computed
+//   transposed (dQ^T = K^T dS^T, M = the warpgroup's 64 columns) and dS^T
+//   is stored [query][key] (BwdSm90Traits::kDqTransposed).
 // NOTES_sm90_bwd.md.
 struct BwdTile {
   int block_n, block_m, threads, stages;
   bool stats_tma = false, dk_rs_with_dq = false, dk_rs_with_dropout = false;
   bool ws = false;
   bool dv_after_ds = false;
+  int plain_block_m = 0;
 };
 
 // The warp-specialized forward (sm90/fwd_ws.cuh): query rows per tile (one
@@ -87,6 +97,18 @@ constexpr bool IsLightMask(FwdWsMask mask) {
   return mask == FwdWsMask::kEnds || mask == FwdWsMask::kCausal;
 }
 
+// kEnds or kCausal where the call's mask is no more than that, else kBand
+// (a dense mask runs kDense: LaunchFwdWs). The ends are the sequences'
+// lengths where the call has them: the light kernels keep q_len and kv_len
+// at run time, as every kernel does. The backward's plain_block_m follows
+// the same rule.
+inline FwdWsMask LightestMask(const MaskParams& m) {
+  const bool more = m.window_left >= 0 || m.window_right >= 0 || m.q_segment_ids != nullptr ||
+                    m.kv_segment_ids != nullptr || m.dense != nullptr || m.block != nullptr ||
+                    m.tile_map != nullptr;
+  return more ? FwdWsMask::kBand : m.causal ? FwdWsMask::kCausal : FwdWsMask::kEnds;
+}
+
 // Deterministic dQ (the forward's structure: S and dP, then dQ += dS K):
 // query rows per CTA (two warpgroups of 64), keys per K/V block, threads,
 // K/V stages. dQ takes head_dim / 2 registers per thread, S and dP
@@ -106,12 +128,15 @@ struct Sm90Tiles {
 inline constexpr Sm90Tiles kTiles[] = {
     // head_dim, fwd {BM, BN, threads, stages, TMA},
     // bwd {BN, BM, threads, stages, lse2 / D by TMA, dK RS with dQ, and with dropout,
-    //      warp-specialized, dV after dS},
+    //      warp-specialized, dV after dS, queries per step without a mask},
     // dq {BM, BN, threads, stages}
     {64, {128, 128, 256, 2, false}, {128, 128, 256, 2, true, true, true, false, true},
      {128, 64, 256, 2}},
     {96, {128, 128, 256, 2, true}, {128, 64, 256, 2, false, true, true}, {128, 64, 256, 2}},
-    {128, {128, 128, 256, 2, false}, {128, 64, 256, 2, false, true, true}, {128, 64, 256, 2}},
+    {128,
+     {128, 128, 256, 2, false},
+     {128, 64, 256, 2, false, true, true, false, false, 80},
+     {128, 64, 256, 2}},
     {192, {128, 96, 256, 2, true}, {64, 64, 256, 2}, {128, 64, 256, 2}},
     {256, {128, 64, 256, 2, true}, {64, 64, 256, 2}, {128, 32, 256, 2}},
 };
@@ -119,8 +144,8 @@ inline constexpr Sm90Tiles kTiles[] = {
 // Tuning hook (tests/gpu/ab_run.sh variants), as sm80/tile_size.h's: with
 // -DJAX_FLASH_TUNE_SM90_D=<bucket>, each of
 // -DJAX_FLASH_TUNE_SM90_{FWD_BN,FWD_STAGES,FWD_TMA,BWD_BN,BWD_BM,BWD_DK_RS,
-// BWD_DK_RS_DROPOUT,BWD_STATS_TMA,BWD_WS,BWD_DV_AFTER_DS,DQ_BN}=<n> replaces that field of the
-// bucket's row.
+// BWD_DK_RS_DROPOUT,BWD_STATS_TMA,BWD_WS,BWD_DV_AFTER_DS,BWD_PLAIN_BM,DQ_BN}=<n> replaces that
+// field of the bucket's row.
 constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #ifdef JAX_FLASH_TUNE_SM90_D
   if (t.head_dim != JAX_FLASH_TUNE_SM90_D) return t;
@@ -153,6 +178,9 @@ constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #endif
 #ifdef JAX_FLASH_TUNE_SM90_BWD_DV_AFTER_DS
   t.bwd.dv_after_ds = JAX_FLASH_TUNE_SM90_BWD_DV_AFTER_DS;
+#endif
+#ifdef JAX_FLASH_TUNE_SM90_BWD_PLAIN_BM
+  t.bwd.plain_block_m = JAX_FLASH_TUNE_SM90_BWD_PLAIN_BM;
 #endif
 #ifdef JAX_FLASH_TUNE_SM90_DQ_BN
   t.dq.block_n = JAX_FLASH_TUNE_SM90_DQ_BN;

@@ -126,6 +126,16 @@ __device__ __forceinline__ void StMatrixX4(uint32_t addr, uint32_t r0, uint32_t 
                : "memory");
 }
 
+// The same with each matrix transposed: element (row r, column c) of
+// matrix i (its fragment as above) goes to 16-bit position r of the 16 bytes
+// that lane 8i + c addresses.
+__device__ __forceinline__ void StMatrixX4Trans(uint32_t addr, uint32_t r0, uint32_t r1,
+                                                uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
+               :: "r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // Keeps the compiler from moving accesses to accumulator registers across
 // the asynchronous MMAs that own them.
 template <int kRows>
