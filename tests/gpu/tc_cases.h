@@ -349,6 +349,12 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   c = Case{2, 300, 410, 4, 2, 64}; c.lengths = true; cases->push_back(c);
   c = Case{2, 2100, 2000, 2, 1, 64}; c.causal = true; c.lengths = true; c.bf16 = false;
   cases->push_back(c);
+  // The D = 128 forward's light kernel (128 x 176 tiles, no mask beyond the
+  // ends): many key blocks and a partial last one, GQA, more tiles than SMs,
+  // lengths, D = 112 in the bucket, both dtypes.
+  c = Case{1, 600, 2000, 24, 8, 128}; cases->push_back(c);
+  c = Case{3, 250, 700, 4, 2, 128}; c.lengths = true; c.bf16 = false; cases->push_back(c);
+  c = Case{2, 130, 353, 2, 1, 112}; cases->push_back(c);
 }
 
 // small (for compute-sanitizer): a few cases of each kernel family, each
@@ -425,5 +431,7 @@ inline std::vector<SeededCase> SmallCases() {
   c = Case{1, 2049, 2100, 2, 1, 64}; c.causal = true; c.bf16 = false; s.push_back({c, 39});
   c = Case{1, 2049, 300, 2, 1, 64}; c.dropout = 0.25; s.push_back({c, 40});
   c = Case{2, 200, 300, 4, 2, 64}; c.lengths = true; s.push_back({c, 41});
+  // The D = 128 forward's light kernel (176-key blocks), a partial last one.
+  c = Case{1, 150, 400, 4, 2, 128}; s.push_back({c, 43});
   return s;
 }

@@ -268,10 +268,24 @@ template <Rows kRows, int kMT, int kNTiles>
 __device__ __forceinline__ void ApplyMask(float (&s)[kMT][kNTiles][4], const BatchMask& mask,
                                           MaskPath path, int64_t row0, int64_t col0, int g, int t,
                                           float hidden) {
-  if (path == MaskPath::kBand)
+  if (path == MaskPath::kBand) {
     MaskFragment<kRows>(s, mask, row0, col0, g, t, hidden);
-  else if (path == MaskPath::kElementwise)
-    MaskFragmentElementwise<kRows>(s, mask, row0, col0, g, t, hidden);
+  } else if (path == MaskPath::kElementwise) {
+    if constexpr (kNTiles <= 16) {
+      MaskFragmentElementwise<kRows>(s, mask, row0, col0, g, t, hidden);
+    } else {  // a row's bits are one word: 16 n-tiles at a time (D = 128's 176 keys)
+      static_assert(kNTiles <= 32, "at most two words per row");
+      using Low = float(&)[1][16][4];
+      using High = float(&)[1][kNTiles - 16][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        MaskFragmentElementwise<kRows>(reinterpret_cast<Low>(s[mt][0]), mask, row0 + 16 * mt,
+                                       col0, g, t, hidden);
+        MaskFragmentElementwise<kRows>(reinterpret_cast<High>(s[mt][16]), mask, row0 + 16 * mt,
+                                       col0 + 128, g, t, hidden);
+      }
+    }
+  }
 }
 template <Rows kRows, int kNTiles>
 __device__ __forceinline__ void ApplyMask(float (&s)[kNTiles][4], const BatchMask& mask,

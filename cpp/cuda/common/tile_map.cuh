@@ -26,12 +26,15 @@ struct CellLine {
   template <int kBlock>
   __device__ __forceinline__ CellClass At(int64_t n) const {
     // Blocks that straddle cells: Make left the line absent.
-    if constexpr (kBlockMaskBlock % kBlock != 0) return kCellPartial;
-    if (cells == nullptr) return kCellPartial;
-    const uint64_t c = static_cast<uint64_t>(n) / (kBlockMaskBlock / kBlock);
-    if (c >= count) return kCellPartial;
-    const uint8_t v = cells[c * stride];
-    return v >= kCellFull ? kCellFull : static_cast<CellClass>(v);
+    if constexpr (kBlockMaskBlock % kBlock != 0) {
+      return kCellPartial;
+    } else {
+      if (cells == nullptr) return kCellPartial;
+      const uint64_t c = static_cast<uint64_t>(n) / (kBlockMaskBlock / kBlock);
+      if (c >= count) return kCellPartial;
+      const uint8_t v = cells[c * stride];
+      return v >= kCellFull ? kCellFull : static_cast<CellClass>(v);
+    }
   }
 
   // The first step block at or after n that the map does not leave empty,

@@ -180,10 +180,14 @@ constexpr DqTile DqTileSize(int head_dim) { return TilesFor(head_dim).dq; }
 // At D = 64 the light masks (kEnds, kCausal) take FA3's 192-row tile: three
 // consumer warpgroups, whose 160 registers hold their key loop without a
 // spill once the mask's code is folded away (kBand's spills 316 B there;
-// NOTES_sm90_fwd_light.md). Tile maps and block masks only meet kBand's tiles.
+// NOTES_sm90_fwd_light.md). At D = 128 kEnds takes FA3's 128 x 176 tile (its
+// non-causal one), whose S of 88 registers fits beside O once the mask is
+// folded (kBand spilled 164 B with it; NOTES_sm90_fwd.md). Tile maps and
+// block masks only meet kBand's tiles.
 constexpr FwdWsTile FwdWsTileSize(int head_dim, FwdWsMask mask = FwdWsMask::kBand) {
   FwdWsTile t = head_dim <= 64 && IsLightMask(mask) ? FwdWsTile{192, 128, 4, 24, 160}
                 : head_dim <= 64                     ? FwdWsTile{128, 128, 4, 24, 240}
+                : head_dim == 128 && mask == FwdWsMask::kEnds ? FwdWsTile{128, 176, 2, 24, 240}
                 : head_dim <= 128                    ? FwdWsTile{128, 128, 2, 24, 240}
                                                      : FwdWsTile{128, 64, 2, 24, 240};
 #ifdef JAX_FLASH_TUNE_D

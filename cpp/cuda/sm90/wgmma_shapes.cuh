@@ -1,6 +1,6 @@
 // The wgmma.mma_async shapes (m64nNk16, float accumulators, bf16 / fp16
 // inputs) the Hopper kernels use, as inline PTX, for N in
-// {8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 192, 256}. Inline PTX
+// {8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 176, 192, 256}. Inline PTX
 // cannot take arrays, so each shape spells out its N / 2 accumulator operands;
 // the operand strings and the shape table below were written by a short
 // script (the same text for every N, only the numbers differ), the bindings
@@ -43,6 +43,12 @@ namespace jax_flash::cuda::sm90 {
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define JAX_FLASH_WGMMA_N176_ACC "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87}"
 #define JAX_FLASH_WGMMA_N192_ACC "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
@@ -100,7 +106,8 @@ namespace jax_flash::cuda::sm90 {
 template <int kN>
 inline constexpr bool kWgmmaShape = kN == 8 || kN == 16 || kN == 24 || kN == 32 || kN == 40 ||
                                     kN == 48 || kN == 56 || kN == 64 || kN == 80 || kN == 96 ||
-                                    kN == 112 || kN == 128 || kN == 192 || kN == 256;
+                                    kN == 112 || kN == 128 || kN == 176 || kN == 192 ||
+                                    kN == 256;
 
 // d[kOff .. kOff + kN / 8) = A B (+ d), A and B from shared-memory
 // descriptors; kTransA / kTransB: A M-major / B MN-major.
@@ -144,6 +151,9 @@ __device__ __forceinline__ void WgmmaSSN(float (&d)[kTiles][4], uint64_t desc_a,
   } else if constexpr (kN == 128) {
     JAX_FLASH_WGMMA_SS_T("m64n128k16", JAX_FLASH_WGMMA_N128_ACC, "%64", "%65", "%66", "%67", "%68",
                          JAX_FLASH_WGMMA_TILES16(d, kOff + 0));
+  } else if constexpr (kN == 176) {
+    JAX_FLASH_WGMMA_SS_T("m64n176k16", JAX_FLASH_WGMMA_N176_ACC, "%88", "%89", "%90", "%91", "%92",
+                         JAX_FLASH_WGMMA_TILES16(d, kOff + 0), JAX_FLASH_WGMMA_TILES4(d, kOff + 16), JAX_FLASH_WGMMA_TILES2(d, kOff + 20));
   } else if constexpr (kN == 192) {
     JAX_FLASH_WGMMA_SS_T("m64n192k16", JAX_FLASH_WGMMA_N192_ACC, "%96", "%97", "%98", "%99", "%100",
                          JAX_FLASH_WGMMA_TILES16(d, kOff + 0), JAX_FLASH_WGMMA_TILES8(d, kOff + 16));
@@ -195,6 +205,9 @@ __device__ __forceinline__ void WgmmaRSN(float (&d)[kTiles][4], const uint32_t (
   } else if constexpr (kN == 128) {
     JAX_FLASH_WGMMA_RS_T("m64n128k16", JAX_FLASH_WGMMA_N128_ACC, "{%64, %65, %66, %67}", "%68", "%69", "%70",
                          JAX_FLASH_WGMMA_TILES16(d, kOff + 0));
+  } else if constexpr (kN == 176) {
+    JAX_FLASH_WGMMA_RS_T("m64n176k16", JAX_FLASH_WGMMA_N176_ACC, "{%88, %89, %90, %91}", "%92", "%93", "%94",
+                         JAX_FLASH_WGMMA_TILES16(d, kOff + 0), JAX_FLASH_WGMMA_TILES4(d, kOff + 16), JAX_FLASH_WGMMA_TILES2(d, kOff + 20));
   } else if constexpr (kN == 192) {
     JAX_FLASH_WGMMA_RS_T("m64n192k16", JAX_FLASH_WGMMA_N192_ACC, "{%96, %97, %98, %99}", "%100", "%101", "%102",
                          JAX_FLASH_WGMMA_TILES16(d, kOff + 0), JAX_FLASH_WGMMA_TILES8(d, kOff + 16));
