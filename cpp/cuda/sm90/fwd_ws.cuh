@@ -207,8 +207,8 @@ inline FwdWsMask LightestMask(const MaskParams& m) {
 // D = 128 kEnds), the call's mask allows it (LightestMask) and the call is
 // long enough where it has to be (kLightMinRows), else kBand's. With
 // dropout only D = 64's kEnds: the causal light kernel was 3% slower at 4k
-// and 2% faster at 16k, and D = 128's 176 keys are no whole number of
-// dropout's 16-key words.
+// and 2% faster at 16k, and D = 128's 176 keys are 11 blocks of 16, where
+// dropout's keep bits take at most 8 (common/dropout.cuh).
 template <typename T, int kHeadDim, bool kDropout>
 cudaError_t LaunchFwdWsLightest(const FwdParams& params, void* workspace, cudaStream_t stream) {
   using Band = FwdWsTraits<kHeadDim>;
