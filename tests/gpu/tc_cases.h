@@ -355,6 +355,9 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   c = Case{1, 600, 2000, 24, 8, 128}; cases->push_back(c);
   c = Case{3, 250, 700, 4, 2, 128}; c.lengths = true; c.bf16 = false; cases->push_back(c);
   c = Case{2, 130, 353, 2, 1, 112}; cases->push_back(c);
+  // ... and D = 256's (128 x 80 tiles).
+  c = Case{2, 300, 1000, 8, 2, 256}; cases->push_back(c);
+  c = Case{1, 130, 250, 2, 1, 200}; c.lengths = true; c.bf16 = false; cases->push_back(c);
 }
 
 // small (for compute-sanitizer): a few cases of each kernel family, each
@@ -433,5 +436,6 @@ inline std::vector<SeededCase> SmallCases() {
   c = Case{2, 200, 300, 4, 2, 64}; c.lengths = true; s.push_back({c, 41});
   // The D = 128 forward's light kernel (176-key blocks), a partial last one.
   c = Case{1, 150, 400, 4, 2, 128}; s.push_back({c, 43});
+  c = Case{1, 140, 250, 2, 1, 256}; s.push_back({c, 44});  // D = 256's: 80-key blocks
   return s;
 }

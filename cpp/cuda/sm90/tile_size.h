@@ -73,9 +73,9 @@ struct FwdWsTile {
 //   tile's mask to these constants, so the rest of the band and the tile-map
 //   code fold away and the key loop keeps its registers; the blocks on the
 //   diagonal and past a sequence's end test their keys. Only where they
-//   take a tile of their own (FwdWsTileSize: D = 64 both, D = 128 kEnds)
-//   do they run; on kBand's tile they timed level to 3% slower than kBand
-//   at D = 128 / 256 (H200, NOTES_sm90_fwd_light.md);
+//   take a tile of their own (FwdWsTileSize: D = 64 both, D = 128 and 256
+//   kEnds) do they run; on kBand's tile they timed level to 3% slower than
+//   kBand at D = 128 / 256 (H200, NOTES_sm90_fwd_light.md);
 // - kBand: the band (causal, window, lengths), segments and the tile map;
 // - kDense: kBand and a dense mask (and its tile map; neither bias nor
 //   dropout then); the other instantiations know there is none, which keeps
@@ -183,14 +183,16 @@ constexpr DqTile DqTileSize(int head_dim) { return TilesFor(head_dim).dq; }
 // spill once the mask's code is folded away (kBand's spills 316 B there;
 // NOTES_sm90_fwd_light.md). At D = 128 kEnds takes FA3's 128 x 176 tile (its
 // non-causal one), whose S of 88 registers fits beside O once the mask is
-// folded (kBand spilled 164 B with it; NOTES_sm90_fwd.md). Tile maps and
-// block masks only meet kBand's tiles.
+// folded (kBand spilled 164 B with it; NOTES_sm90_fwd.md), and at D = 256
+// FA3's 128 x 80 (its shared memory's limit: 226 KB). Tile maps and block
+// masks only meet kBand's tiles.
 constexpr FwdWsTile FwdWsTileSize(int head_dim, FwdWsMask mask = FwdWsMask::kBand) {
   // The light tiles, sized to their registers and shared memory (D = 128's
   // has no room for a third stage or a second Q): the hooks below tune
   // kBand's tiles alone.
   if (head_dim <= 64 && IsLightMask(mask)) return FwdWsTile{192, 128, 4, 24, 160};
   if (head_dim == 128 && mask == FwdWsMask::kEnds) return FwdWsTile{128, 176, 2, 24, 240};
+  if (head_dim == 256 && mask == FwdWsMask::kEnds) return FwdWsTile{128, 80, 2, 24, 240};
   FwdWsTile t = head_dim <= 64    ? FwdWsTile{128, 128, 4, 24, 240}
                 : head_dim <= 128 ? FwdWsTile{128, 128, 2, 24, 240}
                                   : FwdWsTile{128, 64, 2, 24, 240};
