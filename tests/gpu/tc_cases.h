@@ -355,6 +355,11 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   c = Case{2, 1000, 1300, 16, 4, 128}; cases->push_back(c);
   c = Case{3, 250, 200, 4, 2, 128}; c.lengths = true; c.bf16 = false; cases->push_back(c);
   c = Case{1, 81, 257, 2, 1, 112}; cases->push_back(c);
+  // The D = 256 forward's light kernel (128 x 80 tiles, no mask beyond the
+  // ends): many key blocks and a partial last one, GQA, lengths, D = 200 in
+  // the bucket, both dtypes.
+  c = Case{2, 300, 1000, 8, 2, 256}; cases->push_back(c);
+  c = Case{1, 130, 250, 2, 1, 200}; c.lengths = true; c.bf16 = false; cases->push_back(c);
 }
 
 // small (for compute-sanitizer): a few cases of each kernel family, each
@@ -433,5 +438,7 @@ inline std::vector<SeededCase> SmallCases() {
   c = Case{2, 200, 300, 4, 2, 64}; c.lengths = true; s.push_back({c, 41});
   // The D = 128 backward's 80-query steps (dQ transposed), a partial last one.
   c = Case{1, 170, 130, 4, 2, 128}; s.push_back({c, 42});
+  // The D = 256 forward's light kernel (80-key blocks), a partial last one.
+  c = Case{1, 140, 250, 2, 1, 256}; s.push_back({c, 43});
   return s;
 }

@@ -192,24 +192,30 @@ cudaError_t LaunchFwdWsKernel(const FwdParams& params, void* workspace, cudaStre
 constexpr int64_t kLightMinRows = 2048;
 
 // The kernel for a call without bias or dense mask: a light-mask one where
-// the bucket has a tile of its own for them (FwdWsTileSize: D = 64), the
-// call's mask allows it (LightestMask) and the call is long enough where it
-// has to be (kLightMinRows), else kBand's. With dropout only kEnds: the
-// causal light kernel was 3% slower at 4k and 2% faster at 16k.
+// the bucket has a tile of its own for them (FwdWsTileSize: D = 64 both,
+// D = 256 kEnds), the call's mask allows it (LightestMask) and the call is
+// long enough where it has to be (kLightMinRows), else kBand's. With
+// dropout only D = 64's kEnds: the causal light kernel was 3% slower at 4k
+// and 2% faster at 16k; D = 256's 80-key tile has not been timed with
+// dropout.
 template <typename T, int kHeadDim, bool kDropout>
 cudaError_t LaunchFwdWsLightest(const FwdParams& params, void* workspace, cudaStream_t stream) {
   using Band = FwdWsTraits<kHeadDim>;
   using Ends = FwdWsTraits<kHeadDim, FwdWsMask::kEnds>;
   using Causal = FwdWsTraits<kHeadDim, FwdWsMask::kCausal>;
-  if constexpr (Ends::kBlockM != Band::kBlockM) {
-    const FwdWsMask light = LightestMask(params.mask);
-    const bool tall = params.shape.seqlen_q >= kLightMinRows;
+  constexpr auto own_tile = [](auto traits) {
+    using Traits = decltype(traits);
+    return Traits::kBlockM != Band::kBlockM || Traits::kBlockN != Band::kBlockN;
+  };
+  const FwdWsMask light = LightestMask(params.mask);
+  const bool tall = params.shape.seqlen_q >= kLightMinRows;
+  if constexpr (own_tile(Ends{}) && (!kDropout || Ends::kBlockN == Band::kBlockN)) {
     if (light == FwdWsMask::kEnds && (tall || !kDropout))
       return LaunchFwdWsKernel<T, Ends, void, kDropout>(params, workspace, stream);
-    if constexpr (!kDropout) {
-      if (light == FwdWsMask::kCausal && tall)
-        return LaunchFwdWsKernel<T, Causal>(params, workspace, stream);
-    }
+  }
+  if constexpr (own_tile(Causal{}) && !kDropout) {
+    if (light == FwdWsMask::kCausal && tall)
+      return LaunchFwdWsKernel<T, Causal>(params, workspace, stream);
   }
   return LaunchFwdWsKernel<T, Band, void, kDropout>(params, workspace, stream);
 }

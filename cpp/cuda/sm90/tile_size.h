@@ -82,10 +82,10 @@ struct FwdWsTile {
 //   dense or block mask), and kCausal: those and causal. The kernel sets the
 //   tile's mask to these constants, so the rest of the band and the tile-map
 //   code fold away and the key loop keeps its registers; the blocks on the
-//   diagonal and past a sequence's end test their keys. Only the buckets
-//   where they take a tile of their own (FwdWsTileSize: D = 64) run them;
-//   at D = 128 / 256 on kBand's tile they timed level to 3% slower than
-//   kBand (H200, NOTES_sm90_fwd_light.md);
+//   diagonal and past a sequence's end test their keys. Only where they
+//   take a tile of their own (FwdWsTileSize: D = 64 both, D = 256 kEnds)
+//   do they run; on kBand's tile they timed level to 3% slower than kBand
+//   at D = 128 / 256 (H200, NOTES_sm90_fwd_light.md);
 // - kBand: the band (causal, window, lengths), segments and the tile map;
 // - kDense: kBand and a dense mask (and its tile map; neither bias nor
 //   dropout then); the other instantiations know there is none, which keeps
@@ -203,17 +203,24 @@ constexpr DqTile DqTileSize(int head_dim) { return TilesFor(head_dim).dq; }
 // -DJAX_FLASH_TUNE_WS_QSTAGES=<1 or 2>, -DJAX_FLASH_TUNE_WS_BM=<128 or 192>
 // (two or three consumer warpgroups), -DJAX_FLASH_TUNE_WS_PRODUCER_REGS=<n>
 // and -DJAX_FLASH_TUNE_WS_CONSUMER_REGS=<n> replace that field of the
-// bucket's warp-specialized forward tile (three consumer warpgroups: 512
-// threads, 128 registers each at launch, so 24 and 160 at most).
+// bucket's warp-specialized forward tile, kBand's (three consumer
+// warpgroups: 512 threads, 128 registers each at launch, so 24 and 160 at
+// most).
 // At D = 64 the light masks (kEnds, kCausal) take FA3's 192-row tile: three
 // consumer warpgroups, whose 160 registers hold their key loop without a
 // spill once the mask's code is folded away (kBand's spills 316 B there;
+// NOTES_sm90_fwd_light.md). At D = 256 kEnds takes FA3's 128 x 80 tile (its
+// shared memory's limit: 226 KB; 2-7% faster than kBand's 128 x 64). FA3's
+// 128 x 176 at D = 128 was 3-12% slower than kBand's 128 x 128 at 1k-4k (H200,
 // NOTES_sm90_fwd_light.md). Tile maps and block masks only meet kBand's tiles.
 constexpr FwdWsTile FwdWsTileSize(int head_dim, FwdWsMask mask = FwdWsMask::kBand) {
-  FwdWsTile t = head_dim <= 64 && IsLightMask(mask) ? FwdWsTile{192, 128, 4, 24, 160}
-                : head_dim <= 64                     ? FwdWsTile{128, 128, 4, 24, 240}
-                : head_dim <= 128                    ? FwdWsTile{128, 128, 2, 24, 240}
-                                                     : FwdWsTile{128, 64, 2, 24, 240};
+  // The light tiles, sized to their registers and shared memory: the hooks
+  // below tune kBand's tiles alone.
+  if (head_dim <= 64 && IsLightMask(mask)) return FwdWsTile{192, 128, 4, 24, 160};
+  if (head_dim == 256 && mask == FwdWsMask::kEnds) return FwdWsTile{128, 80, 2, 24, 240};
+  FwdWsTile t = head_dim <= 64    ? FwdWsTile{128, 128, 4, 24, 240}
+                : head_dim <= 128 ? FwdWsTile{128, 128, 2, 24, 240}
+                                  : FwdWsTile{128, 64, 2, 24, 240};
 #ifdef JAX_FLASH_TUNE_D
   if (head_dim != JAX_FLASH_TUNE_D) return t;
 #ifdef JAX_FLASH_TUNE_WS_STAGES
