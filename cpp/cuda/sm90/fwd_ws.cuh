@@ -189,7 +189,12 @@ cudaError_t LaunchFwdWsKernel(const FwdParams& params, void* workspace, cudaStre
 // blocks computed whole and masked (a third more work than 128-row tiles at
 // S = 1k: 5% slower there, 4-10% faster at 4k and 16k), and calls with
 // dropout (non-causal: 7% slower at 1k, 3% / 7% faster at 4k / 16k).
+// Tuning hook (tests/gpu/ab_run.sh): -DJAX_FLASH_TUNE_LIGHT_MIN_ROWS=<n>.
+#ifdef JAX_FLASH_TUNE_LIGHT_MIN_ROWS
+constexpr int64_t kLightMinRows = JAX_FLASH_TUNE_LIGHT_MIN_ROWS;
+#else
 constexpr int64_t kLightMinRows = 2048;
+#endif
 
 // The kernel for a call without bias or dense mask: a light-mask one where
 // the bucket has a tile of its own for them (FwdWsTileSize: D = 64 both,
