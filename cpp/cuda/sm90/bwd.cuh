@@ -309,15 +309,16 @@ cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t str
   const bool cap = args.softcap > 0.f;
   const bool bias = args.p.score.bias != nullptr;
   const bool dropout = args.p.dropout.enabled();
-  // Calls without a mask beyond the sequences' ends and without score terms:
-  // the bucket's plain step (80 queries at D = 128, sm90/tile_size.h), with
-  // dQ.
-  constexpr int kPlainBlockM = BwdTileSize(kHeadDim).plain_block_m;
-  if constexpr (kPlainBlockM != 0 && !SeparateDq(kHeadDim, false) &&
-                !BwdTileSize(kHeadDim).ws) {
+  // Calls without a mask beyond the sequences' ends (and causal, with
+  // plain_causal) and without score terms: the bucket's plain step (80
+  // queries at D = 128, sm90/tile_size.h), with dQ.
+  constexpr BwdTile kTile = BwdTileSize(kHeadDim);
+  constexpr int kPlainBlockM = kTile.plain_block_m;
+  if constexpr (kPlainBlockM != 0 && !SeparateDq(kHeadDim, false) && !kTile.ws) {
     using Plain = BwdSm90Traits<kHeadDim, kPlainBlockM>;
+    const FwdWsMask light = LightestMask(args.p.mask);
     if (accumulate_dq && !cap && !bias && !dropout &&
-        LightestMask(args.p.mask) == FwdWsMask::kEnds)
+        (light == FwdWsMask::kEnds || (kTile.plain_causal && light == FwdWsMask::kCausal)))
       return LaunchKeyBlocks<T, Plain>(args, BwdKernel<T, Plain, false, true, false>, stream,
                                        /*takes_tiles=*/true);
   }

@@ -196,13 +196,22 @@ constexpr int64_t kLightMinRows = JAX_FLASH_TUNE_LIGHT_MIN_ROWS;
 constexpr int64_t kLightMinRows = 2048;
 #endif
 
+// Whether dropout takes a light kEnds tile whose key blocks differ from
+// kBand's (D = 256's 128 x 80). Off until timed: tuning hook
+// -DJAX_FLASH_TUNE_WS_LIGHT_TILE_DROPOUT=1.
+#ifdef JAX_FLASH_TUNE_WS_LIGHT_TILE_DROPOUT
+constexpr bool kLightTileDropout = JAX_FLASH_TUNE_WS_LIGHT_TILE_DROPOUT;
+#else
+constexpr bool kLightTileDropout = false;
+#endif
+
 // The kernel for a call without bias or dense mask: a light-mask one where
 // the bucket has a tile of its own for them (FwdWsTileSize: D = 64 both,
 // D = 256 kEnds), the call's mask allows it (LightestMask) and the call is
 // long enough where it has to be (kLightMinRows), else kBand's. With
 // dropout only D = 64's kEnds: the causal light kernel was 3% slower at 4k
 // and 2% faster at 16k; D = 256's 80-key tile has not been timed with
-// dropout.
+// dropout (kLightTileDropout).
 template <typename T, int kHeadDim, bool kDropout>
 cudaError_t LaunchFwdWsLightest(const FwdParams& params, void* workspace, cudaStream_t stream) {
   using Band = FwdWsTraits<kHeadDim>;
@@ -214,7 +223,8 @@ cudaError_t LaunchFwdWsLightest(const FwdParams& params, void* workspace, cudaSt
   };
   const FwdWsMask light = LightestMask(params.mask);
   const bool tall = params.shape.seqlen_q >= kLightMinRows;
-  if constexpr (own_tile(Ends{}) && (!kDropout || Ends::kBlockN == Band::kBlockN)) {
+  if constexpr (own_tile(Ends{}) &&
+                (!kDropout || Ends::kBlockN == Band::kBlockN || kLightTileDropout)) {
     if (light == FwdWsMask::kEnds && (tall || !kDropout))
       return LaunchFwdWsKernel<T, Ends, void, kDropout>(params, workspace, stream);
   }

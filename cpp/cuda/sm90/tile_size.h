@@ -53,7 +53,10 @@ struct FwdTile {
 //   dropout; 0: block_m. 80 at D = 128 (FA3's step there): a step's fixed
 //   costs over 25% more work. Not a multiple of 64, so dQ is computed
 //   transposed (dQ^T = K^T dS^T, M = the warpgroup's 64 columns) and dS^T
-//   is stored [query][key] (BwdSm90Traits::kDqTransposed).
+//   is stored [query][key] (BwdSm90Traits::kDqTransposed);
+// - plain_causal: plain_block_m's steps for causal calls too (LightestMask
+//   kCausal). Off: FA3 keeps 64-query steps for causal at D = 128; not timed
+//   here yet (hook BWD_PLAIN_CAUSAL).
 // NOTES_sm90_bwd.md.
 struct BwdTile {
   int block_n, block_m, threads, stages;
@@ -61,6 +64,7 @@ struct BwdTile {
   bool ws = false;
   bool dv_after_ds = false;
   int plain_block_m = 0;
+  bool plain_causal = false;
 };
 
 // The warp-specialized forward (sm90/fwd_ws.cuh): query rows per tile (one
@@ -144,7 +148,8 @@ inline constexpr Sm90Tiles kTiles[] = {
 // Tuning hook (tests/gpu/ab_run.sh variants), as sm80/tile_size.h's: with
 // -DJAX_FLASH_TUNE_SM90_D=<bucket>, each of
 // -DJAX_FLASH_TUNE_SM90_{FWD_BN,FWD_STAGES,FWD_TMA,BWD_BN,BWD_BM,BWD_DK_RS,
-// BWD_DK_RS_DROPOUT,BWD_STATS_TMA,BWD_WS,BWD_DV_AFTER_DS,BWD_PLAIN_BM,DQ_BN}=<n> replaces that
+// BWD_DK_RS_DROPOUT,BWD_STATS_TMA,BWD_WS,BWD_DV_AFTER_DS,BWD_PLAIN_BM,BWD_PLAIN_CAUSAL,
+// DQ_BN}=<n> replaces that
 // field of the bucket's row.
 constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #ifdef JAX_FLASH_TUNE_SM90_D
@@ -181,6 +186,9 @@ constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #endif
 #ifdef JAX_FLASH_TUNE_SM90_BWD_PLAIN_BM
   t.bwd.plain_block_m = JAX_FLASH_TUNE_SM90_BWD_PLAIN_BM;
+#endif
+#ifdef JAX_FLASH_TUNE_SM90_BWD_PLAIN_CAUSAL
+  t.bwd.plain_causal = JAX_FLASH_TUNE_SM90_BWD_PLAIN_CAUSAL;
 #endif
 #ifdef JAX_FLASH_TUNE_SM90_DQ_BN
   t.dq.block_n = JAX_FLASH_TUNE_SM90_DQ_BN;
