@@ -112,10 +112,16 @@ time_of() {  # $1: build dir; dir D S c from the loop
   timeout 30 "$1/tc_kernel_check" $mode $D $S $c ${RATE:-} 2>&1 | grep BENCH |
     sed "s/.*| bwd \([0-9.]*\) ms.*/\1/; s/.*: fwd \([0-9.]*\) ms.*/\1/"
 }
+# The SM clock and power once a second while the builds are timed (dmon.txt):
+# the GPU is power-limited under these kernels, and rows have moved by 5-9%
+# between rounds of the same build.
+nvidia-smi dmon -s pc -d 1 > "$out/dmon.txt" 2>&1 &
+dmon=$!
 for round in $(seq "${ROUNDS:-2}"); do for dir in $directions; do
 for D in ${DIMS:-64 128}; do for S in ${SEQS:-1024 4096 16384}; do for c in 0 1; do
   line="$dir D$D S$S causal$c this $(time_of /tmp/ab_this)"
   for name in "${names[@]}"; do line="$line $name $(time_of "/tmp/ab_$name")"; done
   echo "$line"
 done; done; done; done; done | tee "$out/bench.txt"
+kill "$dmon" 2>/dev/null
 say done
