@@ -82,13 +82,15 @@ inline void Bench(int B, int S, int H, int D, bool causal, bool bf16, bool once 
       dv(n * 2);
   // Standard-normal q, k, v, dout, independent as the jax bench's (q = k
   // made S's diagonal dominate every row and P nearly one-hot there): one
-  // draw of n values, each tensor starting a quarter further into it (a
-  // rotation), so that a row never meets its own values in another tensor.
+  // draw of n values, tensor i starting i quarters and i elements further
+  // into it (a rotation). The i elements matter: rotated by whole rows, k
+  // would be q's rows again, shifted, and every row would still meet its
+  // own values; shifted within the row, q . k pairs unrelated draws.
   std::vector<uint16_t> h(n); std::mt19937 rng(1); std::normal_distribution<float> nd;
   for (auto& x : h) x = check::ToBits(nd(rng), bf16);
   const Dev* tensors[] = {&q, &k, &v, &dout};
   for (size_t i = 0; i < 4; ++i) {
-    const size_t off = i * (n / 4);
+    const size_t off = (i * (n / 4) + i) % n;
     char* dst = static_cast<char*>(tensors[i]->p());
     CHECK_CUDA(cudaMemcpy(dst, h.data() + off, (n - off) * 2, cudaMemcpyHostToDevice));
     if (off > 0) CHECK_CUDA(cudaMemcpy(dst + (n - off) * 2, h.data(), off * 2, cudaMemcpyHostToDevice));
