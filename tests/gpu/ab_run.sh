@@ -39,6 +39,8 @@
 # and a snapshot of main only timed:
 #   CHECK_this=check SANITIZERS_this="memcheck racecheck" CHECK_base=none \
 #     SANITIZERS_base="" tests/gpu/ab_run.sh both "base:^(fwd|bwd)_sm90"
+# WARM_MS=<n> times every row after n ms of back-to-back calls: the clock the
+# power limit leaves (a training loop's), not the top clock of a short run.
 # Only 8 files come back from a device call: point OUT elsewhere and tar it.
 set -uo pipefail
 direction=$1; shift

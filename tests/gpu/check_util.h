@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -235,12 +236,24 @@ inline void PrintDevice() {
 }
 
 // Median of `iters` timed calls (cudaEvents on the default stream) after
-// three warm-up calls, in milliseconds.
+// three warm-up calls, in milliseconds. With WARM_MS=<n> in the environment
+// the warm-up runs for n ms of back-to-back calls instead: the GPU is
+// power-limited under these kernels, and a short run times them at the top
+// clock where a training loop (and the jax bench) sees them 10-20% slower
+// (cpp/cuda/NOTES_sm90_fwd.md, "The gap is the clock").
 inline float TimeMs(const std::function<void()>& fn, int iters) {
   cudaEvent_t a, b;
   CHECK_CUDA(cudaEventCreate(&a));
   CHECK_CUDA(cudaEventCreate(&b));
   for (int i = 0; i < 3; ++i) fn();
+  const char* warm = std::getenv("WARM_MS");
+  const double warm_ms = warm ? std::atof(warm) : 0.0;
+  for (auto t0 = std::chrono::steady_clock::now();
+       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() <
+       warm_ms;) {
+    for (int i = 0; i < 4; ++i) fn();
+    CHECK_CUDA(cudaDeviceSynchronize());
+  }
   std::vector<float> ts;
   for (int i = 0; i < iters; ++i) {
     CHECK_CUDA(cudaEventRecord(a));
