@@ -360,10 +360,10 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   // the bucket, both dtypes.
   c = Case{2, 300, 1000, 8, 2, 256}; cases->push_back(c);
   c = Case{1, 130, 250, 2, 1, 200}; c.lengths = true; c.bf16 = false; cases->push_back(c);
-  // For the tuning hooks BWD_PLAIN_CAUSAL (D = 128 causal on the 80-query
-  // steps: Sq != Sk, steps across the diagonal) and WS_LIGHT_TILE_DROPOUT
+  // D = 128 causal on the 80-query steps (plain_causal: Sq != Sk, steps
+  // across the diagonal), and for the tuning hook WS_LIGHT_TILE_DROPOUT
   // (D = 256 dropout on the 80-key tile, tall enough for it:
-  // kLightMinRows); main runs them on its usual kernels.
+  // kLightMinRows), which main runs on its usual kernels.
   c = Case{1, 700, 900, 4, 2, 128}; c.causal = true; cases->push_back(c);
   c = Case{2, 333, 300, 2, 2, 128}; c.causal = true; c.lengths = true; c.bf16 = false;
   cases->push_back(c);
