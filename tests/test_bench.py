@@ -2,8 +2,10 @@
 
 import json
 import sys
+import time
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 import jax_flash
@@ -165,6 +167,28 @@ def test_flop_convention():
   assert case.fwd_flops == 4 * 2 * 3 * 128 * 128 * 64
   causal = bench.Case(2, 3, 128, 64, "bfloat16", True)
   assert causal.fwd_flops == case.fwd_flops / 2
+
+
+def test_settle_runs_back_to_back_for_its_time_rotating_the_inputs():
+  calls = []
+  def fn(x):
+    calls.append(float(x[0]))
+    return x
+  sets = [(jnp.full((2,), float(i)),) for i in range(3)]
+  t0 = time.perf_counter()
+  made = bench.settle(fn, sets, t_one=1e-3, seconds=0.05)
+  assert time.perf_counter() - t0 >= 0.05
+  assert made == len(calls) > 3 and set(calls) == {0.0, 1.0, 2.0}
+
+
+def test_only_gpu_timing_settles(monkeypatch):
+  settled = []
+  monkeypatch.setattr(bench, "settle", lambda *args: settled.append(args))
+  sets = [(jnp.ones((2,)),)]
+  bench.time_call(lambda x: x, sets, repeats=3, on_cpu=True)
+  assert not settled
+  bench.time_call(lambda x: x, sets, repeats=3, on_cpu=False)
+  assert len(settled) == 1
 
 
 def test_fa3_preset_shapes():
