@@ -21,7 +21,7 @@
 # both (direction "both"). Logs and bench.txt under $OUT.
 # Budget of one call (600 s): about 100 s for this tree, 100-130 s for the
 # variants, 75 s of checks and memcheck (side by side for the variants),
-# 1.8 s per timed run.
+# 2 s per timed fwd run, 3 s per bwd run (with WARM_MS=500).
 # Usage (repo root, on the GPU machine):
 #   tests/gpu/ab_run.sh bwd "maskbwd:." "ws64:^bwd_sm90_.*hd64:-DJAX_FLASH_TUNE_SM90_D=64 \
 #     -DJAX_FLASH_TUNE_SM90_BWD_WS=1"   (maskbwd.tgz, no ws64.tgz)
@@ -39,10 +39,14 @@
 # and a snapshot of main only timed:
 #   CHECK_this=check SANITIZERS_this="memcheck racecheck" CHECK_base=none \
 #     SANITIZERS_base="" tests/gpu/ab_run.sh both "base:^(fwd|bwd)_sm90"
-# WARM_MS=<n> times every row after n ms of back-to-back calls: the clock the
-# power limit leaves (a training loop's), not the top clock of a short run.
+# WARM_MS=<n> (default 500; 0: none) times every row after n ms of
+# back-to-back calls: at the clock the power limit leaves (a training
+# loop's and the jax bench's), not the top clock of a short run, which can
+# favour a change that buys cycles with power (BENCHMARKS.md, twenty-fifth
+# session). It adds about 0.5 s per timed run (1.5 s per bwd row).
 # Only 8 files come back from a device call: point OUT elsewhere and tar it.
 set -uo pipefail
+export WARM_MS=${WARM_MS-500}
 direction=$1; shift
 out=${OUT:-/tmp/ab_out}; mkdir -p "$out"
 start=$(date +%s)
