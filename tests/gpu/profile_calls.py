@@ -1,0 +1,61 @@
+"""One call of each implementation on one problem, for a profiler to count.
+
+At the GPU's power limit the time per call is the energy per call
+(cpp/cuda/NOTES_sm90_fwd.md, "The gap is the clock"), so where jax_flash and
+cuDNN are level, what decides is the work each does per FLOP: instructions by
+pipe, shared-memory wavefronts, L2 and DRAM traffic. This compiles the
+problem's forward (or forward+backward) for jax_flash and cuDNN, makes their
+inputs, and only then runs each once, so that a profiler started on the
+process sees those calls' kernels after the input generation's:
+
+  ncu --csv --metrics smsp__inst_executed.sum,smsp__inst_executed_pipe_fma.sum,\
+smsp__inst_executed_pipe_alu.sum,smsp__inst_executed_pipe_xu.sum,\
+l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,lts__t_sectors.sum,dram__bytes.sum,\
+sm__cycles_elapsed.avg python tests/gpu/profile_calls.py 128 16384 0 fwd_bwd > ncu.csv
+
+Kernel names tell the two apart (ours are in namespace jax_flash; cuDNN's
+name cudnn or sm90). The order of the calls is printed on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import jax
+
+import jax_flash
+from jax_flash.bench import Case, grad_fn, make_inputs
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("head_dim", type=int)
+  parser.add_argument("seqlen", type=int)
+  parser.add_argument("causal", type=int, choices=[0, 1])
+  parser.add_argument("direction", choices=["fwd", "fwd_bwd"])
+  parser.add_argument("--impls", nargs="+", default=["jax_flash", "cudnn"])
+  args = parser.parse_args(argv)
+  case = Case(batch=max(1, 16384 // args.seqlen), heads=2048 // args.head_dim,
+              seqlen=args.seqlen, head_dim=args.head_dim, dtype="bfloat16",
+              causal=bool(args.causal))
+  inputs = make_inputs(case, 0)
+  call_args = inputs[:3] if args.direction == "fwd" else inputs
+  compiled = {}
+  for impl in args.impls:
+    if impl == "jax_flash":
+      fwd = lambda q, k, v: jax_flash.dot_product_attention(q, k, v, is_causal=case.causal)
+    else:
+      fwd = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=case.causal,
+                                                         implementation="cudnn")
+    fn = fwd if args.direction == "fwd" else grad_fn(fwd)
+    compiled[impl] = jax.jit(fn).lower(*call_args).compile()
+  jax.block_until_ready(call_args)
+  for impl, fn in compiled.items():
+    print(f"calling {impl}: D={args.head_dim} S={args.seqlen} causal={args.causal} "
+          f"{args.direction}", file=sys.stderr, flush=True)
+    jax.block_until_ready(fn(*call_args))
+
+
+if __name__ == "__main__":
+  main()
