@@ -13,8 +13,9 @@ smsp__inst_executed_pipe_alu.sum,smsp__inst_executed_pipe_xu.sum,\
 l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,lts__t_sectors.sum,dram__bytes.sum,\
 sm__cycles_elapsed.avg python tests/gpu/profile_calls.py 128 16384 0 fwd_bwd > ncu.csv
 
-Kernel names tell the two apart (ours are in namespace jax_flash; cuDNN's
-name cudnn or sm90). The order of the calls is printed on stderr.
+Kernel names tell the two apart (ours are in namespace jax_flash); `python
+tests/gpu/ncu_counters.py ncu.csv` sums the counters per implementation. The
+order of the calls is printed on stderr.
 """
 
 from __future__ import annotations
