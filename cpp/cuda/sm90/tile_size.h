@@ -56,7 +56,7 @@ struct FwdTile {
 //   is stored [query][key] (BwdSm90Traits::kDqTransposed);
 // - plain_causal: plain_block_m's steps for causal calls too (LightestMask
 //   kCausal). On at D = 128 (FA3 keeps 64-query steps there): under load on
-//   an H200, 2-5% faster at 4k-16k, within 2% slower at 1k.
+//   an H200, 1-5% faster at 4k-16k, up to 4% slower at 1k.
 // NOTES_sm90_bwd.md.
 struct BwdTile {
   int block_n, block_m, threads, stages;
