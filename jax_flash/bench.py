@@ -53,10 +53,11 @@ REFERENCE_BLOCK_SCORES = 1 << 22  # scores per block of the reference: 32 MiB of
 ROTATE_MAX_BYTES = 128 * MiB
 ROTATE_SETS = 3
 BWD_FLOP_FACTOR = 2.5  # FlashAttention convention: backward = 2.5x forward FLOPs.
-# A GPU runs attention at its power limit: the first ~100 ms of calls run at
-# the top clock, later ones 10-20% slower (an H200: BENCHMARKS.md, twenty-fifth
-# session). Each GPU measurement starts after this long of back-to-back calls,
-# so every implementation is timed in the state a training loop runs in.
+# A GPU runs attention at its power limit, which takes a few hundred ms of
+# calls to bring the clock down from the top; settled, calls are 10-20% slower
+# (an H200: BENCHMARKS.md, twenty-fifth session). Each GPU measurement starts
+# after this long of back-to-back calls, so every implementation is timed in
+# the state a training loop runs in.
 GPU_SETTLE_S = 0.5
 
 PRESETS = {
