@@ -5,13 +5,15 @@ At the GPU's power limit the time per call is the energy per call
 cuDNN are level, what decides is the work each does per FLOP: instructions by
 pipe, shared-memory wavefronts, L2 and DRAM traffic. This compiles the
 problem's forward (or forward+backward) for jax_flash and cuDNN, makes their
-inputs, and only then runs each once, so that a profiler started on the
-process sees those calls' kernels after the input generation's:
+inputs, runs each once, and then once more between cuProfilerStart and
+cuProfilerStop, so that a profiler started with --profile-from-start off sees
+exactly those calls' kernels (tests/gpu/energy_compare.sh runs it under ncu):
 
-  ncu --csv --metrics smsp__inst_executed.sum,smsp__inst_executed_pipe_fma.sum,\
-smsp__inst_executed_pipe_alu.sum,smsp__inst_executed_pipe_xu.sum,\
-l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,lts__t_sectors.sum,dram__bytes.sum,\
-sm__cycles_elapsed.avg python tests/gpu/profile_calls.py 128 16384 0 fwd_bwd > ncu.csv
+  ncu --profile-from-start off --csv --metrics \
+smsp__inst_executed.sum,smsp__inst_executed_pipe_fma.sum,smsp__inst_executed_pipe_alu.sum,\
+smsp__inst_executed_pipe_xu.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,\
+lts__t_sectors.sum,dram__bytes.sum,sm__cycles_elapsed.avg \
+python tests/gpu/profile_calls.py 128 16384 0 fwd_bwd > ncu.csv
 
 Kernel names tell the two apart (ours are in namespace jax_flash); `python
 tests/gpu/ncu_counters.py ncu.csv` sums the counters per implementation. The
@@ -21,12 +23,30 @@ order of the calls is printed on stderr.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import sys
 
 import jax
 
 import jax_flash
 from jax_flash.bench import Case, grad_fn, make_inputs
+
+
+def cuda_profiler_range():
+  """(start, stop) of the CUDA profiler on device 0's primary context (JAX's),
+  or two no-ops where there is no CUDA driver (a CPU machine)."""
+  try:
+    cuda = ctypes.CDLL("libcuda.so.1")
+  except OSError:
+    return (lambda: None), (lambda: None)
+  device, context = ctypes.c_int(), ctypes.c_void_p()
+  # The profiler acts on the calling thread's current context; JAX runs on
+  # the primary context but leaves none current on this thread.
+  if (cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(device), 0) or
+      cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) or
+      cuda.cuCtxPushCurrent_v2(context)):
+    sys.exit("profile_calls.py: could not make device 0's primary context current")
+  return cuda.cuProfilerStart, cuda.cuProfilerStop
 
 
 def main(argv=None) -> None:
@@ -51,11 +71,15 @@ def main(argv=None) -> None:
                                                          implementation="cudnn")
     fn = fwd if args.direction == "fwd" else grad_fn(fwd)
     compiled[impl] = jax.jit(fn).lower(*call_args).compile()
-  jax.block_until_ready(call_args)
+  for fn in compiled.values():  # first calls (allocations, plans) outside the profile
+    jax.block_until_ready(fn(*call_args))
+  start, stop = cuda_profiler_range()
   for impl, fn in compiled.items():
     print(f"calling {impl}: D={args.head_dim} S={args.seqlen} causal={args.causal} "
           f"{args.direction}", file=sys.stderr, flush=True)
+    start()
     jax.block_until_ready(fn(*call_args))
+    stop()
 
 
 if __name__ == "__main__":
