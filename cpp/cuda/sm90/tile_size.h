@@ -133,7 +133,7 @@ inline constexpr Sm90Tiles kTiles[] = {
     // head_dim, fwd {BM, BN, threads, stages, TMA},
     // bwd {BN, BM, threads, stages, lse2 / D by TMA, dK RS with dQ, and with dropout,
     //      warp-specialized, dV after dS, queries per step without a mask, and
-//      with causal alone},
+    //      with causal alone},
     // dq {BM, BN, threads, stages}
     {64, {128, 128, 256, 2, false}, {128, 128, 256, 2, true, true, true, false, true},
      {128, 64, 256, 2}},
@@ -150,8 +150,7 @@ inline constexpr Sm90Tiles kTiles[] = {
 // -DJAX_FLASH_TUNE_SM90_D=<bucket>, each of
 // -DJAX_FLASH_TUNE_SM90_{FWD_BN,FWD_STAGES,FWD_TMA,BWD_BN,BWD_BM,BWD_DK_RS,
 // BWD_DK_RS_DROPOUT,BWD_STATS_TMA,BWD_WS,BWD_DV_AFTER_DS,BWD_PLAIN_BM,BWD_PLAIN_CAUSAL,
-// DQ_BN}=<n> replaces that
-// field of the bucket's row.
+// DQ_BN}=<n> replaces that field of the bucket's row.
 constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #ifdef JAX_FLASH_TUNE_SM90_D
   if (t.head_dim != JAX_FLASH_TUNE_SM90_D) return t;
