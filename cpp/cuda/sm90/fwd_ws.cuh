@@ -155,7 +155,8 @@ cudaError_t LaunchFwdWsKernel(const FwdParams& params, void* workspace, cudaStre
     a.args = MakeFwdArgs(params);
     if (workspace == nullptr) return cudaErrorInvalidValue;
     a.tile_counter = static_cast<int*>(workspace);
-    if (!PersistentScheduler::MakeArgs(m_blocks, s, a.args.order, &a.sched) ||
+    if (!PersistentScheduler::MakeArgs(m_blocks, s, params.mask.causal, a.args.order,
+                                      &a.sched) ||
         s.seqlen_k > INT32_MAX)
       return cudaErrorNotSupported;
     constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;

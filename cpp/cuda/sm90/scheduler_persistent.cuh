@@ -32,9 +32,21 @@
 namespace jax_flash::cuda::sm90 {
 
 struct PersistentScheduler {
-  // The share of L2 (bytes) one section's K and V may take (FA3 uses 32 MB on
-  // 50 MB H100 L2).
-  static constexpr int64_t kSectionBytes = 32ll << 20;
+  // The share of L2 (bytes) one section's K and V may take. 8 MB, against
+  // FA3's 32 MB on a 50 MB L2: with 32 MB the non-causal forwards read K and
+  // V from DRAM 1.7-2.7 times over (D = 64 S = 1k: 437 MB where 264 is
+  // the minimum; D = 128 S = 16k: 729 against 271) at the same cycles per
+  // call, which at the power limit costs 1-6% of the time (H200). Under a
+  // causal mask 32 MB: there 8 MB was 2-5% slower at 2k-16k, 16 MB 1-3%
+  // (cpp/cuda/NOTES_sm90_fwd.md, "K and V from DRAM once").
+  // Tuning hook: -DJAX_FLASH_TUNE_FWD_SECTION_MB=<n> (both).
+  static int64_t SectionBytes(bool causal) {
+#ifdef JAX_FLASH_TUNE_FWD_SECTION_MB
+    return int64_t{JAX_FLASH_TUNE_FWD_SECTION_MB} << 20;
+#else
+    return (causal ? 32ll : 8ll) << 20;
+#endif
+  }
 
   // Per-launch constants (plain ints: the tile count is checked to fit).
   struct Args {
@@ -47,12 +59,13 @@ struct PersistentScheduler {
   };
 
   // False when the tile count does not fit an int.
-  static bool MakeArgs(int64_t m_blocks, const AttentionShape& s, TileOrder order, Args* a) {
+  static bool MakeArgs(int64_t m_blocks, const AttentionShape& s, bool causal, TileOrder order,
+                       Args* a) {
     const int64_t pairs = s.batch * s.num_heads_q;
     if (m_blocks * pairs > INT32_MAX / 2) return false;  // NextIndex's indices fit too
     // K and V bytes per q head: a GQA group shares them.
     const int64_t kv_bytes = 2 * s.seqlen_k * s.head_dim * 2 / s.group_size();
-    const int64_t section = SectionedPosition::SectionPairs(kSectionBytes, kv_bytes, pairs);
+    const int64_t section = SectionedPosition::SectionPairs(SectionBytes(causal), kv_bytes, pairs);
     a->m_blocks = static_cast<int>(m_blocks);
     a->heads = static_cast<int>(s.num_heads_q);
     a->pairs = static_cast<int>(pairs);
