@@ -1,0 +1,39 @@
+"""tests/gpu/ncu_counters.py on a synthetic ncu CSV (the profile itself needs a GPU)."""
+import importlib.util
+import pathlib
+
+COUNTERS = pathlib.Path(__file__).parent / "gpu" / "ncu_counters.py"
+
+
+def _counters():
+  spec = importlib.util.spec_from_file_location("ncu_counters", COUNTERS)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_ncu_counters_groups_kernel_names_as_ncu_prints_them(tmp_path, capsys):
+  # Names as one H200 profile printed them: ncu dropped jax_flash::cuda:: from
+  # some of ours, and kept it (less cuda::) on others.
+  names = {
+      "1": ("void sm90::FwdWsKernel<__nv_bfloat16, sm90::FwdWsTraits<128, 2>, void, 0>"
+            "(sm90::FwdWsArgs)", 10.0),
+      "2": ("void jax_flash::BwdPreprocessKernel<__nv_bfloat16, 128>(jax_flash::BwdArgs, bool)",
+            2.0),
+      "3": ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7", 7.0),
+      "4": ("void cudnn::convert_dq_to_16bits<1>(const void *, void *)", 1.0),
+      "5": ("loop_convert_fusion", 100.0),
+  }
+  rows = ['"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"']
+  rows += [f'"{i}","{n}","smsp__inst_executed.sum","inst","{v:,.0f}"'
+           for i, (n, v) in names.items()]
+  path = tmp_path / "ncu.csv"
+  path.write_text("==PROF== Connected to process\n" + "\n".join(rows) + "\n")
+  counters = _counters()
+  assert [counters.group_of(n) for n, _ in names.values()] == \
+      ["jax_flash", "jax_flash", "cudnn", "cudnn", "other"]
+  counters.main([str(path)])
+  out = capsys.readouterr().out
+  assert "other: kernel 5 loop_convert_fusion" in out
+  line = next(l for l in out.splitlines() if l.startswith("smsp__inst_executed.sum"))
+  assert line.split()[1:] == ["12", "8", "0.667"]
