@@ -30,9 +30,10 @@
 // dO 403; no CTA barrier at the top of the step 474.
 //
 // Above D = 128 (BwdWideTraits, sm90/mainloop_bwd_wide.cuh) the CTA owns 64
-// keys and the warpgroups split the head dim instead of the keys; it has no
-// dQ. The dQ kernel (sm90/bwd_dq.cuh) follows the dK/dV kernel without dQ
-// (kDq = false) in the deterministic mode and wherever SeparateDq says so.
+// keys and the warpgroups split the head dim instead of the keys; with dQ
+// (the tile's wide_dq) it adds dQ by atomics from registers. The dQ kernel
+// (sm90/bwd_dq.cuh) follows the dK/dV kernel without dQ (kDq = false) in the
+// deterministic mode and wherever SeparateDq says so.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -213,7 +214,7 @@ struct BwdWideTraits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
 
-template <typename T, typename Traits, bool kSoftcap, bool kBias, bool kDropout>
+template <typename T, typename Traits, bool kSoftcap, bool kBias, bool kDropout, bool kDq>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     BwdWideKernel(const __grid_constant__ BwdTmaArgs tma_args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -221,7 +222,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const KeyBlockScheduler::Tile tile = KeyBlockSectionScheduler::Get(tma_args.sched);
   constexpr int kHalfTiles = Traits::kHeadDim / 16;
   float dk[kHalfTiles][4], dv[kHalfTiles][4];
-  BwdWideMainloop<T, Traits, kSoftcap, kBias, kDropout>(tma_args, tile, pos, dk, dv);
+  BwdWideMainloop<T, Traits, kSoftcap, kBias, kDropout, kDq>(tma_args, tile, pos, dk, dv);
   if constexpr (kDropout) ScaleTiles(dv, tma_args.args.keep_scale);  // dV took the kept P^T, unscaled
   // This warp's 16 keys x its warpgroup's half of the head dim, as pieces.
   using Cols = HalfColumns<Traits::kHeadDim>;
@@ -335,12 +336,17 @@ cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t str
     if constexpr (kHeadDim > 128 || (kHeadDim == 128 && kBias)) {
       // The wide kernel's structure: above D = 128, and at D = 128 for a bias
       // (a bias variant of the other kernel, whose registers are full,
-      // spilled 0.6-1 KB).
-      static_assert(SeparateDq(kHeadDim, kBias), "the wide kernels run without dQ");
-      if (accumulate_dq) return cudaErrorInvalidValue;
+      // spilled 0.6-1 KB); with dQ where SeparateDq says no.
       using Traits = BwdWideTraits<kHeadDim>;
-      return LaunchKeyBlocks<T, Traits>(args, BwdWideKernel<T, Traits, kCap, kBias, kDrop>,
-                                        stream);
+      if constexpr (SeparateDq(kHeadDim, kBias)) {
+        if (accumulate_dq) return cudaErrorInvalidValue;
+        return LaunchKeyBlocks<T, Traits>(
+            args, BwdWideKernel<T, Traits, kCap, kBias, kDrop, false>, stream);
+      } else {
+        auto kernel = accumulate_dq ? BwdWideKernel<T, Traits, kCap, kBias, kDrop, true>
+                                    : BwdWideKernel<T, Traits, kCap, kBias, kDrop, false>;
+        return LaunchKeyBlocks<T, Traits>(args, kernel, stream);
+      }
     } else if constexpr (kBias) {
       return cudaErrorNotSupported;  // below D = 128 (BwdTakesTerms said no already)
     } else if constexpr (BwdTileSize(kHeadDim).ws) {  // sm90/bwd_ws.cuh

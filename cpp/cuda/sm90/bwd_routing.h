@@ -4,6 +4,7 @@
 // dK/dV kernels' for them.
 #pragma once
 
+#include "cuda/sm90/tile_size.h"
 #include "jax_flash/params.h"
 
 namespace jax_flash::cuda::sm90 {
@@ -30,16 +31,17 @@ inline bool BwdTakesTerms(const BwdParams& p, bool deterministic) {
 // Whether the fast mode runs the deterministic structure (dK/dV without dQ,
 // then the dQ kernel over query blocks) instead of adding dQ with atomics in
 // the dK/dV kernel, for bucket kHeadDim:
-// - above D = 128, where it is the faster of the two (H100, bf16, S 4k-16k:
-//   295-367 TFLOP/s against 238-279 for the atomic dQ of
-//   mainloop_bwd_wide.cuh; cpp/cuda/NOTES.md);
+// - above D = 128 unless the bucket's row says wide_dq (sm90/tile_size.h);
+//   without it the separate kernel was the faster of the two on an H100
+//   (bf16, S 4k-16k: 295-367 TFLOP/s against 238-279 for the first atomic
+//   dQ of mainloop_bwd_wide.cuh; cpp/cuda/NOTES.md);
 // - at D = 128 with a bias, which runs on the wide kernel's structure.
 // The dK/dV kernels with dQ are not built for these. At D = 128 with dropout
 // the kernel with dQ runs (it spilled 284 bytes until the fourteenth
 // session's mask paths, 28 since; the separate structure, which draws the
 // keep bits twice, took 1.11-1.33x its time on an H200: NOTES_sm90_bwd.md).
 constexpr bool SeparateDq(int head_dim, bool bias) {
-  return head_dim > 128 || (head_dim == 128 && bias);
+  return (head_dim > 128 && !BwdTileSize(head_dim).wide_dq) || (head_dim == 128 && bias);
 }
 
 }  // namespace jax_flash::cuda::sm90

@@ -164,6 +164,29 @@ __device__ __forceinline__ void ReduceDqPart(const float (&dq)[kDqTiles][4], uin
   if (wg_tid == 0) IssueDqReduce<Traits>(dq_part, dq_accum, bh, seqlen_q, m0, warpgroup);
 }
 
+// The wide kernel's dQ part (sm90/mainloop_bwd_wide.cuh, kDq), added from
+// registers: warpgroup w's fragments hold the step's 64 queries (warp
+// wg_warp's rows 16 wg_warp.., the lane's pair of column tile dt at row g
+// (+ 8 hr), columns 2t, 2t + 1) x column half w, which DqAccumLayout keeps as
+// two contiguous floats each: one float2 atomic add per pair, fire and forget
+// (no result: RED). A warp's rows are one group of 16, all at or past
+// seqlen_q or none (the accumulator's rows stop at PaddedRows).
+template <int kHeadDim, int kTiles>
+__device__ __forceinline__ void RedDqFragments(const float (&dq)[kTiles][4], float* dq_accum,
+                                               int64_t bh, int64_t seqlen_q, int64_t m0,
+                                               int warpgroup, int wg_warp, int g, int t) {
+  using Layout = DqAccumLayout<kHeadDim>;
+  static_assert(kTiles == Layout::kHalf / 8, "a warpgroup's column half");
+  if (m0 + Layout::kGroupRows * wg_warp >= seqlen_q) return;
+  float* const part = dq_accum + Layout::HalfRows(bh, seqlen_q, warpgroup, m0);
+#pragma unroll
+  for (int dt = 0; dt < kTiles; ++dt)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr)
+      atomicAdd(reinterpret_cast<float2*>(part + Layout::PartOffset(wg_warp, g, t, dt, hr)),
+                make_float2(dq[dt][2 * hr], dq[dt][2 * hr + 1]));
+}
+
 // After the last step: the staging tile must outlive the reads of the last
 // reduction.
 __device__ __forceinline__ void DrainDqReductions(int wg_tid) {

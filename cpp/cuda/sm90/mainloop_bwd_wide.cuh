@@ -8,11 +8,14 @@
 //     -> shared memory ([key][query] swizzled tiles, both warpgroups' halves)
 //   -- CTA barrier --
 //   dV_w += P^T dO_w, dK_w += dS^T Q_w   SS: P^T / dS^T K-major, B MN-major
-// where X_w is the warpgroup's half of X's columns. dQ comes from the dQ
-// kernel (sm90/bwd_dq.cuh) in both modes: it was faster than adding dQ here
-// with float2 atomics (sm90::SeparateDq; a staging tile for the TMA unit's
-// bulk reduction, as the D <= 128 kernel has, does not fit in shared memory
-// next to K, V and two Q/dO stages at D = 256).
+//   with kDq: dQ_w = dS K_w              SS: dS M-major (dS^T's tile), K MN-major
+// where X_w is the warpgroup's half of X's columns. dQ_w, the step's 64
+// queries x the warpgroup's half summed over the CTA's 64 keys, goes into
+// the float32 accumulator by float2 atomics from registers
+// (RedDqFragments): a staging tile for the TMA unit's bulk reduction, as the
+// D <= 128 kernel has, does not fit in shared memory next to K, V and two
+// Q/dO stages at D = 256. Without kDq (the deterministic mode, and wherever
+// sm90::SeparateDq says so) the dQ kernel (sm90/bwd_dq.cuh) follows.
 //
 // A half of 96 columns (D = 192) crosses a 64-column block of the tiles, and a
 // wgmma's MN-major B covers whole blocks: it is computed as a 64-column piece
@@ -37,6 +40,7 @@
 #include "cuda/common/tile_scheduler.cuh"
 #include "cuda/common/views.cuh"
 #include "cuda/sm90/copy.cuh"
+#include "cuda/sm90/epilogue_bwd.cuh"
 #include "cuda/sm90/mainloop_bwd.cuh"
 #include "cuda/sm90/tma.cuh"
 #include "cuda/sm90/wgmma.cuh"
@@ -88,7 +92,8 @@ __device__ __forceinline__ void HalfGemm(float (&d)[kTiles][4], uint64_t desc_a,
 // kBias, kDropout: as mainloop_bwd.cuh's (at most one of kSoftcap, kBias,
 // kDropout; P^T goes to shared memory for dV dropped but unscaled, so the dV
 // returned lacks 1 / (1 - rate), which the caller applies: BwdWideKernel).
-template <typename T, typename Traits, bool kSoftcap, bool kBias, bool kDropout>
+// kDq: dQ added into the accumulator as the steps go (above).
+template <typename T, typename Traits, bool kSoftcap, bool kBias, bool kDropout, bool kDq>
 __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
                                                 const KeyBlockScheduler::Tile& tile,
                                                 const ThreadPos& pos,
@@ -101,6 +106,7 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
   constexpr uint32_t kRow = kSwizzleBytes;
   using Cols = HalfColumns<kHeadDim>;
   static_assert(int{kSoftcap} + int{kBias} + int{kDropout} <= 1, "one of the terms per kernel");
+  static_assert(!kDq || Cols::kPartTiles == 0, "dQ in halves of whole 64-column blocks");
   const BwdArgs& args = tma_args.args;
   const BwdParams& p = args.p;
 
@@ -175,6 +181,13 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
   // Q and dO stages as dK's and dV's B: the same offsets in every stage.
   const uint32_t qo_full = ColumnOffset(cols.full, kBlockM);
   const uint32_t qo_part = ColumnOffset(cols.part, kBlockM);
+  // dQ's operands: dS as an M-major A, the M-major view of the dS^T tile
+  // ([key][query]: a k-step is 16 keys, two 8-row groups), and K's columns
+  // of this warpgroup's half as an MN-major B (the same k-steps).
+  const uint64_t desc_ds = SmemDescriptor(sdSt, kBlockN * kRow, kAtomBytes);
+  const uint64_t desc_kq =
+      SmemDescriptor(sK + ColumnOffset(cols.full, kBlockN), kBlockN * kRow, kAtomBytes);
+  const int64_t num_heads_q = p.shape.num_heads_q;
   const float scale_log2 = args.scale_log2;
   // stmatrix rows: this warp's keys (lanes 8i..8i+7: matrix i).
   const int st_row = key_row0 + lane % 8 + ((lane / 8) % 2) * 8;
@@ -276,8 +289,20 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
     __syncthreads();
     if (s + 1 < steps) issue(gi, mi, stage ^ 1);
 
-    // ---- dV, dK --------------------------------------------------------------
+    // ---- dQ (kDq), dV, dK ---------------------------------------------------
+    // dQ first, so that its wait below leaves dV and dK running while its
+    // atomics issue.
+    float dq[kDq ? kHalfTiles : 1][4];
     WgmmaFence();
+    if constexpr (kDq) {
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / kMmaK; ++kk) {
+        const uint32_t step = kk * 2 * kAtomBytes;
+        WgmmaSS<T, 1, 1>(dq, DescriptorPlus(desc_ds, p_offset + step),
+                         DescriptorPlus(desc_kq, step), kk > 0);
+      }
+      WgmmaCommit();
+    }
     {
       const uint64_t do_full = SmemDescriptor(do_tile + qo_full, kBlockM * kRow, kAtomBytes);
       const uint64_t do_part = SmemDescriptor(do_tile + qo_part, kBlockM * kRow, kAtomBytes);
@@ -299,6 +324,12 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
                                  DescriptorPlus(q_full, step), DescriptorPlus(q_part, step), 1);
       }
       WgmmaCommit();
+    }
+    if constexpr (kDq) {
+      WgmmaWait<2>();  // dQ done; dV and dK may still run
+      FenceRegisters(dq);
+      RedDqFragments<kHeadDim>(dq, args.dq_accum, b * num_heads_q + h, seqlen_q, m0, warpgroup,
+                               wg_warp, g, t);
     }
     // Finished within the step, as in mainloop_bwd.cuh (C7515 otherwise).
     if (kDropout && s + 1 < steps) keep = draw_keep(gi, mi);  // (gi, mi): the next step

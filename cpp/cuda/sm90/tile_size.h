@@ -56,7 +56,14 @@ struct FwdTile {
 //   is stored [query][key] (BwdSm90Traits::kDqTransposed);
 // - plain_causal: plain_block_m's steps for causal calls too (LightestMask
 //   kCausal). On at D = 128 (FA3 keeps 64-query steps there): under load on
-//   an H200, 1-5% faster at 4k-16k, up to 4% slower at 1k.
+//   an H200, 1-5% faster at 4k-16k, up to 4% slower at 1k;
+// - wide_dq: above D = 128 (the wide kernel, sm90/mainloop_bwd_wide.cuh), the
+//   fast mode adds dQ from the dK/dV kernel, from registers by float2
+//   atomics (no shared memory is left there for a staging tile), instead of
+//   running the dQ kernel after it (FA3's and cuDNN's structure at D = 256:
+//   five GEMMs of a step's size instead of seven). Whole 128-column halves
+//   only (D = 256). Off until measured: the hook below turns it on
+//   (-DJAX_FLASH_TUNE_SM90_D=256 -DJAX_FLASH_TUNE_SM90_BWD_WIDE_DQ=1).
 // NOTES_sm90_bwd.md.
 struct BwdTile {
   int block_n, block_m, threads, stages;
@@ -65,6 +72,7 @@ struct BwdTile {
   bool dv_after_ds = false;
   int plain_block_m = 0;
   bool plain_causal = false;
+  bool wide_dq = false;
 };
 
 // The warp-specialized forward (sm90/fwd_ws.cuh): query rows per tile (one
@@ -133,7 +141,7 @@ inline constexpr Sm90Tiles kTiles[] = {
     // head_dim, fwd {BM, BN, threads, stages, TMA},
     // bwd {BN, BM, threads, stages, lse2 / D by TMA, dK RS with dQ, and with dropout,
     //      warp-specialized, dV after dS, queries per step without a mask, and
-    //      with causal alone},
+    //      with causal alone, dQ in the wide kernel},
     // dq {BM, BN, threads, stages}
     {64, {128, 128, 256, 2, false}, {128, 128, 256, 2, true, true, true, false, true},
      {128, 64, 256, 2}},
@@ -150,7 +158,7 @@ inline constexpr Sm90Tiles kTiles[] = {
 // -DJAX_FLASH_TUNE_SM90_D=<bucket>, each of
 // -DJAX_FLASH_TUNE_SM90_{FWD_BN,FWD_STAGES,FWD_TMA,BWD_BN,BWD_BM,BWD_DK_RS,
 // BWD_DK_RS_DROPOUT,BWD_STATS_TMA,BWD_WS,BWD_DV_AFTER_DS,BWD_PLAIN_BM,BWD_PLAIN_CAUSAL,
-// DQ_BN}=<n> replaces that field of the bucket's row.
+// BWD_WIDE_DQ,DQ_BN}=<n> replaces that field of the bucket's row.
 constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #ifdef JAX_FLASH_TUNE_SM90_D
   if (t.head_dim != JAX_FLASH_TUNE_SM90_D) return t;
@@ -189,6 +197,9 @@ constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #endif
 #ifdef JAX_FLASH_TUNE_SM90_BWD_PLAIN_CAUSAL
   t.bwd.plain_causal = JAX_FLASH_TUNE_SM90_BWD_PLAIN_CAUSAL;
+#endif
+#ifdef JAX_FLASH_TUNE_SM90_BWD_WIDE_DQ
+  t.bwd.wide_dq = JAX_FLASH_TUNE_SM90_BWD_WIDE_DQ;
 #endif
 #ifdef JAX_FLASH_TUNE_SM90_DQ_BN
   t.dq.block_n = JAX_FLASH_TUNE_SM90_DQ_BN;
