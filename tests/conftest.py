@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import pathlib
 
 # Four CPU devices for the many-device tests (test_sharding.py, test_ring.py);
 # XLA reads this once, when jax starts, so it is set before jax is imported.
@@ -25,6 +27,19 @@ jax.config.update("jax_enable_x64", True)  # float64 inputs and the float64 refe
 # The references (tests/reference.py, jax.nn's xla path, Flax's attention) must
 # compute float32 matrix products in float32: on GPUs XLA's default is TF32.
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+@pytest.fixture
+def gpu_tool():
+  """Loads a script of tests/gpu (a folder of scripts, not a package) as a
+  module: gpu_tool("ncu_counters")."""
+  def load(name: str):
+    path = pathlib.Path(__file__).parent / "gpu" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+  return load
 
 
 def available_backends() -> list[str]:

@@ -1,18 +1,7 @@
 """tests/gpu/ncu_counters.py on a synthetic ncu CSV (the profile itself needs a GPU)."""
-import importlib.util
-import pathlib
-
-COUNTERS = pathlib.Path(__file__).parent / "gpu" / "ncu_counters.py"
 
 
-def _counters():
-  spec = importlib.util.spec_from_file_location("ncu_counters", COUNTERS)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-def test_ncu_counters_groups_kernel_names_as_ncu_prints_them(tmp_path, capsys):
+def test_ncu_counters_groups_kernel_names_as_ncu_prints_them(tmp_path, capsys, gpu_tool):
   # Names as one H200 profile printed them: ncu dropped jax_flash::cuda:: from
   # some of ours, and kept it (less cuda::) on others.
   names = {
@@ -29,7 +18,7 @@ def test_ncu_counters_groups_kernel_names_as_ncu_prints_them(tmp_path, capsys):
            for i, (n, v) in names.items()]
   path = tmp_path / "ncu.csv"
   path.write_text("==PROF== Connected to process\n" + "\n".join(rows) + "\n")
-  counters = _counters()
+  counters = gpu_tool("ncu_counters")
   assert [counters.group_of(n) for n, _ in names.values()] == \
       ["jax_flash", "jax_flash", "cudnn", "cudnn", "other"]
   counters.main([str(path)])

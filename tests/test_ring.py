@@ -10,8 +10,6 @@ smoke run.
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 import re
 
 import jax
@@ -185,12 +183,9 @@ def test_ring_argument_errors(cpu_mesh):
     call(put(q), put(q), is_causal="yes")
 
 
-def test_multi_gpu_bench_smoke(cpu_mesh, capsys):
+def test_multi_gpu_bench_smoke(cpu_mesh, capsys, gpu_tool):
   """tests/gpu/multi_gpu_bench.py end to end with tiny shapes on CPU devices."""
-  path = pathlib.Path(__file__).parent / "gpu" / "multi_gpu_bench.py"
-  spec = importlib.util.spec_from_file_location("multi_gpu_bench", path)
-  bench = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(bench)
+  bench = gpu_tool("multi_gpu_bench")
   bench.main(["--smoke", "--platform", "cpu"])  # CPU devices also beside a GPU
   out = capsys.readouterr().out
   for row in ("data parallel", "ring", "transfers only", "no transfers"):
