@@ -179,12 +179,28 @@ __device__ __forceinline__ void RedDqFragments(const float (&dq)[kTiles][4], flo
   static_assert(kTiles == Layout::kHalf / 8, "a warpgroup's column half");
   if (m0 + Layout::kGroupRows * wg_warp >= seqlen_q) return;
   float* const part = dq_accum + Layout::HalfRows(bh, seqlen_q, warpgroup, m0);
+#ifdef JAX_FLASH_TUNE_WIDE_DQ_V4
+  // Tuning hook: float4 atomics, half as many, after an exchange of pairs
+  // between lanes t and t ^ 1: the even lane adds row g, columns 2t..2t + 3
+  // (its pair and its partner's), the odd one row g + 8, columns 2t - 2..2t + 1.
+  const bool odd = t & 1;
+  float* const lane_part = part + Layout::PartOffset(wg_warp, g, t & ~1, 0, odd);
+#pragma unroll
+  for (int dt = 0; dt < kTiles; ++dt) {
+    const float(&d)[4] = dq[dt];
+    const float y0 = __shfl_xor_sync(0xffffffffu, odd ? d[0] : d[2], 1);
+    const float y1 = __shfl_xor_sync(0xffffffffu, odd ? d[1] : d[3], 1);
+    const float4 v = odd ? make_float4(y0, y1, d[2], d[3]) : make_float4(d[0], d[1], y0, y1);
+    atomicAdd(reinterpret_cast<float4*>(lane_part + Layout::PartOffset(0, 0, 0, dt, 0)), v);
+  }
+#else
 #pragma unroll
   for (int dt = 0; dt < kTiles; ++dt)
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr)
       atomicAdd(reinterpret_cast<float2*>(part + Layout::PartOffset(wg_warp, g, t, dt, hr)),
                 make_float2(dq[dt][2 * hr], dq[dt][2 * hr + 1]));
+#endif
 }
 
 // After the last step: the staging tile must outlive the reads of the last
