@@ -203,6 +203,49 @@ __device__ __forceinline__ void RedDqFragments(const float (&dq)[kTiles][4], flo
 #endif
 }
 
+// The wide kernel's dQ part through shared memory and the TMA unit's bulk
+// reductions instead (tuning hook JAX_FLASH_TUNE_WIDE_DQ_STAGED): no tile of
+// its own fits beside K, V and two Q / dO stages, so once the step's dV and
+// dK are done warpgroup w stages its part in column half w of the step's Q
+// and dO tiles (16 KB each: the part's rows 0-31 in Q's, 32-63 in dO's), which
+// only its own dK and dV read; the loads that next overwrite that stage are
+// issued at the next step's middle barrier, before which the warpgroup's
+// thread 0 waits for these reductions' reads (BulkWaitRead). Rows as
+// StoreDqPart lays them; one bulk reduction per 32 rows below PaddedRows.
+template <int kHeadDim, int kTiles>
+__device__ __forceinline__ void StageWideDq(const float (&dq)[kTiles][4], uint32_t rows_lo,
+                                            uint32_t rows_hi, float* dq_accum, int64_t bh,
+                                            int64_t seqlen_q, int64_t m0, int warpgroup,
+                                            int wg_warp, int wg_tid, int g, int t) {
+  using Layout = DqAccumLayout<kHeadDim>;
+  static_assert(kTiles == Layout::kHalf / 8, "a warpgroup's column half");
+  constexpr int kTileRows = 32;  // rows per staging tile: two warps' groups
+  const uint32_t tile = wg_warp < 2 ? rows_lo : rows_hi;
+#pragma unroll
+  for (int dt = 0; dt < kTiles; ++dt)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const uint32_t at = tile + 4 * Layout::PartOffset(wg_warp % 2, g, t, dt, hr);
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(dq[dt][2 * hr]),
+                   "f"(dq[dt][2 * hr + 1]));
+    }
+  FenceProxyAsync();
+  WarpgroupBarrier(warpgroup);
+  if (wg_tid == 0) {
+    const int64_t padded = Layout::PaddedRows(seqlen_q);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t m = m0 + i * kTileRows;
+      if (m >= padded) break;
+      const int64_t rows = padded - m < kTileRows ? padded - m : kTileRows;
+      BulkReduceAddF32(dq_accum + Layout::HalfRows(bh, seqlen_q, warpgroup, m),
+                       i == 0 ? rows_lo : rows_hi,
+                       static_cast<uint32_t>(rows * Layout::kHalf * 4));
+    }
+    BulkCommit();
+  }
+}
+
 // After the last step: the staging tile must outlive the reads of the last
 // reduction.
 __device__ __forceinline__ void DrainDqReductions(int wg_tid) {

@@ -89,6 +89,14 @@ __device__ __forceinline__ void HalfGemm(float (&d)[kTiles][4], uint64_t desc_a,
   }
 }
 
+// Tuning hook: with dQ (kDq), stage it and add it by bulk reductions
+// (StageWideDq) rather than by atomics from registers (RedDqFragments).
+#ifdef JAX_FLASH_TUNE_WIDE_DQ_STAGED
+inline constexpr bool kWideDqStaged = true;
+#else
+inline constexpr bool kWideDqStaged = false;
+#endif
+
 // kBias, kDropout: as mainloop_bwd.cuh's (at most one of kSoftcap, kBias,
 // kDropout; P^T goes to shared memory for dV dropped but unscaled, so the dV
 // returned lacks 1 / (1 - rate), which the caller applies: BwdWideKernel).
@@ -283,6 +291,10 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
                  Pack2<T>(d0[2] * p0[2], d0[3] * p0[3]), Pack2<T>(d1[0] * p1[0], d1[1] * p1[1]),
                  Pack2<T>(d1[2] * p1[2], d1[3] * p1[3]));
     }
+    // Staged dQ: step s - 1's reductions have read its stage, which the loads
+    // issued below overwrite.
+    if constexpr (kDq && kWideDqStaged)
+      if (tid % 128 == 0) BulkWaitRead<0>();
     FenceProxyAsync();
     // Both warpgroups' queries are in; both are done with step s - 1, so its
     // stage takes step s + 1's loads.
@@ -325,7 +337,7 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
       }
       WgmmaCommit();
     }
-    if constexpr (kDq) {
+    if constexpr (kDq && !kWideDqStaged) {
       WgmmaWait<2>();  // dQ done; dV and dK may still run
       FenceRegisters(dq);
       RedDqFragments<kHeadDim>(dq, args.dq_accum, b * num_heads_q + h, seqlen_q, m0, warpgroup,
@@ -336,6 +348,12 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
     WgmmaWait<0>();
     FenceRegisters(dv);
     FenceRegisters(dk);
+    if constexpr (kDq && kWideDqStaged) {  // this warpgroup's dK and dV no longer read the stage
+      FenceRegisters(dq);
+      StageWideDq<kHeadDim>(dq, q_tile + qo_full, do_tile + qo_full, args.dq_accum,
+                            b * num_heads_q + h, seqlen_q, m0, warpgroup, wg_warp, tid % 128, g,
+                            t);
+    }
   }
 }
 
