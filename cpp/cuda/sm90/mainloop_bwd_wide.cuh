@@ -11,10 +11,11 @@
 //   with kDq: dQ_w = dS K_w              SS: dS M-major (dS^T's tile), K MN-major
 // where X_w is the warpgroup's half of X's columns. dQ_w, the step's 64
 // queries x the warpgroup's half summed over the CTA's 64 keys, goes into
-// the float32 accumulator by float2 atomics from registers
-// (RedDqFragments): a staging tile for the TMA unit's bulk reduction, as the
-// D <= 128 kernel has, does not fit in shared memory next to K, V and two
-// Q/dO stages at D = 256. Without kDq (the deterministic mode, and wherever
+// the float32 accumulator by atomics from registers (RedDqFragments): a
+// staging tile of its own for the TMA unit's bulk reduction, as the D <= 128
+// kernel has, does not fit in shared memory next to K, V and two Q/dO stages
+// at D = 256 (a tuning hook stages it in the step's spent Q / dO halves
+// instead: StageWideDq). Without kDq (the deterministic mode, and wherever
 // sm90::SeparateDq says so) the dQ kernel (sm90/bwd_dq.cuh) follows.
 //
 // A half of 96 columns (D = 192) crosses a 64-column block of the tiles, and a
