@@ -7,17 +7,11 @@ pipe, shared-memory wavefronts, L2 and DRAM traffic. This compiles the
 problem's forward (or forward+backward) for jax_flash and cuDNN, makes their
 inputs, runs each once, and then once more between cuProfilerStart and
 cuProfilerStop, so that a profiler started with --profile-from-start off sees
-exactly those calls' kernels (tests/gpu/energy_compare.sh runs it under ncu):
-
-  ncu --profile-from-start off --csv --metrics \
-smsp__inst_executed.sum,smsp__inst_executed_pipe_fma.sum,smsp__inst_executed_pipe_alu.sum,\
-smsp__inst_executed_pipe_xu.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,\
-lts__t_sectors.sum,dram__bytes.sum,sm__cycles_elapsed.avg \
-python tests/gpu/profile_calls.py 128 16384 0 fwd_bwd > ncu.csv
-
-Kernel names tell the two apart (ours are in namespace jax_flash); `python
-tests/gpu/ncu_counters.py ncu.csv` sums the counters per implementation. The
-order of the calls is printed on stderr.
+exactly those calls' kernels. tests/gpu/energy_compare.sh runs it under ncu
+(`ncu --profile-from-start off --csv --metrics ...`, its metric list) and
+sums the counters per implementation with tests/gpu/ncu_counters.py, which
+tells the two apart by kernel name. The order of the calls is printed on
+stderr. Shapes: the bench's fa3 preset's (FA3_TOKENS, FA3_HIDDEN).
 """
 
 from __future__ import annotations
@@ -29,7 +23,7 @@ import sys
 import jax
 
 import jax_flash
-from jax_flash.bench import Case, grad_fn, make_inputs
+from jax_flash.bench import FA3_HIDDEN, FA3_TOKENS, Case, grad_fn, make_inputs
 
 
 def cuda_profiler_range():
@@ -57,7 +51,7 @@ def main(argv=None) -> None:
   parser.add_argument("direction", choices=["fwd", "fwd_bwd"])
   parser.add_argument("--impls", nargs="+", default=["jax_flash", "cudnn"])
   args = parser.parse_args(argv)
-  case = Case(batch=max(1, 16384 // args.seqlen), heads=2048 // args.head_dim,
+  case = Case(batch=max(1, FA3_TOKENS // args.seqlen), heads=max(1, FA3_HIDDEN // args.head_dim),
               seqlen=args.seqlen, head_dim=args.head_dim, dtype="bfloat16",
               causal=bool(args.causal))
   inputs = make_inputs(case, 0)
