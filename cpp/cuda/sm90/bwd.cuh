@@ -223,7 +223,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kHalfTiles = Traits::kHeadDim / 16;
   float dk[kHalfTiles][4], dv[kHalfTiles][4];
   BwdWideMainloop<T, Traits, kSoftcap, kBias, kDropout, kDq>(tma_args, tile, pos, dk, dv);
-  if constexpr (kDq && kWideDqStaged) DrainDqReductions(pos.tid % 128);
   if constexpr (kDropout) ScaleTiles(dv, tma_args.args.keep_scale);  // dV took the kept P^T, unscaled
   // This warp's 16 keys x its warpgroup's half of the head dim, as pieces.
   using Cols = HalfColumns<Traits::kHeadDim>;

@@ -179,71 +179,12 @@ __device__ __forceinline__ void RedDqFragments(const float (&dq)[kTiles][4], flo
   static_assert(kTiles == Layout::kHalf / 8, "a warpgroup's column half");
   if (m0 + Layout::kGroupRows * wg_warp >= seqlen_q) return;
   float* const part = dq_accum + Layout::HalfRows(bh, seqlen_q, warpgroup, m0);
-#ifdef JAX_FLASH_TUNE_WIDE_DQ_V4
-  // Tuning hook: float4 atomics, half as many, after an exchange of pairs
-  // between lanes t and t ^ 1: the even lane adds row g, columns 2t..2t + 3
-  // (its pair and its partner's), the odd one row g + 8, columns 2t - 2..2t + 1.
-  const bool odd = t & 1;
-  float* const lane_part = part + Layout::PartOffset(wg_warp, g, t & ~1, 0, odd);
-#pragma unroll
-  for (int dt = 0; dt < kTiles; ++dt) {
-    const float(&d)[4] = dq[dt];
-    const float y0 = __shfl_xor_sync(0xffffffffu, odd ? d[0] : d[2], 1);
-    const float y1 = __shfl_xor_sync(0xffffffffu, odd ? d[1] : d[3], 1);
-    const float4 v = odd ? make_float4(y0, y1, d[2], d[3]) : make_float4(d[0], d[1], y0, y1);
-    atomicAdd(reinterpret_cast<float4*>(lane_part + Layout::PartOffset(0, 0, 0, dt, 0)), v);
-  }
-#else
 #pragma unroll
   for (int dt = 0; dt < kTiles; ++dt)
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr)
       atomicAdd(reinterpret_cast<float2*>(part + Layout::PartOffset(wg_warp, g, t, dt, hr)),
                 make_float2(dq[dt][2 * hr], dq[dt][2 * hr + 1]));
-#endif
-}
-
-// The wide kernel's dQ part through shared memory and the TMA unit's bulk
-// reductions instead (tuning hook JAX_FLASH_TUNE_WIDE_DQ_STAGED): no tile of
-// its own fits beside K, V and two Q / dO stages, so once the step's dV and
-// dK are done warpgroup w stages its part in column half w of the step's Q
-// and dO tiles (16 KB each: the part's rows 0-31 in Q's, 32-63 in dO's), which
-// only its own dK and dV read; the loads that next overwrite that stage are
-// issued at the next step's middle barrier, before which the warpgroup's
-// thread 0 waits for these reductions' reads (BulkWaitRead). Rows as
-// StoreDqPart lays them; one bulk reduction per 32 rows below PaddedRows.
-template <int kHeadDim, int kTiles>
-__device__ __forceinline__ void StageWideDq(const float (&dq)[kTiles][4], uint32_t rows_lo,
-                                            uint32_t rows_hi, float* dq_accum, int64_t bh,
-                                            int64_t seqlen_q, int64_t m0, int warpgroup,
-                                            int wg_warp, int wg_tid, int g, int t) {
-  using Layout = DqAccumLayout<kHeadDim>;
-  static_assert(kTiles == Layout::kHalf / 8, "a warpgroup's column half");
-  constexpr int kTileRows = 32;  // rows per staging tile: two warps' groups
-  const uint32_t tile = wg_warp < 2 ? rows_lo : rows_hi;
-#pragma unroll
-  for (int dt = 0; dt < kTiles; ++dt)
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const uint32_t at = tile + 4 * Layout::PartOffset(wg_warp % 2, g, t, dt, hr);
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(dq[dt][2 * hr]),
-                   "f"(dq[dt][2 * hr + 1]));
-    }
-  FenceProxyAsync();
-  WarpgroupBarrier(warpgroup);
-  if (wg_tid == 0) {
-    const int64_t padded = Layout::PaddedRows(seqlen_q);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int64_t m = m0 + i * kTileRows;
-      if (m >= padded) break;
-      const int64_t rows = padded - m < kTileRows ? padded - m : kTileRows;
-      BulkReduceAddF32(dq_accum + Layout::HalfRows(bh, seqlen_q, warpgroup, m),
-                       i == 0 ? rows_lo : rows_hi,
-                       static_cast<uint32_t>(rows * Layout::kHalf * 4));
-    }
-    BulkCommit();
-  }
 }
 
 // After the last step: the staging tile must outlive the reads of the last

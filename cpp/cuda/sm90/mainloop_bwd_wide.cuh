@@ -14,8 +14,8 @@
 // the float32 accumulator by atomics from registers (RedDqFragments): a
 // staging tile of its own for the TMA unit's bulk reduction, as the D <= 128
 // kernel has, does not fit in shared memory next to K, V and two Q/dO stages
-// at D = 256 (a tuning hook stages it in the step's spent Q / dO halves
-// instead: StageWideDq). Without kDq (the deterministic mode, and wherever
+// at D = 256 (staging it in the step's spent Q / dO halves instead was 4-8%
+// slower on an H200: NOTES_sm90_bwd_tiles.md). Without kDq (the deterministic mode, and wherever
 // sm90::SeparateDq says so) the dQ kernel (sm90/bwd_dq.cuh) follows.
 //
 // A half of 96 columns (D = 192) crosses a 64-column block of the tiles, and a
@@ -89,14 +89,6 @@ __device__ __forceinline__ void HalfGemm(float (&d)[kTiles][4], uint64_t desc_a,
     WgmmaSS<T, 1, kTransA, 8 * Cols::kPartTiles, Cols::kFullTiles>(d, desc_a, desc_part, scale_d);
   }
 }
-
-// Tuning hook: with dQ (kDq), stage it and add it by bulk reductions
-// (StageWideDq) rather than by atomics from registers (RedDqFragments).
-#ifdef JAX_FLASH_TUNE_WIDE_DQ_STAGED
-inline constexpr bool kWideDqStaged = true;
-#else
-inline constexpr bool kWideDqStaged = false;
-#endif
 
 // kBias, kDropout: as mainloop_bwd.cuh's (at most one of kSoftcap, kBias,
 // kDropout; P^T goes to shared memory for dV dropped but unscaled, so the dV
@@ -292,10 +284,6 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
                  Pack2<T>(d0[2] * p0[2], d0[3] * p0[3]), Pack2<T>(d1[0] * p1[0], d1[1] * p1[1]),
                  Pack2<T>(d1[2] * p1[2], d1[3] * p1[3]));
     }
-    // Staged dQ: step s - 1's reductions have read its stage, which the loads
-    // issued below overwrite.
-    if constexpr (kDq && kWideDqStaged)
-      if (tid % 128 == 0) BulkWaitRead<0>();
     FenceProxyAsync();
     // Both warpgroups' queries are in; both are done with step s - 1, so its
     // stage takes step s + 1's loads.
@@ -338,7 +326,7 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
       }
       WgmmaCommit();
     }
-    if constexpr (kDq && !kWideDqStaged) {
+    if constexpr (kDq) {
       WgmmaWait<2>();  // dQ done; dV and dK may still run
       FenceRegisters(dq);
       RedDqFragments<kHeadDim>(dq, args.dq_accum, b * num_heads_q + h, seqlen_q, m0, warpgroup,
@@ -349,12 +337,6 @@ __device__ __forceinline__ void BwdWideMainloop(const BwdTmaArgs& tma_args,
     WgmmaWait<0>();
     FenceRegisters(dv);
     FenceRegisters(dk);
-    if constexpr (kDq && kWideDqStaged) {  // this warpgroup's dK and dV no longer read the stage
-      FenceRegisters(dq);
-      StageWideDq<kHeadDim>(dq, q_tile + qo_full, do_tile + qo_full, args.dq_accum,
-                            b * num_heads_q + h, seqlen_q, m0, warpgroup, wg_warp, tid % 128, g,
-                            t);
-    }
   }
 }
 
