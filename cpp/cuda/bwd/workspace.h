@@ -86,6 +86,9 @@ struct DqAccumLayout {
   // the part has both (the row split), the second half's 64 rows after the
   // first's. InGroup's order, so HalfRows(bh, sq, half, m) + the offset
   // within the half is Index(bh, sq, m + row, col) (tc_kernel_check checks).
+  // Within a half it is PartIndex(16 warp + g + 8 hr, 8 tile + 2t), written
+  // with the lane's fields apart: the compiler cannot know g < 8 and t < 4,
+  // so PartIndex's divisions and masks would stay in the kernel's code.
   __host__ __device__ static int PartOffset(int warp, int g, int t, int tile, int hr) {
     constexpr int kHalfTiles = kHalf / 8;
     return (tile / kHalfTiles) * 64 * kHalf + warp * kGroupRows * kHalf +
