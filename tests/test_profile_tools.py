@@ -26,3 +26,22 @@ def test_ncu_counters_groups_kernel_names_as_ncu_prints_them(tmp_path, capsys, g
   assert "other: kernel 5 loop_convert_fusion" in out
   line = next(l for l in out.splitlines() if l.startswith("smsp__inst_executed.sum"))
   assert line.split()[1:] == ["12", "8", "0.667"]
+
+
+def test_ncu_stalls_mix_sums_executions_per_opcode(tmp_path, capsys, gpu_tool):
+  # A source export as `ncu --page source --csv --print-source sass` writes
+  # it: the kernel's name, the header, one row per SASS instruction.
+  header = ["Address", "Source", "Warp Stall Sampling (All Samples)",
+            "Instructions Executed", "stall_wait"]
+  rows = [["0x10", "FMNMX R1, R2, R3, !PT", "5", "800", "5"],
+          ["0x20", "@!P0 MUFU.EX2 R4, R4", "9", "600", "9"],
+          ["0x30", "FMNMX R5, R1, R6, !PT", "1", "200", "1"],
+          ["0x40", "", "0", "0", "0"]]
+  path = tmp_path / "source.csv"
+  path.write_text("\n".join(",".join(f'"{c}"' for c in r)
+                            for r in [["kernel"], header, *rows]) + "\n")
+  gpu_tool("ncu_stalls").main([str(path), "--mix"])
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0].startswith("1600 warp instructions executed")
+  assert lines[1].split()[:2] == ["FMNMX", "1000"]
+  assert lines[2].split()[:2] == ["MUFU", "600"]

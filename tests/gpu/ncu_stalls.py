@@ -2,7 +2,7 @@
 
     ncu --set full --import-source yes -k KERNEL --launch-count 1 -o x ./driver ...
     ncu -i x.ncu-rep --page source --csv --print-source sass > x.csv
-    python3 tests/gpu/ncu_stalls.py x.csv [--top N] [--class COUNT]
+    python3 tests/gpu/ncu_stalls.py x.csv [--top N] [--class COUNT] [--mix]
 
 Prints the stall reasons over all samples, then the samples grouped by how
 many times each instruction ran (warp-level "Instructions Executed"): in a
@@ -11,7 +11,10 @@ tile, once per tile, once per tile with a masked block (tiles x blocks x
 warps, tiles x warps, ...), so the groups split the time between the main
 loop and the per-tile costs without reading the SASS. --class COUNT lists
 one group's opcode mix, its contiguous address ranges and its hottest
-instructions.
+instructions. --mix lists the whole kernel's executed instructions by opcode
+(warp-level, each instruction's count summed), to set one kernel's mix
+beside another's (ours and cuDNN's on the same problem: which opcodes ours
+executes more of per FLOP).
 """
 import argparse
 import collections
@@ -40,13 +43,30 @@ def opcode(source):
   return op.split(".")[0]
 
 
-def main():
+def opcode_mix(data, col):
+  """Executed warp-level instructions per opcode over the whole kernel."""
+  mix = collections.Counter()
+  for r in data:
+    if r[1].strip():
+      mix[opcode(r[1])] += count(r, col, EXECUTED)
+  return mix
+
+
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("csv")
   parser.add_argument("--top", type=int, default=12, help="groups (or instructions) to list")
   parser.add_argument("--class", dest="cls", type=int, help="an execution count to detail")
-  args = parser.parse_args()
+  parser.add_argument("--mix", action="store_true", help="the kernel's executed opcode mix")
+  args = parser.parse_args(argv)
   data, col, reasons = load(args.csv)
+  if args.mix:
+    mix = opcode_mix(data, col)
+    executed = sum(mix.values()) or 1
+    print(f"{executed} warp instructions executed; by opcode:")
+    for op, n in mix.most_common(args.top):
+      print(f"  {op:10s} {n:14d} {100 * n / executed:5.1f}%")
+    return
   total = sum(count(r, col, SAMPLES) for r in data) or 1
   pct = lambda n: f"{100 * n / total:5.1f}%"
 
