@@ -15,8 +15,9 @@
 // staging tile of its own for the TMA unit's bulk reduction, as the D <= 128
 // kernel has, does not fit in shared memory next to K, V and two Q/dO stages
 // at D = 256 (staging it in the step's spent Q / dO halves instead was 4-8%
-// slower on an H200: NOTES_sm90_bwd_tiles.md). Without kDq (the deterministic mode, and wherever
-// sm90::SeparateDq says so) the dQ kernel (sm90/bwd_dq.cuh) follows.
+// slower on an H200: NOTES_sm90_bwd_tiles.md). Without kDq (the deterministic
+// mode, and wherever sm90::SeparateDq says so) the dQ kernel (sm90/bwd_dq.cuh)
+// follows.
 //
 // A half of 96 columns (D = 192) crosses a 64-column block of the tiles, and a
 // wgmma's MN-major B covers whole blocks: it is computed as a 64-column piece
