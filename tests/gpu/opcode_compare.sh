@@ -17,8 +17,7 @@ out=${OUT:-/tmp/opcode_out}; mkdir -p "$out"
 problems=("$@")
 [ ${#problems[@]} -eq 0 ] && problems=("64 1024 0 fwd" "64 4096 0 fwd" "128 16384 0 fwd_bwd")
 for problem in "${problems[@]}"; do
-  read -r d s causal direction <<< "$problem"
-  if [ "$direction" = fwd ]; then
+  if [ "${problem##* }" = fwd ]; then  # the problem's last word: its direction
     kernels=("jax_flash:regex:FwdWsKernel|FwdKernel" "cudnn:regex:fprop")
   else
     kernels=("jax_flash:regex:BwdKernel|BwdWideKernel|BwdWsKernel" "cudnn:regex:bprop")
