@@ -49,13 +49,18 @@ inline constexpr int kMmaK = 16;
 // A thread's place in its CTA, its warp and the fragments: g = lane / 4 (the
 // row in an 8-row group), t = lane % 4 (the column pair). Computed once per
 // kernel and handed to its mainloop and epilogue (computing the indices again
-// in each changed the register allocation of the mma.sync forward).
+// in each changed the register allocation of the mma.sync forward). The warp
+// index is lane 0's, broadcast: the compiler then knows it is the same in
+// every lane, so what derives from it (a warpgroup's rows of K, its dQ
+// part, the wgmma descriptors built from them) lives in uniform registers,
+// computed once per warp on the uniform datapath, instead of per thread and
+// copied over (R2UR) before every wgmma. Called where whole warps run.
 struct ThreadPos {
   int tid, warp, lane, g, t;
   __device__ __forceinline__ static ThreadPos Here() {
     ThreadPos pos;
     pos.tid = threadIdx.x;
-    pos.warp = pos.tid / 32;
+    pos.warp = __shfl_sync(0xffffffffu, pos.tid / 32, 0);
     pos.lane = pos.tid % 32;
     pos.g = pos.lane / 4;
     pos.t = pos.lane % 4;
