@@ -165,7 +165,7 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
   // as dQ's M-major A (all 128 keys) and as dK's K-major A (this warpgroup's
   // rows, SS only), K's dQ columns as dQ's MN-major B. Transposed (dS^T
   // stored [query][key]): K's dQ columns as dQ^T's M-major A, dS^T as its
-  // K-major B (KMajorStep below), and this warpgroup's 64-key block of
+  // K-major B (KMajorOffset below), and this warpgroup's 64-key block of
   // dS^T as dK's M-major A (SS only).
   const uint64_t desc_ds = sm90::SmemDescriptor(sdS, kBlockN * kRow, sm90::kAtomBytes);
   const uint64_t desc_dst =
@@ -352,13 +352,15 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
     float dq[kDq ? (kDqTransposed ? kBlockM : kDqCols) / kMmaN : 1][4];
     if constexpr (kDq) {
       sm90::WgmmaFence();
+      const uint64_t desc_dsk = sm90::SmemDescriptor(sdS + ds_offset, 0, sm90::kAtomBytes);
 #pragma unroll
       for (int kk = 0; kk < kBlockN / kMmaK; ++kk) {
         // k-step kk = keys 16kk..16kk+15: rows of dS^T and of K.
         const uint32_t step = kk * 2 * sm90::kAtomBytes;
         if constexpr (kDqTransposed)
           sm90::WgmmaSS<T, 0, 1>(dq, sm90::DescriptorPlus(desc_kt, step),
-                                 sm90::KMajorStep<kBlockM>(sdS + ds_offset, kk), kk > 0);
+                                 sm90::DescriptorPlus(desc_dsk, sm90::KMajorOffset<kBlockM>(kk)),
+                                 kk > 0);
         else
           sm90::WgmmaSS<T, 1, 1>(dq,
                                  sm90::DescriptorPlus(desc_ds, ds_offset + dq_query_block + step),

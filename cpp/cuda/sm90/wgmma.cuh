@@ -200,12 +200,14 @@ __device__ __forceinline__ void WgmmaSSColumns(float (&d)[kTiles][4], uint64_t d
   }
 }
 
-// The descriptor of k-step kk (columns 16kk..16kk+15) of a K-major swizzled
-// tile of kRows rows at `tile`, its columns in 64-column blocks: column block
-// kk / 4, 32 bytes per step inside the block's 128-byte rows.
+// Where k-step kk (columns 16kk..16kk+15) of a K-major swizzled tile of
+// kRows rows starts, in bytes from the tile: its columns in 64-column blocks,
+// column block kk / 4, 32 bytes per step inside the block's 128-byte rows. A
+// k-step's descriptor is the tile's plus this (DescriptorPlus): one add,
+// rather than the address masked, shifted and merged again per wgmma.
 template <int kRows>
-__device__ __forceinline__ uint64_t KMajorStep(uint32_t tile, int kk) {
-  return SmemDescriptor(tile + (kk / 4) * kRows * kSwizzleBytes + (kk % 4) * 32, 0, kAtomBytes);
+__device__ __forceinline__ constexpr uint32_t KMajorOffset(int kk) {
+  return (kk / 4) * kRows * kSwizzleBytes + (kk % 4) * 32;
 }
 
 // d = A B^T summed over kCols columns (one commit group's worth of wgmmas,
@@ -214,9 +216,12 @@ __device__ __forceinline__ uint64_t KMajorStep(uint32_t tile, int kk) {
 // forward, S^T = K Q^T and dP^T = V dO^T in the backward).
 template <typename T, int kCols, int kARows, int kBRows, int kN>
 __device__ __forceinline__ void GemmKMajor(float (&d)[kN][4], uint32_t a, uint32_t b) {
+  const uint64_t desc_a = SmemDescriptor(a, 0, kAtomBytes);
+  const uint64_t desc_b = SmemDescriptor(b, 0, kAtomBytes);
 #pragma unroll
   for (int kk = 0; kk < kCols / 16; ++kk)
-    WgmmaSS<T, 0>(d, KMajorStep<kARows>(a, kk), KMajorStep<kBRows>(b, kk), kk > 0);
+    WgmmaSS<T, 0>(d, DescriptorPlus(desc_a, KMajorOffset<kARows>(kk)),
+                  DescriptorPlus(desc_b, KMajorOffset<kBRows>(kk)), kk > 0);
 }
 
 }  // namespace jax_flash::cuda::sm90
