@@ -91,7 +91,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   ping.Start();
   const TileIndexHandoff<Traits::kConsumerWarpgroups> handoff{sm.tile_index()};
   for (;;) {
-    const int index = handoff.Take(ping.wg);  // the producer's next tile
+    // The producer's next tile, broadcast from lane 0 (every lane read the
+    // same slot) so that the compiler knows it, and what follows from it,
+    // is warp-uniform: ring positions and tile addresses in uniform registers.
+    const int index = __shfl_sync(0xffffffffu, handoff.Take(ping.wg), 0);
     if (index >= a.sched.tiles) break;
     const QueryBlockScheduler::Tile tile = PersistentScheduler::Get(a.sched, index);
     FwdBlock<T> blk =
