@@ -221,15 +221,9 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
     // each wait names how many of the latest may still run.
     float st[kQTiles][4], dpt[kQTiles][4];
     sm90::WgmmaFence();
-    // Without dQ, the compiler keeps every k-step's descriptor of K and V
-    // live across the loop and spills them (D = 128: 104 bytes; 36 left, the
-    // dS^T store addresses, loaded once per step); from bases it cannot hoist
-    // (Opaque) they are recomputed in the loop instead.
-    const uint32_t k_at = kDq ? k_rows : sm90::Opaque(k_rows);
-    const uint32_t v_at = kDq ? v_rows : sm90::Opaque(v_rows);
-    sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(st, k_at, q_tile);
+    sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(st, k_rows, q_tile);
     sm90::WgmmaCommit();
-    sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(dpt, v_at, do_tile);
+    sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(dpt, v_rows, do_tile);
     sm90::WgmmaCommit();
     // What the mask does to this step's tile, decided while the GEMMs run.
     const MaskPath mask_path = MaskPathOf(mask, cls, m0, m0 + kBlockM, n0w, n0w + 64);
@@ -315,6 +309,19 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
     uint32_t ads[kBlockM / kMmaK][4];
     const int st_row = warpgroup * 64 + key_row0 + lane % 8 + ((lane / 8) % 2) * 8;
     const int st_key_chunk = warpgroup * 8 + wg_warp * 2 + (lane / 8) % 2;
+    // [key][query]: this lane's address of k-step 0; k-step ks's is it XOR
+    // (ks % 4) * 32, plus its column block's offset (the 128-byte swizzle
+    // XORs a 16-byte chunk's index with row % 8, and 2 ks moves only the
+    // chunk's bits 1-2). With dQ: as the addresses themselves, loop-invariant,
+    // they were kept across the loop and spilled (D = 64: 20 reloads per
+    // step, 7 so); without dQ that way spilled less.
+    const uint32_t st_lane = sm90::SwizzledOffset(st_row, lane / 16, kBlockN);
+    auto st_at = [&](int ks) -> uint32_t {
+      if constexpr (kDq)
+        return (st_lane ^ ((ks % 4) * 32)) + (ks / 4) * kBlockN * kRow;
+      else
+        return sm90::SwizzledOffset(st_row, 2 * ks + lane / 16, kBlockN);
+    };
 #pragma unroll
     for (int ks = 0; ks < kBlockM / kMmaK; ++ks) {
       if constexpr (kLateDv)
@@ -327,9 +334,8 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
                 sm90::SwizzledOffset(16 * ks + 8 * (lane / 16) + lane % 8, st_key_chunk, kBlockM),
             ads[ks][0], ads[ks][1], ads[ks][2], ads[ks][3]);
       else
-        sm90::StMatrixX4(
-            sdS + ds_offset + sm90::SwizzledOffset(st_row, 2 * ks + lane / 16, kBlockN),
-            ads[ks][0], ads[ks][1], ads[ks][2], ads[ks][3]);
+        sm90::StMatrixX4(sdS + ds_offset + st_at(ks), ads[ks][0], ads[ks][1], ads[ks][2],
+                         ads[ks][3]);
     }
     if constexpr (kDvAfterDs) issue_dv();
     if constexpr (kDq && !kWs) WaitDqStagingRead(wg_tid);
