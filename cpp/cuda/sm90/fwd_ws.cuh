@@ -34,12 +34,14 @@
 
 namespace jax_flash::cuda::sm90 {
 
-template <int kHeadDim_, FwdWsMask kMask_ = FwdWsMask::kBand>
+// kTileOf: the mask mode whose tile the kernel takes, its own unless a light
+// mask runs on kBand's tile (kShortCausalLight).
+template <int kHeadDim_, FwdWsMask kMask_ = FwdWsMask::kBand, FwdWsMask kTileOf = kMask_>
 struct FwdWsTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr FwdWsMask kMask = kMask_;
   static constexpr bool kLightMask = IsLightMask(kMask);  // the tile's mask folded to constants
-  static constexpr FwdWsTile kTile = FwdWsTileSize(kHeadDim, kMask);  // sm90/tile_size.h
+  static constexpr FwdWsTile kTile = FwdWsTileSize(kHeadDim, kTileOf);  // sm90/tile_size.h
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
@@ -209,6 +211,18 @@ constexpr bool kLightTileDropout = JAX_FLASH_TUNE_WS_LIGHT_TILE_DROPOUT;
 constexpr bool kLightTileDropout = false;
 #endif
 
+// Whether causal calls shorter than kLightMinRows take the causal light
+// kernel on kBand's tile (the mask folded to constants, the 128-row tile kept)
+// where kCausal has a tile of its own (D = 64): at S = 1k the kBand kernel's
+// band code is a third of what the diagonal blocks execute and the tile's
+// fixed part weighs most (ncu, BENCHMARKS.md, twenty-eighth session). Off
+// until timed: tuning hook -DJAX_FLASH_TUNE_WS_SHORT_CAUSAL_LIGHT=1.
+#ifdef JAX_FLASH_TUNE_WS_SHORT_CAUSAL_LIGHT
+constexpr bool kShortCausalLight = JAX_FLASH_TUNE_WS_SHORT_CAUSAL_LIGHT;
+#else
+constexpr bool kShortCausalLight = false;
+#endif
+
 // The kernel for a call without bias or dense mask: a light-mask one where
 // the bucket has a tile of its own for them (FwdWsTileSize: D = 64 both,
 // D = 256 kEnds), the call's mask allows it (LightestMask) and the call is
@@ -235,6 +249,11 @@ cudaError_t LaunchFwdWsLightest(const FwdParams& params, void* workspace, cudaSt
   if constexpr (own_tile(Causal{}) && !kDropout) {
     if (light == FwdWsMask::kCausal && tall)
       return LaunchFwdWsKernel<T, Causal>(params, workspace, stream);
+    if constexpr (kShortCausalLight) {
+      using ShortCausal = FwdWsTraits<kHeadDim, FwdWsMask::kCausal, FwdWsMask::kBand>;
+      if (light == FwdWsMask::kCausal)
+        return LaunchFwdWsKernel<T, ShortCausal>(params, workspace, stream);
+    }
   }
   return LaunchFwdWsKernel<T, Band, void, kDropout>(params, workspace, stream);
 }
