@@ -73,6 +73,16 @@ struct BwdTile {
   int plain_block_m = 0;
   bool plain_causal = false;
   bool wide_dq = false;
+
+  // This tile with one option set, so that the table below names what it
+  // sets (C++17 has no designated initializers):
+  // BwdTile{128, 64, 256, 2}.With(&BwdTile::wide_dq, true).
+  template <typename Field>
+  constexpr BwdTile With(Field BwdTile::*field, Field value) const {
+    BwdTile t = *this;
+    t.*field = value;
+    return t;
+  }
 };
 
 // The warp-specialized forward (sm90/fwd_ws.cuh): query rows per tile (one
@@ -138,22 +148,34 @@ struct Sm90Tiles {
 
 // ptxas -v, sm_90a: see NOTES.md.
 inline constexpr Sm90Tiles kTiles[] = {
-    // head_dim, fwd {BM, BN, threads, stages, TMA},
-    // bwd {BN, BM, threads, stages, lse2 / D by TMA, dK RS with dQ, and with dropout,
-    //      warp-specialized, dV after dS, queries per step without a mask, and
-    //      with causal alone, dQ in the wide kernel},
-    // dq {BM, BN, threads, stages}
-    {64, {128, 128, 256, 2, false}, {128, 128, 256, 2, true, true, true, false, true},
+    // head_dim, fwd {BM, BN, threads, stages, TMA}, bwd {BN, BM, threads, stages} and its
+    // options, dq {BM, BN, threads, stages}
+    {64,
+     {128, 128, 256, 2, false},
+     BwdTile{128, 128, 256, 2}
+         .With(&BwdTile::stats_tma, true)
+         .With(&BwdTile::dk_rs_with_dq, true)
+         .With(&BwdTile::dk_rs_with_dropout, true)
+         .With(&BwdTile::dv_after_ds, true),
      {128, 64, 256, 2}},
-    {96, {128, 128, 256, 2, true}, {128, 64, 256, 2, false, true, true}, {128, 64, 256, 2}},
+    {96,
+     {128, 128, 256, 2, true},
+     BwdTile{128, 64, 256, 2}
+         .With(&BwdTile::dk_rs_with_dq, true)
+         .With(&BwdTile::dk_rs_with_dropout, true),
+     {128, 64, 256, 2}},
     {128,
      {128, 128, 256, 2, false},
-     {128, 64, 256, 2, false, true, true, false, false, 80, true},
+     BwdTile{128, 64, 256, 2}
+         .With(&BwdTile::dk_rs_with_dq, true)
+         .With(&BwdTile::dk_rs_with_dropout, true)
+         .With(&BwdTile::plain_block_m, 80)
+         .With(&BwdTile::plain_causal, true),
      {128, 64, 256, 2}},
-    {192, {128, 96, 256, 2, true}, {64, 64, 256, 2}, {128, 64, 256, 2}},
+    {192, {128, 96, 256, 2, true}, BwdTile{64, 64, 256, 2}, {128, 64, 256, 2}},
     {256,
      {128, 64, 256, 2, true},
-     {64, 64, 256, 2, false, false, false, false, false, 0, false, true},
+     BwdTile{64, 64, 256, 2}.With(&BwdTile::wide_dq, true),
      {128, 32, 256, 2}},
 };
 
