@@ -1,6 +1,7 @@
 """Where a kernel's warps stall, from an Nsight Compute source export.
 
-    ncu --set full --import-source yes -k KERNEL --launch-count 1 -o x ./driver ...
+    ncu --section SourceCounters --section WarpStateStats --import-source yes \
+        -k KERNEL --launch-count 1 -o x ./driver ...
     ncu -i x.ncu-rep --page source --csv --print-source sass > x.csv
     python3 tests/gpu/ncu_stalls.py x.csv [--top N] [--class COUNT] [--mix]
 
