@@ -378,13 +378,9 @@ __device__ __forceinline__ void IssueQK(float (&s)[Traits::kBlockN / kMmaN][4], 
   const uint64_t desc_q = OpaqueDescriptor(q_rows, 0);
   const uint64_t desc_k = OpaqueDescriptor(k_tile, 0);
 #pragma unroll
-  for (int kk = 0; kk < Traits::kHeadDim / kMmaK; ++kk) {
-    // k-step kk: column block kk / 4, 32 bytes per step inside its rows.
-    const uint32_t block = kk / 4, step_bytes = (kk % 4) * 32;
-    WgmmaSS<T, 0>(s, DescriptorPlus(desc_q, block * Traits::kBlockM * kSwizzleBytes + step_bytes),
-                  DescriptorPlus(desc_k, block * Traits::kBlockN * kSwizzleBytes + step_bytes),
-                  kk > 0);
-  }
+  for (int kk = 0; kk < Traits::kHeadDim / kMmaK; ++kk)
+    WgmmaSS<T, 0>(s, DescriptorPlus(desc_q, KMajorOffset<Traits::kBlockM>(kk)),
+                  DescriptorPlus(desc_k, KMajorOffset<Traits::kBlockN>(kk)), kk > 0);
 }
 
 // The same with Q's A fragments from registers (kQInRegisters).
@@ -394,12 +390,8 @@ __device__ __forceinline__ void IssueQK(float (&s)[Traits::kBlockN / kMmaN][4],
                                         uint32_t k_tile) {
   const uint64_t desc_k = OpaqueDescriptor(k_tile, 0);
 #pragma unroll
-  for (int kk = 0; kk < Traits::kHeadDim / kMmaK; ++kk) {
-    const uint32_t block = kk / 4, step_bytes = (kk % 4) * 32;
-    WgmmaRS<T, 0>(s, qa[kk],
-                  DescriptorPlus(desc_k, block * Traits::kBlockN * kSwizzleBytes + step_bytes),
-                  kk > 0);
-  }
+  for (int kk = 0; kk < Traits::kHeadDim / kMmaK; ++kk)
+    WgmmaRS<T, 0>(s, qa[kk], DescriptorPlus(desc_k, KMajorOffset<Traits::kBlockN>(kk)), kk > 0);
 }
 
 // O += P V for one block: P (this warpgroup's 64 rows x kBlockN keys) from
