@@ -240,7 +240,7 @@ inline void PrintDevice() {
 // the warm-up runs for n ms of back-to-back calls instead: the GPU is
 // power-limited under these kernels, and a short run times them at the top
 // clock where a training loop (and the jax bench) sees them 10-20% slower
-// (cpp/cuda/NOTES_sm90_fwd.md, "The gap is the clock").
+// (cpp/cuda/NOTES_sm90_fwd_power.md, "The gap is the clock").
 inline float TimeMs(const std::function<void()>& fn, int iters) {
   cudaEvent_t a, b;
   CHECK_CUDA(cudaEventCreate(&a));

@@ -3,7 +3,7 @@
 The kernels timed alone (`tc_kernel_check bench1_fwd`: 20 calls, ~60 ms of
 work) ran at the top clock, 1980 MHz on an H200, while the jax bench's runs
 of the same kernels (~200 ms of work per row) drew 600-650 W and ran at
-1600-1900 MHz (cpp/cuda/NOTES_sm90_fwd.md, "The gap is the clock"). This
+1600-1900 MHz (cpp/cuda/NOTES_sm90_fwd_power.md, "The gap is the clock"). This
 runs each implementation back to back for `--seconds`, samples the clock
 and the power every 50 ms (nvidia-smi), and prints per implementation and
 shape: the time per call in the first 50 ms and once settled (the last half),

@@ -1,7 +1,7 @@
 """One call of each implementation on one problem, for a profiler to count.
 
 At the GPU's power limit the time per call is the energy per call
-(cpp/cuda/NOTES_sm90_fwd.md, "The gap is the clock"), so where jax_flash and
+(cpp/cuda/NOTES_sm90_fwd_power.md, "The gap is the clock"), so where jax_flash and
 cuDNN are level, what decides is the work each does per FLOP: instructions by
 pipe, shared-memory wavefronts, L2 and DRAM traffic. This compiles the
 problem's forward (or forward+backward) for jax_flash and cuDNN, makes their

@@ -38,7 +38,7 @@ struct PersistentScheduler {
   // the minimum; D = 128 S = 16k: 729 against 271) at the same cycles per
   // call, which at the power limit costs 1-6% of the time (H200). Under a
   // causal mask 32 MB: there 8 MB was 2-5% slower at 2k-16k, 16 MB 1-3%
-  // (cpp/cuda/NOTES_sm90_fwd.md, "K and V from DRAM once").
+  // (cpp/cuda/NOTES_sm90_fwd_power.md, "K and V from DRAM once").
   // Tuning hook: -DJAX_FLASH_TUNE_FWD_SECTION_MB=<n> (both).
   static int64_t SectionBytes(bool causal) {
 #ifdef JAX_FLASH_TUNE_FWD_SECTION_MB
