@@ -35,7 +35,8 @@
 namespace jax_flash::cuda::sm90 {
 
 // kTileOf: the mask mode whose tile the kernel takes, its own unless a light
-// mask runs on kBand's tile (kShortCausalLight).
+// mask runs on kBand's tile (causal calls shorter than kLightMinRows, where
+// kCausal's own tile is taller).
 template <int kHeadDim_, FwdWsMask kMask_ = FwdWsMask::kBand, FwdWsMask kTileOf = kMask_>
 struct FwdWsTraits {
   static constexpr int kHeadDim = kHeadDim_;
@@ -211,22 +212,13 @@ constexpr bool kLightTileDropout = JAX_FLASH_TUNE_WS_LIGHT_TILE_DROPOUT;
 constexpr bool kLightTileDropout = false;
 #endif
 
-// Whether causal calls shorter than kLightMinRows take the causal light
-// kernel on kBand's tile (the mask folded to constants, the 128-row tile kept)
-// where kCausal has a tile of its own (D = 64): at S = 1k the kBand kernel's
-// band code is a third of what the diagonal blocks execute and the tile's
-// fixed part weighs most (ncu, BENCHMARKS.md, twenty-eighth session). Off
-// until timed: tuning hook -DJAX_FLASH_TUNE_WS_SHORT_CAUSAL_LIGHT=1.
-#ifdef JAX_FLASH_TUNE_WS_SHORT_CAUSAL_LIGHT
-constexpr bool kShortCausalLight = JAX_FLASH_TUNE_WS_SHORT_CAUSAL_LIGHT;
-#else
-constexpr bool kShortCausalLight = false;
-#endif
-
 // The kernel for a call without bias or dense mask: a light-mask one where
 // the bucket has a tile of its own for them (FwdWsTileSize: D = 64 both,
 // D = 256 kEnds), the call's mask allows it (LightestMask) and the call is
-// long enough where it has to be (kLightMinRows), else kBand's. With
+// long enough where it has to be (kLightMinRows), else kBand's; a causal
+// call shorter than that on D = 64 takes the causal light kernel on kBand's
+// tile (5% faster at 1k than kBand's kernel, BENCHMARKS.md, twenty-ninth
+// session). With
 // dropout only D = 64's kEnds: the causal light kernel was 3% slower at 4k
 // and 2% faster at 16k; D = 256's 80-key tile has not been timed with
 // dropout (kLightTileDropout).
@@ -249,11 +241,10 @@ cudaError_t LaunchFwdWsLightest(const FwdParams& params, void* workspace, cudaSt
   if constexpr (own_tile(Causal{}) && !kDropout) {
     if (light == FwdWsMask::kCausal && tall)
       return LaunchFwdWsKernel<T, Causal>(params, workspace, stream);
-    if constexpr (kShortCausalLight) {
-      using ShortCausal = FwdWsTraits<kHeadDim, FwdWsMask::kCausal, FwdWsMask::kBand>;
-      if (light == FwdWsMask::kCausal)
-        return LaunchFwdWsKernel<T, ShortCausal>(params, workspace, stream);
-    }
+    // Shorter causal calls: the causal light kernel on kBand's tile.
+    using ShortCausal = FwdWsTraits<kHeadDim, FwdWsMask::kCausal, FwdWsMask::kBand>;
+    if (light == FwdWsMask::kCausal)
+      return LaunchFwdWsKernel<T, ShortCausal>(params, workspace, stream);
   }
   return LaunchFwdWsKernel<T, Band, void, kDropout>(params, workspace, stream);
 }
