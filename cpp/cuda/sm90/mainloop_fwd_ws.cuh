@@ -338,37 +338,6 @@ __device__ __forceinline__ uint64_t OpaqueDescriptor(uint32_t addr, uint32_t lea
   return desc;
 }
 
-// Whether the consumers hold their Q rows as A fragments in registers for
-// the tile (S = Q K^T by wgmma RS) instead of the tensor cores reading Q from
-// shared memory at every key block (SS): at D = 128 a fifth of the operand
-// bytes a block's GEMMs read from shared memory, for head_dim / 4 registers
-// per thread; the Q stage is released once the fragments are loaded. Two
-// consumer warpgroups only (240 registers each): with three (160) the light
-// D = 64 kernels spilled 96-144 B, and at D = 128 (O, S, P and Q: 192
-// registers) the kBand kernel 120 B. Off until timed: tuning hook
-// -DJAX_FLASH_TUNE_WS_Q_REGS=<largest head dim>.
-#ifdef JAX_FLASH_TUNE_WS_Q_REGS
-inline constexpr int kQRegsMaxHeadDim = JAX_FLASH_TUNE_WS_Q_REGS;
-#else
-inline constexpr int kQRegsMaxHeadDim = 0;
-#endif
-template <typename Traits>
-inline constexpr bool kQInRegisters =
-    Traits::kHeadDim <= kQRegsMaxHeadDim && Traits::kConsumerWarpgroups == 2;
-
-// This warp's 16 rows of the warpgroup's Q (q_rows: its row 0 in column
-// block 0 of the swizzled tile) as the A fragments of every k-step of
-// S = Q K^T: lanes 8i..8i+7 address the rows of matrix i (rows + 8 (i % 2),
-// 16-byte chunk 2 kk + i / 2), as common/fragment.cuh's layout wants.
-template <typename Traits>
-__device__ __forceinline__ void LoadQFragments(uint32_t (&qa)[Traits::kHeadDim / kMmaK][4],
-                                               uint32_t q_rows, int wg_warp, int lane) {
-  const int row = wg_warp * 16 + lane % 8 + ((lane / 8) % 2) * 8;
-#pragma unroll
-  for (int kk = 0; kk < Traits::kHeadDim / kMmaK; ++kk)
-    Ldmatrix4(qa[kk], q_rows + SwizzledOffset(row, 2 * kk + lane / 16, Traits::kBlockM));
-}
-
 // S = Q K^T (this warpgroup's 64 rows x kBlockN keys), both operands K-major
 // swizzled tiles (GemmKMajor's k-steps from two base descriptors). Not
 // committed.
@@ -381,17 +350,6 @@ __device__ __forceinline__ void IssueQK(float (&s)[Traits::kBlockN / kMmaN][4], 
   for (int kk = 0; kk < Traits::kHeadDim / kMmaK; ++kk)
     WgmmaSS<T, 0>(s, DescriptorPlus(desc_q, KMajorOffset<Traits::kBlockM>(kk)),
                   DescriptorPlus(desc_k, KMajorOffset<Traits::kBlockN>(kk)), kk > 0);
-}
-
-// The same with Q's A fragments from registers (kQInRegisters).
-template <typename T, typename Traits>
-__device__ __forceinline__ void IssueQK(float (&s)[Traits::kBlockN / kMmaN][4],
-                                        const uint32_t (&qa)[Traits::kHeadDim / kMmaK][4],
-                                        uint32_t k_tile) {
-  const uint64_t desc_k = OpaqueDescriptor(k_tile, 0);
-#pragma unroll
-  for (int kk = 0; kk < Traits::kHeadDim / kMmaK; ++kk)
-    WgmmaRS<T, 0>(s, qa[kk], DescriptorPlus(desc_k, KMajorOffset<Traits::kBlockN>(kk)), kk > 0);
 }
 
 // O += P V for one block: P (this warpgroup's 64 rows x kBlockN keys) from
@@ -491,12 +449,6 @@ __device__ __forceinline__ void FwdWsConsumerTile(
 
   MbarrierWait(sm.full_q(q_stage), q.phase());
   q.Advance();
-  constexpr bool kQRegs = kQInRegisters<Traits>;
-  uint32_t qa[kQRegs ? Traits::kHeadDim / kMmaK : 1][4];
-  if constexpr (kQRegs) {
-    LoadQFragments<Traits>(qa, q_rows, consumer_warp % 4, lane);
-    release(sm.empty_q(q_stage));
-  }
   float alpha[1][2];
   // The key block after the current one (the producer's order).
   int64_t next = blk.template NextBlock<kBlockN>(n_begin + 1);
@@ -505,16 +457,13 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     float s[1][kNTiles][4];
     ping.WaitTurn();
     WgmmaFence();
-    if constexpr (kQRegs)
-      IssueQK<T, Traits>(s[0], qa, sm.k_tile(kv.stage()));
-    else
-      IssueQK<T, Traits>(s[0], q_rows, sm.k_tile(kv.stage()));
+    IssueQK<T, Traits>(s[0], q_rows, sm.k_tile(kv.stage()));
     WgmmaCommit();
     ping.PassTurn();
     WgmmaWait<0>();
     FenceRegisters(s[0]);
     release(sm.empty_k(kv.stage()));
-    if (!kQRegs && next == n_end) release(sm.empty_q(q_stage));
+    if (next == n_end) release(sm.empty_q(q_stage));
     add_bias(s);
     // O is still 0: no rescale whatever the softmax says.
     ScoresToP<T, Traits>(s, row_m, row_l, alpha, args, blk, warp_row0, n_begin, g, t);
@@ -531,17 +480,14 @@ __device__ __forceinline__ void FwdWsConsumerTile(
     ping.WaitTurn();
     FenceRegisters(o[0]);
     WgmmaFence();
-    if constexpr (kQRegs)
-      IssueQK<T, Traits>(s[0], qa, sm.k_tile(kv.stage()));
-    else
-      IssueQK<T, Traits>(s[0], q_rows, sm.k_tile(kv.stage()));
+    IssueQK<T, Traits>(s[0], q_rows, sm.k_tile(kv.stage()));
     WgmmaCommit();
     IssuePV<T, Traits>(o[0], p, sm.v_tile(prev.stage()));
     ping.PassTurn();
     WgmmaWait<1>();  // S_n (O += P V may still run)
     FenceRegisters(s[0]);
     release(sm.empty_k(kv.stage()));
-    if (!kQRegs && next == n_end) release(sm.empty_q(q_stage));
+    if (next == n_end) release(sm.empty_q(q_stage));
     add_bias(s);
     const bool rescale =
         ScoresToP<T, Traits>(s, row_m, row_l, alpha, args, blk, warp_row0, n, g, t);
