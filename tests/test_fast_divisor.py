@@ -2,8 +2,9 @@
 
 FastDivisor (cpp/include/jax_flash/math.h) divides by a multiply-high and a
 shift; SectionedOrder (cpp/cuda/common/tile_scheduler.cuh) walks the tile
-order with it. Both are __host__ __device__ code, so tests/host/
-fast_divisor_check.cu runs them on the CPU against plain divisions. Needs
+order with it, and the forward's and the backward's schedulers decode their
+tiles from it. All of it is __host__ __device__ code, so tests/host/
+fast_divisor_check.cu runs it on the CPU against plain divisions. Needs
 nvcc (the CUDA headers), not a GPU.
 """
 import pathlib

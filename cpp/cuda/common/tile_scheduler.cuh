@@ -181,6 +181,7 @@ struct KeyBlockSectionScheduler {
   static bool MakeArgs(int64_t n_blocks, int block_n, const AttentionShape& s, bool causal,
                        Args* a) {
     const int64_t pairs = s.batch * s.num_heads_kv;
+    if (pairs <= 0) return false;  // the caller launches nothing then
     // Half the int range: the persistent kernel's next index, gridDim.x +
     // the counter, stays below tiles + gridDim.x (as PersistentScheduler).
     if (n_blocks * pairs > INT32_MAX / 2) return false;
@@ -207,7 +208,8 @@ struct KeyBlockSectionScheduler {
   // The tile at position `index` of the order (a persistent CTA walks
   // blockIdx.x, + gridDim.x, ...: the CTAs running at a time still take
   // consecutive positions).
-  __device__ __forceinline__ static Tile At(const Args& a, int index) {
+  // (Host code too: tests/host/fast_divisor_check.cu walks it.)
+  __host__ __device__ __forceinline__ static Tile At(const Args& a, int index) {
     const SectionedPosition at = a.order.At(index);
     Tile tile;
     tile.n_block = at.block;

@@ -61,6 +61,7 @@ struct PersistentScheduler {
   static bool MakeArgs(int64_t m_blocks, const AttentionShape& s, bool causal, TileOrder order,
                        Args* a) {
     const int64_t pairs = s.batch * s.num_heads_q;
+    if (pairs <= 0) return false;  // the caller launches nothing then
     if (m_blocks * pairs > INT32_MAX / 2) return false;  // NextIndex's indices fit too
     // K and V bytes per q head: a GQA group shares them.
     const int64_t kv_bytes = 2 * s.seqlen_k * s.head_dim * 2 / s.group_size();
@@ -93,7 +94,9 @@ struct PersistentScheduler {
   }
 
   // Tile `index` of the order above; index < a.tiles.
-  __device__ __forceinline__ static QueryBlockScheduler::Tile Get(const Args& a, int index) {
+  // (Host code too: tests/host/fast_divisor_check.cu walks it.)
+  __host__ __device__ __forceinline__ static QueryBlockScheduler::Tile Get(const Args& a,
+                                                                           int index) {
     const SectionedPosition at = a.order.At(index);
     const int outer = a.inner.Divide(at.pair);
     const int inner = at.pair - outer * a.inner.divisor;
