@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "jax_flash/math.h"
 #include "jax_flash/params.h"
 
 namespace jax_flash::cuda {
@@ -99,9 +100,17 @@ struct KeyBlockScheduler {
 // into sections of section_pairs (the last may hold fewer), the sections one
 // after the other, inside a section `blocks` block indices outer and the
 // section's pairs inner. The persistent forward (sm90/scheduler_persistent.cuh)
-// and KeyBlockSectionScheduler walk it.
+// and KeyBlockSectionScheduler walk it; its divisors are fixed per launch.
 struct SectionedPosition {
   int block, pair;
+};
+
+struct SectionedOrder {
+  int section_pairs;          // pairs per section but the last
+  int pairs;                  // pairs in all
+  FastDivisor per_section;    // blocks * section_pairs: positions per section
+  FastDivisor section_width;  // section_pairs
+  FastDivisor last_width;     // the pairs of the last section
 
   // Pairs per section: as many as fit section_bytes at pair_bytes each, at
   // least one and at most `pairs` (host side, when the launch is set up).
@@ -110,16 +119,26 @@ struct SectionedPosition {
     return n < 1 ? 1 : (n > pairs ? pairs : n);
   }
 
-  __device__ __forceinline__ static SectionedPosition At(int index, int blocks, int section_pairs,
-                                                         int pairs) {
-    const int per_section = blocks * section_pairs;
-    const int section = index / per_section;
-    const int r = index - section * per_section;
+  // Host side; blocks * pairs < 2^31, 1 <= section_pairs <= pairs.
+  static SectionedOrder Make(int blocks, int section_pairs, int pairs) {
+    SectionedOrder o;
+    o.section_pairs = section_pairs;
+    o.pairs = pairs;
+    o.per_section = FastDivisor::Of(blocks * section_pairs);
+    o.section_width = FastDivisor::Of(section_pairs);
+    const int rest = pairs % section_pairs;
+    o.last_width = FastDivisor::Of(rest == 0 ? section_pairs : rest);
+    return o;
+  }
+
+  __host__ __device__ __forceinline__ SectionedPosition At(int index) const {
+    const int section = per_section.Divide(index);
+    const int r = index - section * per_section.divisor;
     const int first_pair = section * section_pairs;
-    const int rest = pairs - first_pair;
-    const int n_pairs = rest < section_pairs ? rest : section_pairs;
-    const int block = r / n_pairs;
-    return {block, first_pair + (r - block * n_pairs)};
+    const FastDivisor& width =
+        pairs - first_pair < section_pairs ? last_width : section_width;
+    const int block = width.Divide(r);
+    return {block, first_pair + (r - block * width.divisor)};
   }
 };
 
@@ -150,10 +169,10 @@ struct KeyBlockSectionScheduler {
 
   // Per-launch constants (plain ints: the tile count is checked to fit).
   struct Args {
-    int n_blocks;       // key blocks per (batch, kv head)
-    int heads_kv;
-    int pairs;          // batch * heads_kv
-    int section_pairs;  // pairs per section
+    int n_blocks;          // key blocks per (batch, kv head)
+    int pairs;             // batch * heads_kv
+    FastDivisor heads_kv;
+    SectionedOrder order;
   };
 
   using Tile = KeyBlockScheduler::Tile;
@@ -162,17 +181,18 @@ struct KeyBlockSectionScheduler {
   static bool MakeArgs(int64_t n_blocks, int block_n, const AttentionShape& s, bool causal,
                        Args* a) {
     const int64_t pairs = s.batch * s.num_heads_kv;
+    if (pairs <= 0) return false;  // the caller launches nothing then
     // Half the int range: the persistent kernel's next index, gridDim.x +
     // the counter, stays below tiles + gridDim.x (as PersistentScheduler).
     if (n_blocks * pairs > INT32_MAX / 2) return false;
     // Q, dO (16-bit) and the dQ accumulator (float32) of a pair's q heads.
     const int64_t pair_bytes = s.group_size() * s.seqlen_q * s.head_dim * (2 + 2 + 4);
     const int64_t section =
-        SectionedPosition::SectionPairs(SectionBytes(n_blocks, block_n, causal), pair_bytes, pairs);
+        SectionedOrder::SectionPairs(SectionBytes(n_blocks, block_n, causal), pair_bytes, pairs);
     a->n_blocks = static_cast<int>(n_blocks);
-    a->heads_kv = static_cast<int>(s.num_heads_kv);
     a->pairs = static_cast<int>(pairs);
-    a->section_pairs = static_cast<int>(section);
+    a->heads_kv = FastDivisor::Of(static_cast<int>(s.num_heads_kv));
+    a->order = SectionedOrder::Make(a->n_blocks, static_cast<int>(section), a->pairs);
     return true;
   }
 
@@ -188,13 +208,13 @@ struct KeyBlockSectionScheduler {
   // The tile at position `index` of the order (a persistent CTA walks
   // blockIdx.x, + gridDim.x, ...: the CTAs running at a time still take
   // consecutive positions).
-  __device__ __forceinline__ static Tile At(const Args& a, int index) {
-    const SectionedPosition at =
-        SectionedPosition::At(index, a.n_blocks, a.section_pairs, a.pairs);
+  // (Host code too: tests/host/fast_divisor_check.cu walks it.)
+  __host__ __device__ __forceinline__ static Tile At(const Args& a, int index) {
+    const SectionedPosition at = a.order.At(index);
     Tile tile;
     tile.n_block = at.block;
-    tile.b = at.pair / a.heads_kv;
-    tile.h_kv = at.pair - static_cast<int>(tile.b) * a.heads_kv;
+    tile.b = a.heads_kv.Divide(at.pair);
+    tile.h_kv = at.pair - static_cast<int>(tile.b) * a.heads_kv.divisor;
     return tile;
   }
 };

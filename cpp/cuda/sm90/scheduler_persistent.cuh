@@ -50,28 +50,28 @@ struct PersistentScheduler {
 
   // Per-launch constants (plain ints: the tile count is checked to fit).
   struct Args {
-    int m_blocks;       // query blocks per (batch, head)
-    int heads;          // q heads
-    int pairs;          // batch * heads
-    int section_pairs;  // (batch, head) pairs per section
-    int tiles;          // m_blocks * pairs
-    int batch;          // > 0: pairs batch fastest (b = pair % batch), else heads fastest
+    int m_blocks;             // query blocks per (batch, head)
+    int tiles;                // m_blocks * pairs
+    bool batch_inner;         // pairs batch fastest (b = pair % batch), else heads fastest
+    FastDivisor inner;        // the pairs' inner dim: batch or q heads
+    SectionedOrder order;
   };
 
   // False when the tile count does not fit an int.
   static bool MakeArgs(int64_t m_blocks, const AttentionShape& s, bool causal, TileOrder order,
                        Args* a) {
     const int64_t pairs = s.batch * s.num_heads_q;
+    if (pairs <= 0) return false;  // the caller launches nothing then
     if (m_blocks * pairs > INT32_MAX / 2) return false;  // NextIndex's indices fit too
     // K and V bytes per q head: a GQA group shares them.
     const int64_t kv_bytes = 2 * s.seqlen_k * s.head_dim * 2 / s.group_size();
-    const int64_t section = SectionedPosition::SectionPairs(SectionBytes(causal), kv_bytes, pairs);
+    const int64_t section = SectionedOrder::SectionPairs(SectionBytes(causal), kv_bytes, pairs);
     a->m_blocks = static_cast<int>(m_blocks);
-    a->heads = static_cast<int>(s.num_heads_q);
-    a->pairs = static_cast<int>(pairs);
-    a->section_pairs = static_cast<int>(section);
     a->tiles = static_cast<int>(m_blocks * pairs);
-    a->batch = order == TileOrder::kBatchInner ? static_cast<int>(s.batch) : 0;
+    a->batch_inner = order == TileOrder::kBatchInner;
+    a->inner = FastDivisor::Of(static_cast<int>(a->batch_inner ? s.batch : s.num_heads_q));
+    a->order =
+        SectionedOrder::Make(a->m_blocks, static_cast<int>(section), static_cast<int>(pairs));
     return true;
   }
 
@@ -94,19 +94,16 @@ struct PersistentScheduler {
   }
 
   // Tile `index` of the order above; index < a.tiles.
-  __device__ __forceinline__ static QueryBlockScheduler::Tile Get(const Args& a, int index) {
-    const SectionedPosition at =
-        SectionedPosition::At(index, a.m_blocks, a.section_pairs, a.pairs);
-    const int pair = at.pair;
+  // (Host code too: tests/host/fast_divisor_check.cu walks it.)
+  __host__ __device__ __forceinline__ static QueryBlockScheduler::Tile Get(const Args& a,
+                                                                           int index) {
+    const SectionedPosition at = a.order.At(index);
+    const int outer = a.inner.Divide(at.pair);
+    const int inner = at.pair - outer * a.inner.divisor;
     QueryBlockScheduler::Tile tile;
     tile.m_block = a.m_blocks - 1 - at.block;
-    if (a.batch > 0) {
-      tile.h = pair / a.batch;
-      tile.b = pair - static_cast<int>(tile.h) * a.batch;
-    } else {
-      tile.b = pair / a.heads;
-      tile.h = pair - static_cast<int>(tile.b) * a.heads;
-    }
+    tile.b = a.batch_inner ? inner : outer;
+    tile.h = a.batch_inner ? outer : inner;
     return tile;
   }
 };
