@@ -147,7 +147,8 @@ __device__ __forceinline__ void MaskFragment(float (&s)[kNTiles][4], const Batch
 // whose 16 rows all see the whole block skips the test; otherwise each
 // element is one compare of a constant column against the row's end
 // relative to this lane, in 32 bits (MaskFragment keeps the 64-bit window
-// and a lower bound these masks never have).
+// and a lower bound these masks never have). col0, a block's first key, is
+// never negative.
 template <int kNTiles>
 __device__ __forceinline__ void MaskEndsFragment(float (&s)[kNTiles][4], const BatchMask& mask,
                                                  int64_t row0, int64_t col0, int g, int t,

@@ -64,7 +64,9 @@ namespace jax_flash::cuda::sm90 {
 // kBlockM_: the bucket's block_m, or its plain_block_m (LaunchDkDv).
 // kLightMask_: the call's mask is at most the sequences' ends and causal
 // (LaunchDkDv's plain kernel), so the steps test it per element by
-// MaskEndsFragmentT (common/score.cuh) instead of the general band path.
+// MaskEndsFragmentT (common/score.cuh) instead of the general band path,
+// which reads no window, segments or dense mask: only calls LightestMask
+// finds kEnds or kCausal may take such a kernel.
 template <int kHeadDim_, int kBlockM_ = BwdTileSize(kHeadDim_).block_m, bool kLightMask_ = false>
 struct BwdSm90Traits {
   static constexpr int kHeadDim = kHeadDim_;
