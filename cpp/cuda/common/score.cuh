@@ -140,6 +140,71 @@ __device__ __forceinline__ void MaskFragment(float (&s)[kNTiles][4], const Batch
                       hidden);
 }
 
+// MaskFragment for a mask that is at most the sequences' ends and causal
+// (the ws forward's light kernels, which know it at compile time): row r
+// sees keys [0, end(r)), end(r) = min(kv_len, r + diagonal + 1) with causal,
+// kv_len without, none past q_len (mask.h's KeyRange of one row). A warp
+// whose 16 rows all see the whole block skips the test; otherwise each
+// element is one compare of a constant column against the row's end
+// relative to this lane, in 32 bits (MaskFragment keeps the 64-bit window
+// and a lower bound these masks never have). col0, a block's first key, is
+// never negative.
+template <int kNTiles>
+__device__ __forceinline__ void MaskEndsFragment(float (&s)[kNTiles][4], const BatchMask& mask,
+                                                 int64_t row0, int64_t col0, int g, int t,
+                                                 float hidden) {
+  constexpr int kCols = kNTiles * 8;
+  auto end_of = [&](int64_t r) {
+    if (r >= mask.q_len) return int64_t{0};
+    const int64_t causal_end = r + mask.diagonal + 1;
+    return mask.causal && causal_end < mask.kv_len ? causal_end : mask.kv_len;
+  };
+  // end(r) grows with r: the warp's first row sees the least.
+  if (row0 + 15 < mask.q_len && end_of(row0) >= col0 + kCols) return;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int64_t end = end_of(row0 + g + hr * 8) - col0;
+    const int hi = static_cast<int>(end < 0 ? 0 : (end > kCols ? kCols : end)) - 2 * t;
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        if (nt * 8 + c >= hi) s[nt][2 * hr + c] = hidden;
+  }
+}
+
+// The same in the keys x queries orientation (the backward's S^T): key row j
+// sees queries [begin(j), q_len), begin(j) = max(0, j - diagonal) with
+// causal, 0 without, and none at or past kv_len (mask.h's QueryRange of one
+// row).
+template <int kNTiles>
+__device__ __forceinline__ void MaskEndsFragmentT(float (&s)[kNTiles][4], const BatchMask& mask,
+                                                  int64_t row0, int64_t col0, int g, int t,
+                                                  float hidden) {
+  constexpr int kCols = kNTiles * 8;
+  auto begin_of = [&](int64_t j) {
+    const int64_t causal_begin = j - mask.diagonal;
+    return mask.causal && causal_begin > 0 ? causal_begin : int64_t{0};
+  };
+  // begin(j) grows with j: the warp's last row sees the least.
+  if (row0 + 15 < mask.kv_len && begin_of(row0 + 15) <= col0 && col0 + kCols <= mask.q_len)
+    return;
+  auto relative = [&](int64_t n) {  // n - col0 clamped to the block, from this lane's columns
+    n -= col0;
+    return static_cast<int>(n < 0 ? 0 : (n > kCols ? kCols : n)) - 2 * t;
+  };
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int64_t j = row0 + g + hr * 8;
+    const int lo = relative(begin_of(j)), hi = relative(j < mask.kv_len ? mask.q_len : 0);
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        if (nt * 8 + c < lo || nt * 8 + c >= hi) s[nt][2 * hr + c] = hidden;
+  }
+}
+
 // MaskFragment for the tiles with segments or a dense mask that the tile map
 // (common/tile_map.h) leaves partial, or without a tile map: the band through
 // the row's window, then segments and the dense mask per element.

@@ -106,10 +106,9 @@ struct SectionedPosition {
 };
 
 struct SectionedOrder {
-  int section_pairs;          // pairs per section but the last
   int pairs;                  // pairs in all
   FastDivisor per_section;    // blocks * section_pairs: positions per section
-  FastDivisor section_width;  // section_pairs
+  FastDivisor section_width;  // section_pairs: pairs per section but the last
   FastDivisor last_width;     // the pairs of the last section
 
   // Pairs per section: as many as fit section_bytes at pair_bytes each, at
@@ -122,7 +121,6 @@ struct SectionedOrder {
   // Host side; blocks * pairs < 2^31, 1 <= section_pairs <= pairs.
   static SectionedOrder Make(int blocks, int section_pairs, int pairs) {
     SectionedOrder o;
-    o.section_pairs = section_pairs;
     o.pairs = pairs;
     o.per_section = FastDivisor::Of(blocks * section_pairs);
     o.section_width = FastDivisor::Of(section_pairs);
@@ -134,6 +132,7 @@ struct SectionedOrder {
   __host__ __device__ __forceinline__ SectionedPosition At(int index) const {
     const int section = per_section.Divide(index);
     const int r = index - section * per_section.divisor;
+    const int section_pairs = section_width.divisor;
     const int first_pair = section * section_pairs;
     const FastDivisor& width =
         pairs - first_pair < section_pairs ? last_width : section_width;

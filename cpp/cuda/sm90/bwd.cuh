@@ -62,12 +62,18 @@
 namespace jax_flash::cuda::sm90 {
 
 // kBlockM_: the bucket's block_m, or its plain_block_m (LaunchDkDv).
-template <int kHeadDim_, int kBlockM_ = BwdTileSize(kHeadDim_).block_m>
+// kLightMask_: the call's mask is at most the sequences' ends and causal
+// (LaunchDkDv's plain kernel), so the steps test it per element by
+// MaskEndsFragmentT (common/score.cuh) instead of the general band path,
+// which reads no window, segments or dense mask: only calls LightestMask
+// finds kEnds or kCausal may take such a kernel.
+template <int kHeadDim_, int kBlockM_ = BwdTileSize(kHeadDim_).block_m, bool kLightMask_ = false>
 struct BwdSm90Traits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr BwdTile kTile = BwdTileSize(kHeadDim);  // sm90/tile_size.h
   static constexpr int kBlockN = kTile.block_n;  // keys per CTA: 2 warpgroups x 64
   static constexpr int kBlockM = kBlockM_;       // queries per step
+  static constexpr bool kLightMask = kLightMask_;
   static constexpr int kThreads = kTile.threads;
   static constexpr int kStages = kTile.stages;
   static constexpr int kSmemCols = SwizzledCols(kHeadDim);
@@ -316,7 +322,7 @@ cudaError_t LaunchDkDv(const BwdArgs& args, bool accumulate_dq, cudaStream_t str
   constexpr BwdTile kTile = BwdTileSize(kHeadDim);
   constexpr int kPlainBlockM = kTile.plain_block_m;
   if constexpr (kPlainBlockM != 0 && !SeparateDq(kHeadDim, false) && !kTile.ws) {
-    using Plain = BwdSm90Traits<kHeadDim, kPlainBlockM>;
+    using Plain = BwdSm90Traits<kHeadDim, kPlainBlockM, /*kLightMask_=*/true>;
     const FwdWsMask light = LightestMask(args.p.mask);
     if (accumulate_dq && !cap && !bias && !dropout &&
         (light == FwdWsMask::kEnds || (kTile.plain_causal && light == FwdWsMask::kCausal)))

@@ -225,8 +225,11 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
     sm90::WgmmaCommit();
     sm90::GemmKMajor<T, kHeadDim, kBlockN, kBlockM>(dpt, v_rows, do_tile);
     sm90::WgmmaCommit();
-    // What the mask does to this step's tile, decided while the GEMMs run.
-    const MaskPath mask_path = MaskPathOf(mask, cls, m0, m0 + kBlockM, n0w, n0w + 64);
+    // What the mask does to this step's tile, decided while the GEMMs run
+    // (a light mask decides per warp, in MaskEndsFragmentT).
+    const MaskPath mask_path = Traits::kLightMask
+                                   ? MaskPath::kNone
+                                   : MaskPathOf(mask, cls, m0, m0 + kBlockM, n0w, n0w + 64);
 
     // ---- P^T (common/softmax.cuh) -------------------------------------------
     // With softcap, d x / d s needs x, which P overwrites: wait for dP^T too
@@ -242,7 +245,10 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
       sm90::FenceRegisters(st);
     }
     ExpScoresT(st, lse2_s, scale_log2, t);
-    ApplyMask<Rows::kKeys>(st, mask, mask_path, n0w + key_row0, m0, g, t, 0.f);
+    if constexpr (Traits::kLightMask)
+      MaskEndsFragmentT(st, mask, n0w + key_row0, m0, g, t, 0.f);
+    else
+      ApplyMask<Rows::kKeys>(st, mask, mask_path, n0w + key_row0, m0, g, t, 0.f);
 
     // ---- dV += P^T dO: P^T from registers (RS), B = dO MN-major ------------
     // Issued while dP^T is still computed; with 128 queries per step after

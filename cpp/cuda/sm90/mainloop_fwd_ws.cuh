@@ -382,8 +382,13 @@ __device__ __forceinline__ bool ScoresToP(float (&s)[1][Traits::kBlockN / kMmaN]
                                           const FwdBlock<T>& blk, int64_t warp_row0, int64_t n,
                                           int g, int t) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
-  TransformAndMask<kBlockM>(s, args.softcap, args.scale_over_cap, blk.mask, blk.m0, warp_row0,
-                            n * kBlockN, g, t, blk.template BlockClass<kBlockN>(n));
+  if constexpr (Traits::kLightMask) {
+    SoftCap(s, args.softcap, args.scale_over_cap);
+    MaskEndsFragment(s[0], blk.mask, warp_row0, n * kBlockN, g, t, -INFINITY);
+  } else {
+    TransformAndMask<kBlockM>(s, args.softcap, args.scale_over_cap, blk.mask, blk.m0, warp_row0,
+                              n * kBlockN, g, t, blk.template BlockClass<kBlockN>(n));
+  }
   return OnlineSoftmaxDeferRescale(s, row_m, row_l, alpha, args.scale_log2,
                                    args.rescale_margin);
 }
