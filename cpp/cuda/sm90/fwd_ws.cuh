@@ -212,29 +212,19 @@ constexpr bool kLightTileDropout = JAX_FLASH_TUNE_WS_LIGHT_TILE_DROPOUT;
 constexpr bool kLightTileDropout = false;
 #endif
 
-// Whether calls without dropout whose mask is light (LightestMask) take a
-// light kernel on kBand's tile where the bucket has no light tile of its own
-// (D = 96, 128, 192; D = 256 causal): timed level to 3% slower than kBand's
-// kernel at D = 128 / 256 (NOTES_sm90_fwd_light.md) before the light kernels
-// tested their mask by MaskEndsFragment (common/score.cuh), which also drops
-// the per-block 64-bit decision kBand's kernel makes for every key block.
-// Off until timed: tuning hook -DJAX_FLASH_TUNE_WS_LIGHT_ON_BAND=1.
-#ifdef JAX_FLASH_TUNE_WS_LIGHT_ON_BAND
-constexpr bool kLightOnBand = JAX_FLASH_TUNE_WS_LIGHT_ON_BAND;
-#else
-constexpr bool kLightOnBand = false;
-#endif
-
 // The kernel for a call without bias or dense mask: a light-mask one where
 // the bucket has a tile of its own for them (FwdWsTileSize: D = 64 both,
 // D = 256 kEnds), the call's mask allows it (LightestMask) and the call is
 // long enough where it has to be (kLightMinRows), else kBand's; a causal
 // call shorter than that on D = 64 takes the causal light kernel on kBand's
 // tile (5% faster at 1k than kBand's kernel, BENCHMARKS.md, twenty-ninth
-// session). With
-// dropout only D = 64's kEnds: the causal light kernel was 3% slower at 4k
-// and 2% faster at 16k; D = 256's 80-key tile has not been timed with
-// dropout (kLightTileDropout).
+// session). Where the bucket has no light tile of its own (D = 96, 128,
+// 192; D = 256 causal), a light mask without dropout takes the light kernel
+// on kBand's tile: 2-4% faster than kBand's kernel at D = 128 (thirtieth
+// session), since its mask is MaskEndsFragment's 32-bit compare instead of
+// kBand's 64-bit decision per key block. With dropout only D = 64's kEnds:
+// the causal light kernel was 3% slower at 4k and 2% faster at 16k; D = 256's
+// 80-key tile has not been timed with dropout (kLightTileDropout).
 template <typename T, int kHeadDim, bool kDropout>
 cudaError_t LaunchFwdWsLightest(const FwdParams& params, void* workspace, cudaStream_t stream) {
   using Band = FwdWsTraits<kHeadDim>;
@@ -259,7 +249,7 @@ cudaError_t LaunchFwdWsLightest(const FwdParams& params, void* workspace, cudaSt
     if (light == FwdWsMask::kCausal)
       return LaunchFwdWsKernel<T, ShortCausal>(params, workspace, stream);
   }
-  if constexpr (kLightOnBand && !kDropout) {
+  if constexpr (!kDropout) {
     if constexpr (!own_tile(Ends{}))
       if (light == FwdWsMask::kEnds) return LaunchFwdWsKernel<T, Ends>(params, workspace, stream);
     if constexpr (!own_tile(Causal{}))
