@@ -98,6 +98,38 @@ def test_compare_runs_what_can_run_and_says_what_it_skipped(capsys):
   assert re.search(r"^cudnn +skipped: ", table, re.M)
 
 
+def test_compare_rounds_rotate_the_order_and_report_the_median(monkeypatch, capsys):
+  order = []
+  step_ms = {"jax_flash": [30.0, 10.0, 20.0], "flax": [40.0, 60.0, 50.0]}
+
+  def fake_child(argv, attention):
+    order.append(attention)
+    if attention == "cudnn":
+      return dict(config=dict(attention=attention), skipped="no GPU here")
+    step_s = step_ms[attention].pop(0) / 1e3
+    return dict(config=dict(attention=attention), step_s=step_s, tokens_per_s=1.0 / step_s,
+                peak_bytes=1 << 20, static_bytes=1 << 20, losses=[1.0])
+
+  monkeypatch.setattr(gpt, "_run_child", fake_child)
+  results = gpt.main(["--compare", "--rounds", "3", "--steps", "2"])
+  # cuDNN's reason is the same every round: asked once.
+  assert order == ["jax_flash", "flax", "cudnn", "flax", "jax_flash", "jax_flash", "flax"]
+  by_attention = {r["config"]["attention"]: r for r in results}
+  assert by_attention["jax_flash"]["step_s"] == pytest.approx(0.020)
+  assert by_attention["flax"]["step_s"] == pytest.approx(0.050)
+  table = capsys.readouterr().out
+  assert re.search(r"^jax_flash +20\.0 +10\.0-30\.0 ", table, re.M), table
+  assert re.search(r"^flax +50\.0 +40\.0-60\.0 .*speed 1\.00x", table, re.M), table
+  assert re.search(r"^cudnn +skipped: no GPU here", table, re.M), table
+
+
+def test_rounds_need_compare():
+  with pytest.raises(SystemExit, match="--rounds 2 needs --compare"):
+    gpt.main(["--rounds", "2"])
+  with pytest.raises(SystemExit, match="--rounds must be at least 1, got 0"):
+    gpt.main(["--compare", "--rounds", "0"])
+
+
 @pytest.mark.skipif(not ON_GPU, reason="cuDNN attention needs an NVIDIA GPU")
 def test_cudnn_attention_fn_is_causal_attention():
   keys = jax.random.split(jax.random.key(3), 3)

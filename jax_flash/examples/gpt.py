@@ -282,30 +282,57 @@ def why_not(config: Config) -> list[str]:
   return reasons
 
 
-def compare(argv: list[str], attentions=ATTENTIONS) -> list[dict]:
+def _run_child(argv: list[str], attention: str) -> dict:
+  """One training run of `attention` in a fresh process: its result, or why it did not run."""
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "result.json")
+    cmd = [sys.executable, "-m", "jax_flash.examples.gpt", *argv,
+           "--attention", attention, "--result-json", path]
+    proc = subprocess.run(cmd)
+    result = json.load(open(path)) if os.path.exists(path) else None
+  if result is None or (proc.returncode != 0 and "skipped" not in result):
+    print(f"{attention}: failed (exit {proc.returncode})", flush=True)
+    result = dict(config=dict(attention=attention), failed=True)
+  return result
+
+
+def compare(argv: list[str], attentions=ATTENTIONS, rounds: int = 1) -> list[dict]:
   """Runs each attention in a fresh process (peaks are per process) and prints a table;
-  an attention that cannot run here is skipped, with the reason."""
+  an attention that cannot run here is skipped, with the reason. With rounds > 1 the
+  attentions run that many times, the order rotated each round (so that no attention
+  always runs first), and each one's step time is the median of its rounds' (the spread:
+  their lowest and highest): one 10-step run of GPT-3 Small moves by a few ms."""
+  runs = {attention: [] for attention in attentions}
+  for r in range(rounds):
+    for attention in attentions[r % len(attentions):] + attentions[:r % len(attentions)]:
+      if runs[attention] and ("skipped" in runs[attention][0] or runs[attention][0].get("failed")):
+        continue  # the same reason every round
+      runs[attention].append(_run_child(argv, attention))
   results = []
   for attention in attentions:
-    with tempfile.TemporaryDirectory() as tmp:
-      path = os.path.join(tmp, "result.json")
-      cmd = [sys.executable, "-m", "jax_flash.examples.gpt", *argv,
-             "--attention", attention, "--result-json", path]
-      proc = subprocess.run(cmd)
-      result = json.load(open(path)) if os.path.exists(path) else None
-      if result is None or (proc.returncode != 0 and "skipped" not in result):
-        print(f"{attention}: failed (exit {proc.returncode})", flush=True)
-        result = dict(config=dict(attention=attention), failed=True)
-      results.append(result)
+    result = runs[attention][0]
+    if rounds > 1 and not result.get("failed") and "skipped" not in result:
+      done = [x for x in runs[attention] if not x.get("failed")]
+      steps = sorted(x["step_s"] for x in done)
+      result = dict(result, step_s=statistics.median(steps), round_step_s=steps,
+                    tokens_per_s=statistics.median(x["tokens_per_s"] for x in done))
+    results.append(result)
   ok = [r for r in results if not r.get("failed") and "skipped" not in r]
   base = next((r for r in ok if r["config"]["attention"] == "flax"), None)
-  print("\nattention    ms/step   tokens/s   peak MiB   XLA static MiB   vs flax")
+  spread = rounds > 1
+  print("\nattention    ms/step" + ("      spread" if spread else "") +
+        "   tokens/s   peak MiB   XLA static MiB   vs flax")
   for r in ok:
     ratios = ""
     if base:
       ratios = (f"speed {base['step_s'] / r['step_s']:.2f}x, "
                 f"peak memory {r['peak_bytes'] / base['peak_bytes']:.2f}x")
-    print(f"{r['config']['attention']:<11} {1e3 * r['step_s']:8.1f} {r['tokens_per_s']:10,.0f} "
+    low_high = ""
+    if spread:
+      steps = r["round_step_s"]
+      low_high = f" {1e3 * steps[0]:5.1f}-{1e3 * steps[-1]:<5.1f}"
+    print(f"{r['config']['attention']:<11} {1e3 * r['step_s']:8.1f}{low_high} "
+          f"{r['tokens_per_s']:10,.0f} "
           f"{r['peak_bytes'] / MiB:10,.0f} {r.get('static_bytes', 0) / MiB:16,.0f}   {ratios}")
   for r in results:
     if "skipped" in r:
@@ -331,6 +358,9 @@ def parse_args(argv):
                       "'cudnn'), is_causal; NVIDIA GPU, bfloat16/float16)")
   p.add_argument("--compare", action="store_true",
                  help="train with each attention that can run here, one process each")
+  p.add_argument("--rounds", type=int, default=1,
+                 help="with --compare: run the attentions this many times, in rotated order, "
+                      "and report each one's median step time and spread (default 1)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--log-every", type=int, default=10)
   p.add_argument("--result-json", help=argparse.SUPPRESS)  # used by --compare
@@ -352,19 +382,23 @@ def config_from_args(args) -> Config:
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else list(argv)
   args = parse_args(argv)
+  if args.rounds != 1 and not args.compare:
+    raise SystemExit(f"--rounds {args.rounds} needs --compare (one attention runs once)")
   if args.compare:
-    # The children get the same flags, minus --compare and --attention.
+    if args.rounds < 1:
+      raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
+    # The children get the same flags, minus --compare, --rounds and --attention.
     child, skip = [], False
     for a in argv:
       if skip:
         skip = False
       elif a == "--compare":
         continue
-      elif a == "--attention":
+      elif a in ("--attention", "--rounds"):
         skip = True
-      elif not a.startswith("--attention="):
+      elif not a.startswith(("--attention=", "--rounds=")):
         child.append(a)
-    return compare(child)
+    return compare(child, rounds=args.rounds)
   config = config_from_args(args)
   if reasons := why_not(config):  # At once, before the model is built.
     if args.result_json:  # for --compare: skipped, with the reason
