@@ -26,6 +26,27 @@ def test_ncu_counters_groups_kernel_names_as_ncu_prints_them(tmp_path, capsys, g
   assert "other: kernel 5 loop_convert_fusion" in out
   line = next(l for l in out.splitlines() if l.startswith("smsp__inst_executed.sum"))
   assert line.split()[1:] == ["12", "8", "0.667"]
+  assert "per kernel" not in out  # no durations in this profile
+
+
+def test_ncu_counters_gives_each_kernels_share_of_its_sides_time(tmp_path, capsys, gpu_tool):
+  durations = {"1": ("void jax_flash::BwdPreprocessKernel<__nv_bfloat16, 128>()", 30.0),
+               "2": ("void sm90::BwdKernel<__nv_bfloat16, 128>()", 900.0),
+               "3": ("void jax_flash::BwdPostprocessKernel<__nv_bfloat16, 128>()", 70.0),
+               "4": ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop", 950.0),
+               "5": ("loop_convert_fusion", 5.0)}
+  rows = ['"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"']
+  rows += [f'"{i}","{n}","gpu__time_duration.sum","nsecond","{v:,.0f}"'
+           for i, (n, v) in durations.items()]
+  path = tmp_path / "ncu.csv"
+  path.write_text("\n".join(rows) + "\n")
+  gpu_tool("ncu_counters").main([str(path)])
+  out = capsys.readouterr().out
+  total = next(l for l in out.splitlines() if l.startswith("gpu__time_duration.sum "))
+  assert total.split()[1:] == ["1000", "950", "0.950"]
+  shares = [l.split() for l in out.splitlines() if l.startswith("  ")]
+  assert [(s[0], s[2]) for s in shares] == [("jax_flash", "3.0%"), ("jax_flash", "90.0%"),
+                                            ("jax_flash", "7.0%"), ("cudnn", "100.0%")]
 
 
 def test_ncu_stalls_mix_sums_executions_per_opcode(tmp_path, capsys, gpu_tool):

@@ -14,7 +14,7 @@ out=${OUT:-/tmp/energy_out}; mkdir -p "$out"
 metrics=smsp__inst_executed.sum,smsp__inst_executed_pipe_fma.sum,smsp__inst_executed_pipe_alu.sum
 metrics=$metrics,smsp__inst_executed_pipe_xu.sum
 metrics=$metrics,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,lts__t_sectors.sum,dram__bytes.sum
-metrics=$metrics,sm__cycles_elapsed.avg
+metrics=$metrics,sm__cycles_elapsed.avg,gpu__time_duration.sum
 problems=("$@")
 [ ${#problems[@]} -eq 0 ] &&
   problems=("128 16384 0 fwd" "128 16384 0 fwd_bwd" "256 4096 1 fwd_bwd" "64 1024 0 fwd")

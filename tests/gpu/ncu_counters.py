@@ -7,7 +7,10 @@ has the command). Kernels are grouped by name: jax_flash's (its
 namespaces, OURS), cuDNN's (names with cudnn or sdpa), and the rest
 (input generation, XLA's fusions), listed one by one so that a conversion
 around a call can be given to its side by hand. For each group and metric the
-sum over the group's kernels, and the ratio of cuDNN's to ours.
+sum over the group's kernels, and the ratio of cuDNN's to ours; with
+gpu__time_duration.sum among the metrics, each kernel's time too (where a
+side's time goes: the backward's preprocess and dQ conversion against its
+main kernel, say; under ncu's locked clocks, so as shares, not as times).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import sys
 # names (jax_flash::cuda::sm90::FwdWsKernel came out as sm90::FwdWsKernel in
 # one profile and jax_flash::FwdWsKernel in another).
 OURS = re.compile(r"(^|[\s<(,])(jax_flash|cuda|sm90|sm80|simt)::")
+DURATION = "gpu__time_duration.sum"
 
 
 def group_of(name: str) -> str:
@@ -66,6 +70,13 @@ def main(argv=None) -> None:
     ours, theirs = totals["jax_flash"][metric], totals["cudnn"][metric]
     ratio = f"{theirs / ours:10.3f}" if ours else f"{'-':>10}"
     print(f"{metric:<52} {ours:14.4g} {theirs:14.4g} {ratio}")
+  if DURATION in metrics:
+    print(f"\n{DURATION} per kernel (share of its side):")
+    for (kid, name), values in kernels.items():
+      group = group_of(name)
+      if group != "other" and DURATION in values:
+        share = values[DURATION] / totals[group][DURATION]
+        print(f"  {group:<9} {values[DURATION]:12.4g} {share:6.1%}  {kid} {name[:90]}")
 
 
 if __name__ == "__main__":
