@@ -140,6 +140,15 @@ __device__ __forceinline__ void MaskFragment(float (&s)[kNTiles][4], const Batch
                       hidden);
 }
 
+// Column n of a block from col0 (kCols wide) as an end for this lane's
+// compares: n - col0 clamped to [0, kCols], less the lane's first column
+// 2t, in 32 bits (MaskEndsFragment, MaskEndsFragmentT).
+template <int kCols>
+__device__ __forceinline__ int LaneColumn(int64_t n, int64_t col0, int t) {
+  n -= col0;
+  return static_cast<int>(n < 0 ? 0 : (n > kCols ? kCols : n)) - 2 * t;
+}
+
 // MaskFragment for a mask that is at most the sequences' ends and causal
 // (the ws forward's light kernels, which know it at compile time): row r
 // sees keys [0, end(r)), end(r) = min(kv_len, r + diagonal + 1) with causal,
@@ -163,8 +172,7 @@ __device__ __forceinline__ void MaskEndsFragment(float (&s)[kNTiles][4], const B
   if (row0 + 15 < mask.q_len && end_of(row0) >= col0 + kCols) return;
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
-    const int64_t end = end_of(row0 + g + hr * 8) - col0;
-    const int hi = static_cast<int>(end < 0 ? 0 : (end > kCols ? kCols : end)) - 2 * t;
+    const int hi = LaneColumn<kCols>(end_of(row0 + g + hr * 8), col0, t);
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
@@ -189,14 +197,11 @@ __device__ __forceinline__ void MaskEndsFragmentT(float (&s)[kNTiles][4], const 
   // begin(j) grows with j: the warp's last row sees the least.
   if (row0 + 15 < mask.kv_len && begin_of(row0 + 15) <= col0 && col0 + kCols <= mask.q_len)
     return;
-  auto relative = [&](int64_t n) {  // n - col0 clamped to the block, from this lane's columns
-    n -= col0;
-    return static_cast<int>(n < 0 ? 0 : (n > kCols ? kCols : n)) - 2 * t;
-  };
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     const int64_t j = row0 + g + hr * 8;
-    const int lo = relative(begin_of(j)), hi = relative(j < mask.kv_len ? mask.q_len : 0);
+    const int lo = LaneColumn<kCols>(begin_of(j), col0, t);
+    const int hi = LaneColumn<kCols>(j < mask.kv_len ? mask.q_len : 0, col0, t);
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
