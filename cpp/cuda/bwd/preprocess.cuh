@@ -22,14 +22,36 @@ __device__ __forceinline__ float Lse2(float lse) {
   return lse == -INFINITY ? INFINITY : lse * kLog2e;
 }
 
+// Zeroes the float32 dQ accumulator's rows i0 .. i0 + kRows - 1 below
+// seqlen_q, columns below head_dim, the block's threads on consecutive
+// 16-byte pieces in DqAccumLayout's order (a half's rows of one 8-column
+// chunk are contiguous through a 16-row group), so that each warp's store
+// covers whole 32-byte sectors; row by row, each store covered halves of 32
+// sectors.
+template <int kHeadDim, int kRows>
+__device__ __forceinline__ void ZeroDqAccumRows(float* dq_accum, int64_t bh, int64_t seqlen_q,
+                                                int64_t i0, int head_dim) {
+  using Layout = DqAccumLayout<kHeadDim>;
+  constexpr int kChunks = Layout::kHalf / 8;  // 8-column chunks per half
+  constexpr int kPieces = 2 * kChunks * kRows * 2;  // float4 pieces: halves x chunks x rows x 2
+  for (int n = threadIdx.x; n < kPieces; n += kRowVectorThreads) {
+    const int piece = n % 2, r = n / 2 % kRows, chunk = n / 2 / kRows;  // chunk of both halves
+    const int col = (chunk / kChunks) * Layout::kHalf + 8 * (chunk % kChunks);
+    if (i0 + r < seqlen_q && col < head_dim)
+      reinterpret_cast<float4*>(dq_accum + Layout::Index(bh, seqlen_q, i0 + r, col))[piece] =
+          make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
 // D = rowsum(dO * O), RowVectorLanes lanes per row, 16-byte loads (at
 // D = 64 a warp per row had 8 of its lanes loading: too few loads in flight
 // to read at the memory's rate); also lse in log2 units, once per row
-// instead of once per (row, key block) in the kernels; and with
-// zero_dq_accum (the fast mode) the row's float32 dQ accumulator zeroed
-// (DqAccumLayout): the memset that did it was a launch and a pass over
-// memory of its own. Grid (query blocks, q heads, batch): no index
-// divisions.
+// instead of once per (row, key block) in the kernels, its load issued with
+// O's and dO's (after the sum it was a second memory latency in every
+// block's life); and with zero_dq_accum (the fast mode) the block's rows of
+// the float32 dQ accumulator zeroed (ZeroDqAccumRows): the memset that did
+// it was a launch and a pass over memory of its own. Grid (query blocks,
+// q heads, batch): no index divisions.
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kRowVectorThreads)
     BwdPreprocessKernel(const __grid_constant__ BwdArgs args, bool zero_dq_accum) {
@@ -37,12 +59,16 @@ __global__ void __launch_bounds__(kRowVectorThreads)
   constexpr int kRows = RowVectorRows(kHeadDim);
   const BwdParams& p = args.p;
   const int64_t seqlen_q = p.shape.seqlen_q;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kRows + threadIdx.x / kLanes;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const int64_t i = i0 + threadIdx.x / kLanes;
   const int64_t h = blockIdx.y, b = blockIdx.z;
+  const int64_t bh = b * p.shape.num_heads_q + h;
+  const int64_t r = bh * seqlen_q + i;
   const int lane = threadIdx.x % kLanes;
   // Rows past seqlen_q stay in the shuffles below (their lanes share warps
   // with valid rows) and store nothing.
   const bool valid = i < seqlen_q;
+  const float lse = valid && lane == 0 ? static_cast<const float*>(p.lse)[r] : 0.f;
   float sum = 0.f;
   if (valid) {
     const T* o = static_cast<const T*>(p.out) + p.out_strides.offset(b, i, h);
@@ -56,23 +82,13 @@ __global__ void __launch_bounds__(kRowVectorThreads)
       for (int e = 0; e < kVecElems; ++e) sum += ToFloat(oe[e]) * ToFloat(de[e]);
     }
   }
+  if (zero_dq_accum)
+    ZeroDqAccumRows<kHeadDim, kRows>(args.dq_accum, bh, seqlen_q, i0, p.shape.head_dim);
 #pragma unroll
   for (int off = kLanes / 2; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  if (!valid) return;
-  const int64_t bh = b * p.shape.num_heads_q + h;
-  const int64_t r = bh * seqlen_q + i;
-  if (lane == 0) {
+  if (valid && lane == 0) {
     static_cast<float*>(p.delta)[r] = sum;
-    args.lse2[r] = Lse2(static_cast<const float*>(p.lse)[r]);
-  }
-  if (zero_dq_accum) {
-    // The row's columns below head_dim, 8 contiguous floats (a 32-byte
-    // sector) per group; nothing reads the others.
-    for (int c = lane * 8; c < p.shape.head_dim; c += kLanes * 8) {
-      float4* group = reinterpret_cast<float4*>(
-          args.dq_accum + DqAccumLayout<kHeadDim>::Index(bh, seqlen_q, i, c));
-      group[0] = group[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+    args.lse2[r] = Lse2(lse);
   }
 }
 
