@@ -7,7 +7,9 @@
 // ranges (sm90/epilogue_bwd.cuh), with the column split and the row split,
 // and at D = 128 the transposed staging of 80-query steps too (every lane's
 // element at TransposedLanePart + TransposedTilePart, each store of
-// StoreDqPartTransposed in 32 different banks).
+// StoreDqPartTransposed in 32 different banks); and the preprocess's zeroing
+// (ZeroPiece) reaches exactly the entries below seqlen_q and head_dim, each
+// warp's store in whole 32-byte sectors.
 #pragma once
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "cuda/bwd/workspace.h"
+#include "cuda/common/copy.cuh"
 #include "jax_flash/supported.h"
 
 namespace check {
@@ -56,6 +59,45 @@ int TransposedStagingErrors(int64_t sq) {
           }
       for (int n : seen) bad += n != 1;
     }
+  return bad;
+}
+
+// The preprocess's blocks of RowVectorRows rows, zeroed piece by piece
+// (ZeroDqAccumRows): the floats zeroed are those of rows below sq and
+// columns below head_dim, each once; a warp's 32 pieces, all valid, cover
+// whole sectors.
+template <int kHeadDim>
+int ZeroingErrors(int64_t sq, int head_dim) {
+  using L = jax_flash::cuda::DqAccumLayout<kHeadDim>;
+  constexpr int kRows = jax_flash::cuda::RowVectorRows(kHeadDim);
+  constexpr int kPieces = L::template kZeroPieces<kRows>;
+  const int64_t bh = 1, total = 3 * 2 * L::PaddedRows(sq) * L::kHalf;
+  std::vector<int> zeroed(total, 0), wanted(total, 0);
+  int bad = 0;
+  for (int64_t i = 0; i < sq; ++i)
+    for (int c = 0; c < head_dim; ++c) ++wanted[L::Index(bh, sq, i, c)];
+  for (int64_t i0 = 0; i0 < sq; i0 += kRows)
+    for (int n = 0; n < kPieces; ++n) {
+      const auto at = L::template ZeroPiece<kRows>(n);
+      if (i0 + at.row >= sq || at.col >= head_dim) continue;
+      for (int e = 0; e < 4; ++e) {
+        const int64_t x = L::Index(bh, sq, i0 + at.row, at.col) + 4 * at.piece + e;
+        if (x < 0 || x >= total) { ++bad; continue; }
+        ++zeroed[x];
+      }
+    }
+  for (int64_t x = 0; x < total; ++x) bad += zeroed[x] != wanted[x];
+  for (int w = 0; w * 32 < kPieces; ++w) {  // 8 floats per sector
+    std::vector<int64_t> sectors;
+    for (int n = 32 * w; n < std::min(32 * w + 32, kPieces); ++n) {
+      const auto at = L::template ZeroPiece<kRows>(n);
+      const int64_t x = L::Index(bh, 4096, at.row, at.col) + 4 * at.piece;
+      sectors.push_back(x / 8);
+    }
+    std::sort(sectors.begin(), sectors.end());
+    for (size_t k = 0; k < sectors.size(); k += 2) bad += k + 1 >= sectors.size() ||
+                                                         sectors[k] != sectors[k + 1];
+  }
   return bad;
 }
 
@@ -100,6 +142,8 @@ int DqAccumLayoutErrors() {
                   }
         }
     if constexpr (L::kHalf == 64) bad += TransposedStagingErrors<kHeadDim>(sq);
+    for (const int head_dim : {kHeadDim, kHeadDim - 8, 8})
+      if (head_dim > 0) bad += ZeroingErrors<kHeadDim>(sq, head_dim);
   }
   return bad;
 }

@@ -24,22 +24,17 @@ __device__ __forceinline__ float Lse2(float lse) {
 
 // Zeroes the float32 dQ accumulator's rows i0 .. i0 + kRows - 1 below
 // seqlen_q, columns below head_dim, the block's threads on consecutive
-// 16-byte pieces in DqAccumLayout's order (a half's rows of one 8-column
-// chunk are contiguous through a 16-row group), so that each warp's store
-// covers whole 32-byte sectors; row by row, each store covered halves of 32
-// sectors.
+// 16-byte pieces (DqAccumLayout::ZeroPiece), so that each warp's store covers
+// whole 32-byte sectors; row by row, each store covered halves of 32 sectors.
 template <int kHeadDim, int kRows>
 __device__ __forceinline__ void ZeroDqAccumRows(float* dq_accum, int64_t bh, int64_t seqlen_q,
                                                 int64_t i0, int head_dim) {
   using Layout = DqAccumLayout<kHeadDim>;
-  constexpr int kChunks = Layout::kHalf / 8;  // 8-column chunks per half
-  constexpr int kPieces = 2 * kChunks * kRows * 2;  // float4 pieces: halves x chunks x rows x 2
-  for (int n = threadIdx.x; n < kPieces; n += kRowVectorThreads) {
-    const int piece = n % 2, r = n / 2 % kRows, chunk = n / 2 / kRows;  // chunk of both halves
-    const int col = (chunk / kChunks) * Layout::kHalf + 8 * (chunk % kChunks);
-    if (i0 + r < seqlen_q && col < head_dim)
-      reinterpret_cast<float4*>(dq_accum + Layout::Index(bh, seqlen_q, i0 + r, col))[piece] =
-          make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int n = threadIdx.x; n < Layout::template kZeroPieces<kRows>; n += kRowVectorThreads) {
+    const auto at = Layout::template ZeroPiece<kRows>(n);
+    if (i0 + at.row < seqlen_q && at.col < head_dim)
+      reinterpret_cast<float4*>(dq_accum + Layout::Index(bh, seqlen_q, i0 + at.row, at.col))
+          [at.piece] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
 }
 

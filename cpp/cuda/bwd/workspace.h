@@ -112,6 +112,23 @@ struct DqAccumLayout {
   __host__ __device__ static constexpr int TransposedTilePart(int nt, int hc) {
     return PartIndex(8 * nt, 8 * hc);
   }
+  // The preprocess's zeroing order (bwd/preprocess.cuh, ZeroDqAccumRows):
+  // 16-byte piece n of a block of kRows rows (a multiple of kGroupRows, or
+  // 8 rows from a group's start or middle) is piece n % 2 of row n / 2 %
+  // kRows's 8-column chunk n / 2 / kRows, the chunks of both halves counted
+  // together. In InGroup's order a half's rows of one chunk are contiguous
+  // through a group, so consecutive pieces are consecutive 16 bytes there
+  // and a warp's 32 pieces fill whole sectors (tc_kernel_check checks).
+  struct Piece {
+    int row, col, piece;  // row in the block, the chunk's first column, 16-byte piece 0 or 1
+  };
+  template <int kRows>
+  static constexpr int kZeroPieces = 2 * kCols / 8 * kRows;
+  template <int kRows>
+  __host__ __device__ static constexpr Piece ZeroPiece(int n) {
+    const int chunk = n / 2 / kRows;  // of both halves
+    return {n / 2 % kRows, (chunk / (kHalf / 8)) * kHalf + 8 * (chunk % (kHalf / 8)), n % 2};
+  }
   // Element (query i, column col) of (batch, head) bh; columns 8k..8k+7 of a
   // row are contiguous.
   __host__ __device__ static int64_t Index(int64_t bh, int64_t seqlen_q, int64_t i, int col) {
