@@ -1,5 +1,6 @@
 // Host check of the fast backward's dQ accumulator layout (bwd/workspace.h,
-// DqAccumLayout), run by tc_kernel_check before its cases: for every
+// DqAccumLayout), run by tc_kernel_check before its cases and on the CPU by
+// tests/test_dq_layout.py (tests/host/dq_layout_check.cu): for every
 // head-dim bucket, Index is a bijection onto the allocation with 8-column
 // groups contiguous (the conversion's and the zeroing's float4 pairs, the
 // Ampere kernel's float2 atomics), and every fragment the Hopper kernel
