@@ -439,21 +439,6 @@ __global__ void __launch_bounds__(kThreads) BwdDbiasKernel(const BwdParams p) {
 // ---------------------------------------------------------------------------
 // Launch.
 
-template <typename Kernel>
-cudaError_t Launch(Kernel kernel, int64_t blocks, size_t shared_bytes, const BwdParams& p,
-                   cudaStream_t stream) {
-  if (blocks == 0) return cudaSuccess;
-  if (blocks > kMaxGridX) return cudaErrorInvalidConfiguration;
-  if (shared_bytes > kDefaultSharedBytes) {
-    // Not a stream operation: allowed while XLA captures a command buffer.
-    const cudaError_t err = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes));
-    if (err != cudaSuccess) return err;
-  }
-  kernel<<<static_cast<unsigned>(blocks), kThreads, shared_bytes, stream>>>(p);
-  return cudaGetLastError();
-}
-
 template <typename T, int kMaxD>
 cudaError_t LaunchBwdTier(const BwdParams& p, cudaStream_t stream) {
   using L = BwdLayout<AccType<T>, kMaxD>;
@@ -480,15 +465,9 @@ namespace jax_flash::cuda {
 
 template <typename T>
 cudaError_t RunExactBwd(const BwdParams& p, cudaStream_t stream) {
-  switch (simt::HeadDimTier(p.shape.head_dim)) {
-#define JAX_FLASH_TIER_CASE(D) \
-  case (D):                    \
-    return simt::LaunchBwdTier<T, (D)>(p, stream);
-    JAX_FLASH_FOR_EACH_EXACT_TIER(JAX_FLASH_TIER_CASE)
-#undef JAX_FLASH_TIER_CASE
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return simt::WithExactTier(p.shape.head_dim, [&](auto tier) {
+    return simt::LaunchBwdTier<T, decltype(tier)::value>(p, stream);
+  });
 }
 
 }  // namespace jax_flash::cuda

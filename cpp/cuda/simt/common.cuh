@@ -22,8 +22,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/math.cuh"
+#include "cuda/simt/tile_size.h"
 #include "jax_flash/params.h"
 
 namespace jax_flash::cuda::simt {
@@ -42,6 +44,39 @@ inline constexpr size_t kDefaultSharedBytes = 48 * 1024;
 // Grids are one-dimensional (blockIdx.x allows 2^31 - 1 blocks; y and z only
 // 65535, too few for a folded batch * heads).
 inline constexpr int64_t kMaxGridX = 2147483647;
+
+// One kernel over `blocks` blocks of kThreads (a one-dimensional grid),
+// opting in to more dynamic shared memory where it needs it: no launch for
+// no blocks, cudaErrorInvalidConfiguration past kMaxGridX.
+template <typename Kernel, typename Params>
+cudaError_t Launch(Kernel kernel, int64_t blocks, size_t shared_bytes, const Params& p,
+                   cudaStream_t stream) {
+  if (blocks == 0) return cudaSuccess;
+  if (blocks > kMaxGridX) return cudaErrorInvalidConfiguration;
+  if (shared_bytes > kDefaultSharedBytes) {
+    // Not a stream operation: allowed while XLA captures a command buffer.
+    const cudaError_t err = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes));
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<static_cast<unsigned>(blocks), kThreads, shared_bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// launch(std::integral_constant<int, D>{}) for head_dim's tier D
+// (tile_size.h), or cudaErrorInvalidValue past the largest.
+template <typename LaunchTier>
+cudaError_t WithExactTier(int64_t head_dim, LaunchTier&& launch) {
+  switch (HeadDimTier(head_dim)) {
+#define JAX_FLASH_TIER_CASE(D) \
+  case (D):                    \
+    return launch(std::integral_constant<int, (D)>{});
+    JAX_FLASH_FOR_EACH_EXACT_TIER(JAX_FLASH_TIER_CASE)
+#undef JAX_FLASH_TIER_CASE
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
 
 // ---------------------------------------------------------------------------
 // Types and conversions.

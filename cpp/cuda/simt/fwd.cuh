@@ -228,18 +228,9 @@ __global__ void __launch_bounds__(kThreads) FwdKernel(const FwdParams p) {
 template <typename T, int kMaxD>
 cudaError_t LaunchFwdTier(const FwdParams& p, cudaStream_t stream) {
   using L = FwdLayout<AccType<T>, kMaxD>;
-  const int64_t blocks = CeilDiv(p.shape.seqlen_q, L::kBlockM) * p.shape.num_heads_q * p.shape.batch;
-  if (blocks == 0) return cudaSuccess;
-  if (blocks > kMaxGridX) return cudaErrorInvalidConfiguration;
-  auto kernel = FwdKernel<T, kMaxD>;
-  if (L::kSharedBytes > kDefaultSharedBytes) {
-    // Not a stream operation: allowed while XLA captures a command buffer.
-    const cudaError_t err = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kSharedBytes));
-    if (err != cudaSuccess) return err;
-  }
-  kernel<<<static_cast<unsigned>(blocks), kThreads, L::kSharedBytes, stream>>>(p);
-  return cudaGetLastError();
+  return Launch(FwdKernel<T, kMaxD>,
+                CeilDiv(p.shape.seqlen_q, L::kBlockM) * p.shape.num_heads_q * p.shape.batch,
+                L::kSharedBytes, p, stream);
 }
 
 }  // namespace
@@ -250,15 +241,9 @@ namespace jax_flash::cuda {
 
 template <typename T>
 cudaError_t RunExactFwd(const FwdParams& p, cudaStream_t stream) {
-  switch (simt::HeadDimTier(p.shape.head_dim)) {
-#define JAX_FLASH_TIER_CASE(D) \
-  case (D):                    \
-    return simt::LaunchFwdTier<T, (D)>(p, stream);
-    JAX_FLASH_FOR_EACH_EXACT_TIER(JAX_FLASH_TIER_CASE)
-#undef JAX_FLASH_TIER_CASE
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return simt::WithExactTier(p.shape.head_dim, [&](auto tier) {
+    return simt::LaunchFwdTier<T, decltype(tier)::value>(p, stream);
+  });
 }
 
 }  // namespace jax_flash::cuda

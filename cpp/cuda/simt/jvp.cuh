@@ -299,18 +299,9 @@ __global__ void __launch_bounds__(kThreads) JvpKernel(const JvpParams p) {
 template <typename T, int kMaxD>
 cudaError_t LaunchJvpTier(const JvpParams& p, cudaStream_t stream) {
   using L = JvpLayout<AccType<T>, kMaxD>;
-  const int64_t blocks = CeilDiv(p.shape.seqlen_q, L::kBlockM) * p.shape.num_heads_q * p.shape.batch;
-  if (blocks == 0) return cudaSuccess;
-  if (blocks > kMaxGridX) return cudaErrorInvalidConfiguration;
-  auto kernel = JvpKernel<T, kMaxD>;
-  if (L::kSharedBytes > kDefaultSharedBytes) {
-    // Not a stream operation: allowed while XLA captures a command buffer.
-    const cudaError_t err = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L::kSharedBytes));
-    if (err != cudaSuccess) return err;
-  }
-  kernel<<<static_cast<unsigned>(blocks), kThreads, L::kSharedBytes, stream>>>(p);
-  return cudaGetLastError();
+  return Launch(JvpKernel<T, kMaxD>,
+                CeilDiv(p.shape.seqlen_q, L::kBlockM) * p.shape.num_heads_q * p.shape.batch,
+                L::kSharedBytes, p, stream);
 }
 
 }  // namespace
@@ -321,15 +312,9 @@ namespace jax_flash::cuda {
 
 template <typename T>
 cudaError_t RunExactJvp(const JvpParams& p, cudaStream_t stream) {
-  switch (simt::HeadDimTier(p.shape.head_dim)) {
-#define JAX_FLASH_TIER_CASE(D) \
-  case (D):                    \
-    return simt::LaunchJvpTier<T, (D)>(p, stream);
-    JAX_FLASH_FOR_EACH_EXACT_TIER(JAX_FLASH_TIER_CASE)
-#undef JAX_FLASH_TIER_CASE
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return simt::WithExactTier(p.shape.head_dim, [&](auto tier) {
+    return simt::LaunchJvpTier<T, decltype(tier)::value>(p, stream);
+  });
 }
 
 }  // namespace jax_flash::cuda
