@@ -267,14 +267,9 @@ __global__ void __launch_bounds__(kThreads) BwdDqKernel(const BwdParams p) {
 
   const AttentionShape& s = p.shape;
   const int head_dim = static_cast<int>(s.head_dim);
-  // (batch, query head, query block), query block fastest; one grid dimension.
-  const int64_t num_m_blocks = CeilDiv(s.seqlen_q, kBlockM);
-  const int64_t m_block = blockIdx.x % num_m_blocks;
-  const int64_t h = (blockIdx.x / num_m_blocks) % s.num_heads_q;
-  const int64_t b = blockIdx.x / num_m_blocks / s.num_heads_q;
-  const int64_t h_kv = h / s.group_size();
-  const int64_t i0 = m_block * kBlockM;
-  const int m_valid = ValidRows<kBlockM>(s.seqlen_q - i0);
+  const QueryBlock<kBlockM> qb = QueryBlock<kBlockM>::Here(s);
+  const int64_t b = qb.b, h = qb.h, h_kv = qb.h_kv, i0 = qb.i0;
+  const int m_valid = qb.m_valid;
 
   const HeadTerms<Acc> head = HeadTerms<Acc>::For(p, b, h);
   int64_t key_begin, key_end;

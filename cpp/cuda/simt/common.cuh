@@ -236,4 +236,25 @@ __device__ __forceinline__ int ValidRows(int64_t remaining) {
   return remaining < kBlock ? static_cast<int>(remaining) : kBlock;
 }
 
+// This block's query block in a kernel over (batch, query head, query block),
+// the query block fastest, so that blocks sharing a head's K and V run
+// together (L2 reuse); one grid dimension, since y and z allow only 65535
+// for a large batch * heads.
+template <int kBlockM>
+struct QueryBlock {
+  int64_t b, h, h_kv;
+  int64_t i0;   // its first query
+  int m_valid;  // its rows below seqlen_q
+  __device__ __forceinline__ static QueryBlock Here(const AttentionShape& s) {
+    const int64_t num_m_blocks = CeilDiv(s.seqlen_q, kBlockM);
+    QueryBlock q;
+    q.h = (blockIdx.x / num_m_blocks) % s.num_heads_q;
+    q.b = blockIdx.x / num_m_blocks / s.num_heads_q;
+    q.h_kv = q.h / s.group_size();
+    q.i0 = blockIdx.x % num_m_blocks * kBlockM;
+    q.m_valid = ValidRows<kBlockM>(s.seqlen_q - q.i0);
+    return q;
+  }
+};
+
 }  // namespace jax_flash::cuda::simt

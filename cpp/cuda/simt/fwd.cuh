@@ -66,16 +66,9 @@ __global__ void __launch_bounds__(kThreads) FwdKernel(const FwdParams p) {
 
   const AttentionShape& s = p.shape;
   const int head_dim = static_cast<int>(s.head_dim);
-  // Blocks are numbered (batch, head, query block) with the query block
-  // fastest, so blocks sharing K/V of one head run together (L2 reuse). One
-  // grid dimension avoids the 65535 limit of y/z for large batch * heads.
-  const int64_t num_m_blocks = CeilDiv(s.seqlen_q, kBlockM);
-  const int64_t m_block = blockIdx.x % num_m_blocks;
-  const int64_t h = (blockIdx.x / num_m_blocks) % s.num_heads_q;
-  const int64_t b = blockIdx.x / num_m_blocks / s.num_heads_q;
-  const int64_t h_kv = h / s.group_size();
-  const int64_t i0 = m_block * kBlockM;
-  const int m_valid = ValidRows<kBlockM>(s.seqlen_q - i0);
+  const QueryBlock<kBlockM> qb = QueryBlock<kBlockM>::Here(s);
+  const int64_t b = qb.b, h = qb.h, h_kv = qb.h_kv, i0 = qb.i0;
+  const int m_valid = qb.m_valid;
 
   const HeadTerms<Acc> head = HeadTerms<Acc>::For(p, b, h);
   const BatchMask& mask = head.mask;
