@@ -202,15 +202,8 @@ void DqItem(const BwdInputs<Acc<T>>& in, int64_t item) {
   const BwdParams& p = in.p;
   const AttentionShape& s = p.shape;
   const int64_t D = s.head_dim, Dp = PaddedHeadDim<A>(D);
-  const int64_t num_m_blocks = (s.seqlen_q + kBlockM - 1) / kBlockM;
-  const int64_t num_heads_total = s.batch * s.num_heads_q;
-  // Longest first, as in the forward.
-  const int64_t m_block = num_m_blocks - 1 - item / num_heads_total;
-  const int64_t b = item % num_heads_total / s.num_heads_q;
-  const int64_t h = item % num_heads_total % s.num_heads_q;
-  const int64_t h_kv = h / s.group_size();
-  const int64_t i0 = m_block * kBlockM;
-  const int64_t rows = std::min(kBlockM, s.seqlen_q - i0);
+  const QueryItem qi = QueryItem::Of(s, item);
+  const int64_t b = qi.b, h = qi.h, h_kv = qi.h_kv, i0 = qi.i0, rows = qi.rows;
   const HeadView<A> head = HeadView<A>::For(p, b, h);
   BwdTiles<A> t = BwdTiles<A>::Get(Dp);
   A* dq = t.acc0;
@@ -222,7 +215,7 @@ void DqItem(const BwdInputs<Acc<T>>& in, int64_t item) {
   for (int64_t n_block = j_begin / kBlockN; n_block * kBlockN < j_end; ++n_block) {
     const int64_t j0 = n_block * kBlockN;
     if (!head.TileMayBeVisible(i0, rows, j0, std::min(kBlockN, s.seqlen_k - j0))) continue;
-    ProbsAndScoreGrads(in, head, b, h, m_block, rows, n_block, t);
+    ProbsAndScoreGrads(in, head, b, h, qi.m_block, rows, n_block, t);
     Gemm<A, true>(rows, Dp, kBlockN, RowMajor<A>(t.ds, kBlockN), in.k_rows.Tile(b, h_kv, n_block),
                   Dp, dq, Dp);  // dQ += dS K
   }

@@ -102,15 +102,8 @@ void JvpItem(const JvpInputs<Acc<T>>& in, int64_t item) {
   using A = Acc<T>;
   const JvpParams& p = in.p;
   const AttentionShape& s = p.shape;
-  const int64_t num_m_blocks = (s.seqlen_q + kBlockM - 1) / kBlockM;
-  // Longest items first, as in the forward.
-  const int64_t num_heads_total = s.batch * s.num_heads_q;
-  const int64_t m_block = num_m_blocks - 1 - item / num_heads_total;
-  const int64_t h = item % num_heads_total % s.num_heads_q;
-  const int64_t b = item % num_heads_total / s.num_heads_q;
-  const int64_t h_kv = h / s.group_size();
-  const int64_t i0 = m_block * kBlockM;
-  const int64_t rows = std::min(kBlockM, s.seqlen_q - i0);
+  const QueryItem qi = QueryItem::Of(s, item);
+  const int64_t b = qi.b, h = qi.h, h_kv = qi.h_kv, i0 = qi.i0, rows = qi.rows;
   const int64_t D = s.head_dim;
   const int64_t Dp = PaddedHeadDim<A>(D);
   const HeadView<A> head = HeadView<A>::For(p, b, h);

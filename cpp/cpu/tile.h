@@ -24,6 +24,28 @@ static_assert(kBlockMaskBlock % kBlockM == 0 && kBlockMaskBlock % kBlockN == 0,
 inline constexpr double kLog2e = 1.4426950408889634;
 inline constexpr double kLn2 = 0.6931471805599453;
 
+// Work item `item` of a kernel over the query blocks of every (batch, query
+// head), longest first: under a causal mask the last query blocks see the
+// most keys, so they are handed out, for every head, before the short ones.
+struct QueryItem {
+  int64_t b, h, h_kv;
+  int64_t m_block;  // its query block
+  int64_t i0;       // its first query
+  int64_t rows;     // its rows below seqlen_q
+  static QueryItem Of(const AttentionShape& s, int64_t item) {
+    const int64_t num_m_blocks = (s.seqlen_q + kBlockM - 1) / kBlockM;
+    const int64_t num_heads_total = s.batch * s.num_heads_q;
+    QueryItem q;
+    q.h = item % num_heads_total % s.num_heads_q;
+    q.b = item % num_heads_total / s.num_heads_q;
+    q.h_kv = q.h / s.group_size();
+    q.m_block = num_m_blocks - 1 - item / num_heads_total;
+    q.i0 = q.m_block * kBlockM;
+    q.rows = std::min(kBlockM, s.seqlen_q - q.i0);
+    return q;
+  }
+};
+
 // Head dim padded to whole vectors, so that row operations need no tail loop.
 template <typename A>
 inline int64_t PaddedHeadDim(int64_t head_dim) {
