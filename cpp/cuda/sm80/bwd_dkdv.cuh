@@ -273,27 +273,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
       // ---- S^T = K Q^T and dP^T = V dO^T (16 keys x kBlockM queries) ----
       float st[kQTiles][4], dpt[kQTiles][4];
-#pragma unroll
-      for (int nt = 0; nt < kQTiles; ++nt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) { st[nt][r] = 0.f; dpt[nt][r] = 0.f; }
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / kMmaK; ++kk) {
-        uint32_t ak[4], av[4];
-        Ldmatrix4(ak, k_frag + 2 * kk * 16);
-        Ldmatrix4(av, v_frag + 2 * kk * 16);
-#pragma unroll
-        for (int nt2 = 0; nt2 < kBlockM / 16; ++nt2) {
-          uint32_t bq[4], bo[4];
-          const uint32_t off = stage_off + qb_lane + 2 * (nt2 * 16 * kStride + kk * 16);
-          Ldmatrix4(bq, sQ_addr + off);
-          Ldmatrix4(bo, sdO_addr + off);
-          Mma<T>(st[2 * nt2], ak, bq[0], bq[1]);
-          Mma<T>(st[2 * nt2 + 1], ak, bq[2], bq[3]);
-          Mma<T>(dpt[2 * nt2], av, bo[0], bo[1]);
-          Mma<T>(dpt[2 * nt2 + 1], av, bo[2], bo[3]);
-        }
-      }
+      ScoreGemms<T, kHeadDim, kBlockM, kStride>(st, dpt, k_frag, v_frag, sQ_addr, sdO_addr,
+                                                stage_off + qb_lane);
 
       // ---- P^T and dS^T = P^T (dP^T - D) dx -------------------------------
       // The common case (no softcap, every pair visible) costs 4 instructions

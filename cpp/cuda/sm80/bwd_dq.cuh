@@ -142,27 +142,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
     // ---- S = Q K^T, dP = dO V^T -------------------------------------------
     float s[kNTiles][4], dp[kNTiles][4];
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) { s[nt][r] = 0.f; dp[nt][r] = 0.f; }
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / kMmaK; ++kk) {
-      uint32_t aq[4], ao[4];
-      Ldmatrix4(aq, q_frag + 2 * kk * 16);
-      Ldmatrix4(ao, do_frag + 2 * kk * 16);
-#pragma unroll
-      for (int nt2 = 0; nt2 < kBlockN / 16; ++nt2) {
-        uint32_t bk[4], bv[4];
-        const uint32_t off = stage_off + b_lane + 2 * (nt2 * 16 * kStride + kk * 16);
-        Ldmatrix4(bk, sK_addr + off);
-        Ldmatrix4(bv, sV_addr + off);
-        Mma<T>(s[2 * nt2], aq, bk[0], bk[1]);
-        Mma<T>(s[2 * nt2 + 1], aq, bk[2], bk[3]);
-        Mma<T>(dp[2 * nt2], ao, bv[0], bv[1]);
-        Mma<T>(dp[2 * nt2 + 1], ao, bv[2], bv[3]);
-      }
-    }
+    ScoreGemms<T, kHeadDim, kBlockN, kStride>(s, dp, q_frag, do_frag, sK_addr, sV_addr,
+                                              stage_off + b_lane);
 
     // ---- P and dS (softcap and mask as in sm80/bwd_dkdv.cuh) -------------
     if constexpr (kTerms) {
