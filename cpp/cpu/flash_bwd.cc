@@ -305,7 +305,7 @@ void Bwd(const BwdParams& p, const ParallelFor& parallel_for) {
                                D, kBlockN, TileLayout::kRows, parallel_for);
   const BwdInputs<A> in{p, q_rows, dout_rows, k_transposed, v_transposed, k_rows};
   parallel_for(B * s.num_heads_kv * num_n_blocks, [&in](int64_t item) { DkDvItem<T>(in, item); });
-  parallel_for(B * s.num_heads_q * num_m_blocks, [&in](int64_t item) { DqItem<T>(in, item); });
+  parallel_for(QueryItem::Count(s), [&in](int64_t item) { DqItem<T>(in, item); });
   if (p.dbias != nullptr) {
     const int64_t* dims = p.score.bias_dims;
     const int64_t row_items = dims[2] == Sq ? num_m_blocks : 1;

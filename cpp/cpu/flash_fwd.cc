@@ -120,9 +120,7 @@ void Fwd(const FwdParams& p, const ParallelFor& parallel_for) {
                                s.num_heads_kv, s.head_dim, kBlockN, TileLayout::kRows,
                                parallel_for);
   const FwdInputs<T> in{p, k_transposed, v_rows};
-  const int64_t num_m_blocks = (s.seqlen_q + kBlockM - 1) / kBlockM;
-  parallel_for(s.batch * s.num_heads_q * num_m_blocks,
-               [&in](int64_t item) { FwdItem<T>(in, item); });
+  parallel_for(QueryItem::Count(s), [&in](int64_t item) { FwdItem<T>(in, item); });
 }
 
 }  // namespace

@@ -217,9 +217,7 @@ void Jvp(const JvpParams& p, const ParallelFor& parallel_for) {
       p.v_dot != nullptr ? pack(p.v_dot, p.v_dot_strides, TileLayout::kRows) : PackedTensor<A>();
   const JvpInputs<A> in{p, k_transposed, v_rows, p.k_dot != nullptr ? &k_dot_transposed : nullptr,
                         p.v_dot != nullptr ? &v_dot_rows : nullptr};
-  const int64_t num_m_blocks = (s.seqlen_q + kBlockM - 1) / kBlockM;
-  parallel_for(s.batch * s.num_heads_q * num_m_blocks,
-               [&in](int64_t item) { JvpItem<T>(in, item); });
+  parallel_for(QueryItem::Count(s), [&in](int64_t item) { JvpItem<T>(in, item); });
 }
 
 }  // namespace

@@ -27,11 +27,15 @@ inline constexpr double kLn2 = 0.6931471805599453;
 // Work item `item` of a kernel over the query blocks of every (batch, query
 // head), longest first: under a causal mask the last query blocks see the
 // most keys, so they are handed out, for every head, before the short ones.
+// Count(s) items.
 struct QueryItem {
   int64_t b, h, h_kv;
   int64_t m_block;  // its query block
   int64_t i0;       // its first query
   int64_t rows;     // its rows below seqlen_q
+  static int64_t Count(const AttentionShape& s) {
+    return s.batch * s.num_heads_q * ((s.seqlen_q + kBlockM - 1) / kBlockM);
+  }
   static QueryItem Of(const AttentionShape& s, int64_t item) {
     const int64_t num_m_blocks = (s.seqlen_q + kBlockM - 1) / kBlockM;
     const int64_t num_heads_total = s.batch * s.num_heads_q;

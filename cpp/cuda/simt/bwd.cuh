@@ -445,8 +445,7 @@ cudaError_t LaunchBwdTier(const BwdParams& p, cudaStream_t stream) {
                CeilDiv(s.seqlen_k, L::kBlockN) * s.num_heads_kv * s.batch, L::kSharedBytes, p,
                stream);
   if (err != cudaSuccess) return err;
-  err = Launch(BwdDqKernel<T, kMaxD>, CeilDiv(s.seqlen_q, L::kBlockM) * s.num_heads_q * s.batch,
-               L::kSharedBytes, p, stream);
+  err = Launch(BwdDqKernel<T, kMaxD>, QueryBlock<L::kBlockM>::Count(s), L::kSharedBytes, p, stream);
   if (err != cudaSuccess || p.score.bias == nullptr || p.dbias == nullptr) return err;
   const DbiasGrid grid = DbiasGrid::For<L::kBlockM, L::kBlockN>(p);
   return Launch(BwdDbiasKernel<T, kMaxD>, grid.blocks(p), L::kDbiasSharedBytes, p, stream);

@@ -238,13 +238,16 @@ __device__ __forceinline__ int ValidRows(int64_t remaining) {
 
 // This block's query block in a kernel over (batch, query head, query block),
 // the query block fastest, so that blocks sharing a head's K and V run
-// together (L2 reuse); one grid dimension, since y and z allow only 65535
-// for a large batch * heads.
+// together (L2 reuse); one grid dimension of Count(s) blocks, since y and z
+// allow only 65535 for a large batch * heads.
 template <int kBlockM>
 struct QueryBlock {
   int64_t b, h, h_kv;
   int64_t i0;   // its first query
   int m_valid;  // its rows below seqlen_q
+  __host__ __device__ static int64_t Count(const AttentionShape& s) {
+    return CeilDiv(s.seqlen_q, kBlockM) * s.num_heads_q * s.batch;
+  }
   __device__ __forceinline__ static QueryBlock Here(const AttentionShape& s) {
     const int64_t num_m_blocks = CeilDiv(s.seqlen_q, kBlockM);
     QueryBlock q;

@@ -221,9 +221,8 @@ __global__ void __launch_bounds__(kThreads) FwdKernel(const FwdParams p) {
 template <typename T, int kMaxD>
 cudaError_t LaunchFwdTier(const FwdParams& p, cudaStream_t stream) {
   using L = FwdLayout<AccType<T>, kMaxD>;
-  return Launch(FwdKernel<T, kMaxD>,
-                CeilDiv(p.shape.seqlen_q, L::kBlockM) * p.shape.num_heads_q * p.shape.batch,
-                L::kSharedBytes, p, stream);
+  return Launch(FwdKernel<T, kMaxD>, QueryBlock<L::kBlockM>::Count(p.shape), L::kSharedBytes, p,
+                stream);
 }
 
 }  // namespace

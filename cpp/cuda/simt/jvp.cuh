@@ -294,9 +294,8 @@ __global__ void __launch_bounds__(kThreads) JvpKernel(const JvpParams p) {
 template <typename T, int kMaxD>
 cudaError_t LaunchJvpTier(const JvpParams& p, cudaStream_t stream) {
   using L = JvpLayout<AccType<T>, kMaxD>;
-  return Launch(JvpKernel<T, kMaxD>,
-                CeilDiv(p.shape.seqlen_q, L::kBlockM) * p.shape.num_heads_q * p.shape.batch,
-                L::kSharedBytes, p, stream);
+  return Launch(JvpKernel<T, kMaxD>, QueryBlock<L::kBlockM>::Count(p.shape), L::kSharedBytes, p,
+                stream);
 }
 
 }  // namespace
