@@ -65,20 +65,18 @@ int TransposedStagingErrors(int64_t sq) {
 
 // The preprocess's blocks of RowVectorRows rows, zeroed piece by piece
 // (ZeroDqAccumRows): the floats zeroed are those of rows below sq and
-// columns below head_dim, each once; a warp's 32 pieces, all valid, cover
-// whole sectors.
+// columns below head_dim, each once.
 template <int kHeadDim>
 int ZeroingErrors(int64_t sq, int head_dim) {
   using L = jax_flash::cuda::DqAccumLayout<kHeadDim>;
   constexpr int kRows = jax_flash::cuda::RowVectorRows(kHeadDim);
-  constexpr int kPieces = L::template kZeroPieces<kRows>;
   const int64_t bh = 1, total = 3 * 2 * L::PaddedRows(sq) * L::kHalf;
   std::vector<int> zeroed(total, 0), wanted(total, 0);
   int bad = 0;
   for (int64_t i = 0; i < sq; ++i)
     for (int c = 0; c < head_dim; ++c) ++wanted[L::Index(bh, sq, i, c)];
   for (int64_t i0 = 0; i0 < sq; i0 += kRows)
-    for (int n = 0; n < kPieces; ++n) {
+    for (int n = 0; n < L::template kZeroPieces<kRows>; ++n) {
       const auto at = L::template ZeroPiece<kRows>(n);
       if (i0 + at.row >= sq || at.col >= head_dim) continue;
       for (int e = 0; e < 4; ++e) {
@@ -88,16 +86,27 @@ int ZeroingErrors(int64_t sq, int head_dim) {
       }
     }
   for (int64_t x = 0; x < total; ++x) bad += zeroed[x] != wanted[x];
-  for (int w = 0; w * 32 < kPieces; ++w) {  // 8 floats per sector
+  return bad;
+}
+
+// A warp's 32 pieces of a block whose rows are all valid cover whole
+// 32-byte sectors (8 floats: two pieces each). The order does not depend on
+// seqlen_q or the head dim, so this runs once per bucket.
+template <int kHeadDim>
+int ZeroSectorErrors() {
+  using L = jax_flash::cuda::DqAccumLayout<kHeadDim>;
+  constexpr int kRows = jax_flash::cuda::RowVectorRows(kHeadDim);
+  constexpr int kPieces = L::template kZeroPieces<kRows>;
+  int bad = 0;
+  for (int w = 0; w * 32 < kPieces; ++w) {
     std::vector<int64_t> sectors;
     for (int n = 32 * w; n < std::min(32 * w + 32, kPieces); ++n) {
       const auto at = L::template ZeroPiece<kRows>(n);
-      const int64_t x = L::Index(bh, 4096, at.row, at.col) + 4 * at.piece;
-      sectors.push_back(x / 8);
+      sectors.push_back((L::Index(1, 4096, at.row, at.col) + 4 * at.piece) / 8);
     }
     std::sort(sectors.begin(), sectors.end());
-    for (size_t k = 0; k < sectors.size(); k += 2) bad += k + 1 >= sectors.size() ||
-                                                         sectors[k] != sectors[k + 1];
+    for (size_t k = 0; k < sectors.size(); k += 2)
+      bad += k + 1 >= sectors.size() || sectors[k] != sectors[k + 1];
   }
   return bad;
 }
@@ -146,7 +155,7 @@ int DqAccumLayoutErrors() {
     for (const int head_dim : {kHeadDim, kHeadDim - 8, 8})
       if (head_dim > 0) bad += ZeroingErrors<kHeadDim>(sq, head_dim);
   }
-  return bad;
+  return bad + ZeroSectorErrors<kHeadDim>();
 }
 
 // Every bucket; prints and returns whether the layout holds.

@@ -118,7 +118,8 @@ struct DqAccumLayout {
   // kRows's 8-column chunk n / 2 / kRows, the chunks of both halves counted
   // together. In InGroup's order a half's rows of one chunk are contiguous
   // through a group, so consecutive pieces are consecutive 16 bytes there
-  // and a warp's 32 pieces fill whole sectors (tc_kernel_check checks).
+  // and a warp's 32 pieces fill whole sectors (tests/gpu/dq_layout_check.h
+  // checks, on the CPU in CI and in tc_kernel_check).
   struct Piece {
     int row, col, piece;  // row in the block, the chunk's first column, 16-byte piece 0 or 1
   };
