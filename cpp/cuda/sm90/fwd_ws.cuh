@@ -36,13 +36,16 @@ namespace jax_flash::cuda::sm90 {
 
 // kTileOf: the mask mode whose tile the kernel takes, its own unless a light
 // mask runs on kBand's tile (causal calls shorter than kLightMinRows, where
-// kCausal's own tile is taller).
-template <int kHeadDim_, FwdWsMask kMask_ = FwdWsMask::kBand, FwdWsMask kTileOf = kMask_>
+// kCausal's own tile is taller). kDropoutTile: FwdWsDropoutTileSize's tile
+// instead.
+template <int kHeadDim_, FwdWsMask kMask_ = FwdWsMask::kBand, FwdWsMask kTileOf = kMask_,
+          bool kDropoutTile = false>
 struct FwdWsTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr FwdWsMask kMask = kMask_;
   static constexpr bool kLightMask = IsLightMask(kMask);  // the tile's mask folded to constants
-  static constexpr FwdWsTile kTile = FwdWsTileSize(kHeadDim, kTileOf);  // sm90/tile_size.h
+  static constexpr FwdWsTile kTile = kDropoutTile ? FwdWsDropoutTileSize(kHeadDim)
+                                                  : FwdWsTileSize(kHeadDim, kTileOf);  // tile_size.h
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
@@ -225,9 +228,19 @@ constexpr bool kLightTileDropout = false;
 // kBand's 64-bit decision per key block. With dropout only D = 64's kEnds:
 // the causal light kernel was 3% slower at 4k and 2% faster at 16k; D = 256's
 // 80-key tile has not been timed with dropout (kLightTileDropout).
+//
+// Dropout calls without a tile map or block mask take the bucket's dropout
+// tile where it has one (FwdWsDropoutTileSize: D = 128), from kLightMinRows
+// query rows (at S = 1k its 192-row tiles would compute 1152 rows).
 template <typename T, int kHeadDim, bool kDropout>
 cudaError_t LaunchFwdWsLightest(const FwdParams& params, void* workspace, cudaStream_t stream) {
   using Band = FwdWsTraits<kHeadDim>;
+  if constexpr (kDropout && FwdWsDropoutTileSize(kHeadDim).block_m > 0) {
+    using Dropout = FwdWsTraits<kHeadDim, FwdWsMask::kBand, FwdWsMask::kBand, true>;
+    if (params.mask.tile_map == nullptr && params.mask.block == nullptr &&
+        params.shape.seqlen_q >= kLightMinRows)
+      return LaunchFwdWsKernel<T, Dropout, void, true>(params, workspace, stream);
+  }
   using Ends = FwdWsTraits<kHeadDim, FwdWsMask::kEnds>;
   using Causal = FwdWsTraits<kHeadDim, FwdWsMask::kCausal>;
   constexpr auto own_tile = [](auto traits) {

@@ -289,6 +289,19 @@ constexpr FwdWsTile FwdWsTileSize(int head_dim, FwdWsMask mask = FwdWsMask::kBan
   return t;
 }
 
+// The ws forward's tile for dropout calls (kBand's mask code, no tile map
+// or block mask: a 192-row tile straddles their cells) where it is not
+// kBand's; zeros elsewhere. At D = 128 three consumer warpgroups over 64-key
+// blocks (FA3's 192-row shape, as D = 64's light tile): a key block's Philox
+// draws are latency-bound there (issue slots 37% busy, NOTES_score_terms.md),
+// so a third warpgroup's softmax and draws can run while the other two's
+// GEMMs do. 160 registers hold its key loop (ptxas: 12 B of spill outside
+// it; 128-key blocks spill 568 B); four stages of 64 keys keep the ring as
+// deep in keys as kBand's two of 128.
+constexpr FwdWsTile FwdWsDropoutTileSize(int head_dim) {
+  return head_dim == 128 ? FwdWsTile{192, 64, 4, 24, 160} : FwdWsTile{};
+}
+
 // Whether every block of every sm90 kernel of this bucket lies inside one
 // cell of kCell x kCell positions (the tile map's and the block mask's,
 // mask.h): a block-sparse mask reaches these kernels through the tile map
