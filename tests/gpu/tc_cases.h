@@ -379,6 +379,9 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   c.wr = 40; cases->push_back(c);
   c = Case{1, 2100, 600, 2, 1, 128}; c.dropout = 0.25; c.segments = true; c.seg_run = 300;
   c.tile_map = true; cases->push_back(c);
+  // ... with more tiles than SMs (352: a CTA takes several, its rings and
+  // O staging tile carried from one to the next).
+  c = Case{2, 2100, 1300, 16, 4, 128}; c.dropout = 26.0 / 256; cases->push_back(c);
 }
 
 // small (for compute-sanitizer): a few cases of each kernel family, each

@@ -1,15 +1,17 @@
 // The warp-specialized FlashAttention forward for Hopper (sm_90a), after
 // FlashAttention-3: a producer warpgroup loading Q, K and V with TMA into a
-// ring of shared-memory stages, two consumer warpgroups (64 query rows each)
-// running both GEMMs on wgmma with the softmax in between, ping-ponged
-// against each other and overlapping their own next S GEMM with this block's
-// softmax (sm90/mainloop_fwd_ws.cuh); a persistent grid walking the tiles
-// (sm90/scheduler_persistent.cuh); the common epilogue (out = O / l, lse).
+// ring of shared-memory stages, two or three consumer warpgroups (64 query
+// rows each) running both GEMMs on wgmma with the softmax in between,
+// ping-ponged against each other (a ring with three) and overlapping their
+// own next S GEMM with this block's softmax (sm90/mainloop_fwd_ws.cuh); a
+// persistent grid walking the tiles (sm90/scheduler_persistent.cuh); the
+// common epilogue (out = O / l, lse).
 //
-// Registers: __launch_bounds__(384, 1) caps every thread at 168; setmaxnreg
-// then lowers the producer warpgroup's to producer_regs and raises the
-// consumers' to consumer_regs (sm90/tile_size.h), so the consumers can hold
-// O, the next S and the current P at once.
+// Registers: __launch_bounds__(kThreads, 1) caps every thread at 168 with
+// two consumer warpgroups (128 with three); setmaxnreg then lowers the
+// producer warpgroup's to producer_regs and raises the consumers' to
+// consumer_regs (sm90/tile_size.h), so the consumers can hold O, the next S
+// and the current P at once.
 #pragma once
 
 #include <cuda_runtime.h>

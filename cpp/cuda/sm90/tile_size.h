@@ -290,8 +290,10 @@ constexpr FwdWsTile FwdWsTileSize(int head_dim, FwdWsMask mask = FwdWsMask::kBan
 }
 
 // The ws forward's tile for dropout calls (kBand's mask code, no tile map
-// or block mask: a 192-row tile straddles their cells) where it is not
-// kBand's; zeros elsewhere. At D = 128 three consumer warpgroups over 64-key
+// or block mask: a 192-row tile straddles their cells; calls with segment
+// ids come with a tile map from jax_flash's Python side, so only the kernel
+// driver's cases bring it segments) where it is not kBand's; zeros
+// elsewhere. At D = 128 three consumer warpgroups over 64-key
 // blocks (FA3's 192-row shape, as D = 64's light tile): a key block's Philox
 // draws are latency-bound there (issue slots 37% busy, NOTES_score_terms.md),
 // so a third warpgroup's softmax and draws can run while the other two's
@@ -306,7 +308,8 @@ constexpr FwdWsTile FwdWsDropoutTileSize(int head_dim) {
 // cell of kCell x kCell positions (the tile map's and the block mask's,
 // mask.h): a block-sparse mask reaches these kernels through the tile map
 // only then (cuda/dispatch.cu), since they skip its empty cells but test no
-// cell inside a block. (The ws forward's light-mask tiles never see a map.)
+// cell inside a block. (The ws forward's light-mask and dropout tiles never
+// see a map.)
 constexpr bool TilesInCells(int head_dim, int cell) {
   auto in = [cell](int n) { return n > 0 && cell % n == 0; };
   const Sm90Tiles t = TilesFor(head_dim);
