@@ -368,6 +368,22 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   c = Case{2, 333, 300, 2, 2, 128}; c.causal = true; c.lengths = true; c.bf16 = false;
   cases->push_back(c);
   c = Case{1, 2100, 400, 2, 1, 256}; c.dropout = 0.25; cases->push_back(c);
+  // D = 128 dropout on its own tile (FwdWsDropoutTileSize: 192 x 64, three
+  // consumer warpgroups, non-causal calls from kLightMinRows query rows): a
+  // partial last tile, Sq != Sk, GQA, lengths, both dtypes; causal, a
+  // window with segments and a tile map take kBand's kernel (controls).
+  c = Case{1, 2100, 1300, 4, 2, 128}; c.dropout = 26.0 / 256; cases->push_back(c);
+  c = Case{2, 2049, 2200, 2, 1, 128}; c.dropout = 0.25; c.lengths = true; c.bf16 = false;
+  cases->push_back(c);
+  c = Case{2, 2049, 2200, 2, 1, 128}; c.dropout = 0.25; c.causal = true; c.lengths = true;
+  cases->push_back(c);
+  c = Case{1, 2200, 900, 2, 2, 112}; c.dropout = 26.0 / 256; c.segments = true; c.wl = 300;
+  c.wr = 40; cases->push_back(c);
+  c = Case{1, 2100, 600, 2, 1, 128}; c.dropout = 0.25; c.segments = true; c.seg_run = 300;
+  c.tile_map = true; cases->push_back(c);
+  // ... with more tiles than SMs (352: a CTA takes several, its rings and
+  // O staging tile carried from one to the next).
+  c = Case{2, 2100, 1300, 16, 4, 128}; c.dropout = 26.0 / 256; cases->push_back(c);
 }
 
 // small (for compute-sanitizer): a few cases of each kernel family, each
@@ -448,5 +464,7 @@ inline std::vector<SeededCase> SmallCases() {
   c = Case{1, 170, 130, 4, 2, 128}; s.push_back({c, 42});
   // The D = 256 forward's light kernel (80-key blocks), a partial last one.
   c = Case{1, 140, 250, 2, 1, 256}; s.push_back({c, 43});
+  // D = 128 dropout on its 192 x 64 tile (three consumer warpgroups).
+  c = Case{1, 2050, 130, 2, 1, 128}; c.dropout = 0.25; c.lengths = true; s.push_back({c, 44});
   return s;
 }

@@ -1,15 +1,17 @@
 // The warp-specialized FlashAttention forward for Hopper (sm_90a), after
 // FlashAttention-3: a producer warpgroup loading Q, K and V with TMA into a
-// ring of shared-memory stages, two consumer warpgroups (64 query rows each)
-// running both GEMMs on wgmma with the softmax in between, ping-ponged
-// against each other and overlapping their own next S GEMM with this block's
-// softmax (sm90/mainloop_fwd_ws.cuh); a persistent grid walking the tiles
-// (sm90/scheduler_persistent.cuh); the common epilogue (out = O / l, lse).
+// ring of shared-memory stages, two or three consumer warpgroups (64 query
+// rows each) running both GEMMs on wgmma with the softmax in between,
+// ping-ponged against each other (a ring with three) and overlapping their
+// own next S GEMM with this block's softmax (sm90/mainloop_fwd_ws.cuh); a
+// persistent grid walking the tiles (sm90/scheduler_persistent.cuh); the
+// common epilogue (out = O / l, lse).
 //
-// Registers: __launch_bounds__(384, 1) caps every thread at 168; setmaxnreg
-// then lowers the producer warpgroup's to producer_regs and raises the
-// consumers' to consumer_regs (sm90/tile_size.h), so the consumers can hold
-// O, the next S and the current P at once.
+// Registers: __launch_bounds__(kThreads, 1) caps every thread at 168 with
+// two consumer warpgroups (128 with three); setmaxnreg then lowers the
+// producer warpgroup's to producer_regs and raises the consumers' to
+// consumer_regs (sm90/tile_size.h), so the consumers can hold O, the next S
+// and the current P at once.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -36,13 +38,16 @@ namespace jax_flash::cuda::sm90 {
 
 // kTileOf: the mask mode whose tile the kernel takes, its own unless a light
 // mask runs on kBand's tile (causal calls shorter than kLightMinRows, where
-// kCausal's own tile is taller).
-template <int kHeadDim_, FwdWsMask kMask_ = FwdWsMask::kBand, FwdWsMask kTileOf = kMask_>
+// kCausal's own tile is taller). kDropoutTile: FwdWsDropoutTileSize's tile
+// instead.
+template <int kHeadDim_, FwdWsMask kMask_ = FwdWsMask::kBand, FwdWsMask kTileOf = kMask_,
+          bool kDropoutTile = false>
 struct FwdWsTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr FwdWsMask kMask = kMask_;
   static constexpr bool kLightMask = IsLightMask(kMask);  // the tile's mask folded to constants
-  static constexpr FwdWsTile kTile = FwdWsTileSize(kHeadDim, kTileOf);  // sm90/tile_size.h
+  static constexpr FwdWsTile kTile = kDropoutTile ? FwdWsDropoutTileSize(kHeadDim)
+                                                  : FwdWsTileSize(kHeadDim, kTileOf);  // tile_size.h
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
@@ -225,17 +230,30 @@ constexpr bool kLightTileDropout = false;
 // kBand's 64-bit decision per key block. With dropout only D = 64's kEnds:
 // the causal light kernel was 3% slower at 4k and 2% faster at 16k; D = 256's
 // 80-key tile has not been timed with dropout (kLightTileDropout).
+//
+// Dropout calls whose mask is the sequences' ends alone (LightestMask kEnds:
+// not causal, no window, segments, tile map or block mask) take the bucket's
+// dropout tile where it has one (FwdWsDropoutTileSize: D = 128), from
+// kLightMinRows query rows (at S = 1k its 192-row tiles would compute 1152
+// rows). H200, D = 128, dropout 0.1: non-causal 1-2% faster at 2k, 4-6% at
+// 4k-16k; causal 5-11% slower at 2k-4k, 2% faster at 16k, so causal calls
+// keep kBand's tile (BENCHMARKS.md, thirty-second session).
 template <typename T, int kHeadDim, bool kDropout>
 cudaError_t LaunchFwdWsLightest(const FwdParams& params, void* workspace, cudaStream_t stream) {
   using Band = FwdWsTraits<kHeadDim>;
+  const FwdWsMask light = LightestMask(params.mask);
+  const bool tall = params.shape.seqlen_q >= kLightMinRows;
+  if constexpr (kDropout && FwdWsDropoutTileSize(kHeadDim).block_m > 0) {
+    using Dropout = FwdWsTraits<kHeadDim, FwdWsMask::kBand, FwdWsMask::kBand, true>;
+    if (light == FwdWsMask::kEnds && tall)
+      return LaunchFwdWsKernel<T, Dropout, void, true>(params, workspace, stream);
+  }
   using Ends = FwdWsTraits<kHeadDim, FwdWsMask::kEnds>;
   using Causal = FwdWsTraits<kHeadDim, FwdWsMask::kCausal>;
   constexpr auto own_tile = [](auto traits) {
     using Traits = decltype(traits);
     return Traits::kBlockM != Band::kBlockM || Traits::kBlockN != Band::kBlockN;
   };
-  const FwdWsMask light = LightestMask(params.mask);
-  const bool tall = params.shape.seqlen_q >= kLightMinRows;
   if constexpr (own_tile(Ends{}) &&
                 (!kDropout || Ends::kBlockN == Band::kBlockN || kLightTileDropout)) {
     if (light == FwdWsMask::kEnds && (tall || !kDropout))

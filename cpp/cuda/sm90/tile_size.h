@@ -289,11 +289,26 @@ constexpr FwdWsTile FwdWsTileSize(int head_dim, FwdWsMask mask = FwdWsMask::kBan
   return t;
 }
 
+// The ws forward's tile for non-causal dropout calls whose mask is the
+// sequences' ends alone (LightestMask kEnds; no tile map or block mask, whose
+// cells a 192-row tile would straddle) where it is not kBand's; zeros
+// elsewhere. At D = 128 three consumer warpgroups over 64-key
+// blocks (FA3's 192-row shape, as D = 64's light tile): a key block's Philox
+// draws are latency-bound there (issue slots 37% busy, NOTES_score_terms.md),
+// so a third warpgroup's softmax and draws can run while the other two's
+// GEMMs do. 160 registers hold its key loop (ptxas: 12 B of spill outside
+// it; 128-key blocks spill 568 B); four stages of 64 keys keep the ring as
+// deep in keys as kBand's two of 128.
+constexpr FwdWsTile FwdWsDropoutTileSize(int head_dim) {
+  return head_dim == 128 ? FwdWsTile{192, 64, 4, 24, 160} : FwdWsTile{};
+}
+
 // Whether every block of every sm90 kernel of this bucket lies inside one
 // cell of kCell x kCell positions (the tile map's and the block mask's,
 // mask.h): a block-sparse mask reaches these kernels through the tile map
 // only then (cuda/dispatch.cu), since they skip its empty cells but test no
-// cell inside a block. (The ws forward's light-mask tiles never see a map.)
+// cell inside a block. (The ws forward's light-mask and dropout tiles never
+// see a map.)
 constexpr bool TilesInCells(int head_dim, int cell) {
   auto in = [cell](int n) { return n > 0 && cell % n == 0; };
   const Sm90Tiles t = TilesFor(head_dim);
