@@ -244,7 +244,7 @@ cudaError_t LaunchFwdWsLightest(const FwdParams& params, void* workspace, cudaSt
   const FwdWsMask light = LightestMask(params.mask);
   const bool tall = params.shape.seqlen_q >= kLightMinRows;
   if constexpr (kDropout && FwdWsDropoutTileSize(kHeadDim).block_m > 0) {
-    using Dropout = FwdWsTraits<kHeadDim, FwdWsMask::kBand, FwdWsMask::kBand, true>;
+    using Dropout = FwdWsTraits<kHeadDim, FwdWsMask::kEnds, FwdWsMask::kBand, true>;
     if (light == FwdWsMask::kEnds && tall)
       return LaunchFwdWsKernel<T, Dropout, void, true>(params, workspace, stream);
   }
