@@ -8,7 +8,8 @@ reference. A line on stderr says what each measurement is as it starts.
 
 On a GPU each time is taken after half a second of back-to-back calls: the
 device runs attention at its power limit, at a lower clock than a short run's
-(GPU_SETTLE_S).
+(GPU_SETTLE_S). ``--rounds N`` times every impl N times per shape, the impls
+in a rotated order, and reports medians (run_case).
 
 FLOP convention (FlashAttention papers): forward = 4*B*H*Sq*Sk*D, halved when
 causal; backward = 2.5x forward, so forward+backward = 3.5x forward.
@@ -279,12 +280,63 @@ def empty_row(case: Case, impl: str, feature: str, given: str | None, status="ok
   return dict(dataclasses.asdict(case), impl=impl, feature=feature, given=given, status=status,
               fwd_ms=None, fwdbwd_ms=None, bwd_ms=None, fwd_tflops=None, bwd_tflops=None,
               fwdbwd_tflops=None, memory=None, memory_beyond_inputs=None, max_err=None,
-              rel_err=None, repeats=None, fwd_vs_plain=None, fwdbwd_vs_plain=None,
+              rel_err=None, repeats=None, fwd_vs_xla=None, fwdbwd_vs_xla=None,
+              fwd_vs_cudnn=None, fwdbwd_vs_cudnn=None, fwd_vs_plain=None, fwdbwd_vs_plain=None,
+              rounds=None, fwd_ms_rounds=None, fwdbwd_ms_rounds=None, ratio_rounds=None,
               **dict.fromkeys(MEMORY_FIELDS))
 
 
-def run_case(case: Case, impls, repeats, seed: int, feature: str = "plain") -> list[dict]:
-  """One row per impl of `feature` ("plain", or one of jax_flash.bench_features) on `case`."""
+TIMED = {"fwd_ms": "forward", "fwdbwd_ms": "forward+backward"}  # row key: what it times
+
+
+def prepare(row: dict, case: Case, fwd_of, extras, arg_sets, reference, what: str) -> dict:
+  """Compiles one impl's forward (its error against `reference` into `row`) and
+  forward+backward (its compiled memory into `row`).
+
+  Returns {row key: (compiled fn, argument sets)} of what can be timed; where
+  something cannot, row["status"] says why.
+  """
+  impl, timers = row["impl"], {}
+  try:
+    progress(case, impl, what + "forward: compile, error against float64")
+    fwd = compile_fn(fwd_of, case, 3, extras)
+    if reason := too_big(fwd):
+      row["status"] = reason
+      return timers
+    out = np.asarray(jax.block_until_ready(fwd(*arg_sets[0][:3], *extras)))
+    if reference is not None:
+      row["max_err"], row["rel_err"] = errors(out.astype(np.float64), reference)
+    del out
+    timers["fwd_ms"] = fwd, [a[:3] + extras for a in arg_sets]
+  except Exception as e:  # an unsupported shape or dtype, out of memory
+    row["status"] = f"n/a ({short_error(e)})"
+    return timers
+  try:
+    progress(case, impl, what + "forward+backward: compile")
+    fwd_bwd = compile_fn(grad_fn(fwd_of), case, 4, extras)
+    mem = memory_of(fwd_bwd)
+    if mem:
+      row["memory"], row["memory_beyond_inputs"] = mem["total"], mem["total"] - mem["arguments"]
+    if reason := too_big(fwd_bwd):
+      row["status"] = f"fwd only (fwd+bwd {reason})"
+      return timers
+    timers["fwdbwd_ms"] = fwd_bwd, [a + extras for a in arg_sets]
+  except Exception as e:
+    row["status"] = f"fwd only (fwd+bwd: {short_error(e)})"
+  return timers
+
+
+def run_case(case: Case, impls, repeats, seed: int, feature: str = "plain",
+             rounds: int = 1) -> list[dict]:
+  """One row per impl of `feature` ("plain", or one of jax_flash.bench_features) on `case`.
+
+  Every impl is compiled and checked first; then each of `rounds` rounds times
+  every impl's forward and forward+backward, the impls in an order rotated from
+  round to round. A row's times are the medians over the rounds, its ratios
+  the medians of the ratios within a round: impls timed side by side share the
+  device's clock and temperature, which drift over minutes (a row of the same
+  build has moved by 5-9% between runs on an H200).
+  """
   on_cpu = jax.default_backend() == "cpu"
   what = "" if feature == "plain" else f"{feature}: "
   n_sets = ROTATE_SETS if 4 * case.tensor_bytes <= ROTATE_MAX_BYTES else 1
@@ -294,54 +346,58 @@ def run_case(case: Case, impls, repeats, seed: int, feature: str = "plain") -> l
   if reference_ops is not None and case.batch * case.heads * case.seqlen**2 <= REFERENCE_MAX_SCORES:
     progress(case, "numpy", f"{what}float64 reference forward")
     reference = reference_fwd(*arg_sets[0][:3], case.causal, **reference_ops)
-  rows = []
+  rows, timers = {}, {}
   for impl, (fwd_of, extras, given) in found.items():
-    row = empty_row(case, impl, feature, given)
-    rows.append(row)
-    try:
-      progress(case, impl, what + "forward: compile, error against float64, time")
-      fwd = compile_fn(fwd_of, case, 3, extras)
-      if reason := too_big(fwd):
-        row["status"] = reason
-        continue
-      out = np.asarray(jax.block_until_ready(fwd(*arg_sets[0][:3], *extras)))
-      if reference is not None:
-        row["max_err"], row["rel_err"] = errors(out.astype(np.float64), reference)
-      del out
-      t, row["repeats"] = time_call(fwd, [a[:3] + extras for a in arg_sets], repeats, on_cpu)
-      row["fwd_ms"], row["fwd_tflops"] = 1e3 * t, case.fwd_flops / t / 1e12
-      del fwd
-    except Exception as e:  # an unsupported shape or dtype, out of memory
-      row["status"] = f"n/a ({short_error(e)})"
-      continue
-    try:
-      progress(case, impl, what + "forward+backward: compile, time")
-      fwd_bwd = compile_fn(grad_fn(fwd_of), case, 4, extras)
-      mem = memory_of(fwd_bwd)
-      if mem:
-        row["memory"], row["memory_beyond_inputs"] = mem["total"], mem["total"] - mem["arguments"]
-      if reason := too_big(fwd_bwd):
-        row["status"] = f"fwd only (fwd+bwd {reason})"
-        continue
-      t, _ = time_call(fwd_bwd, [a + extras for a in arg_sets], repeats, on_cpu)
-      row["fwdbwd_ms"] = 1e3 * t
-      row["fwdbwd_tflops"] = (1 + BWD_FLOP_FACTOR) * case.fwd_flops / t / 1e12
-      bwd_s = t - row["fwd_ms"] / 1e3
-      row["bwd_ms"] = 1e3 * bwd_s
-      if bwd_s > 0:
-        row["bwd_tflops"] = BWD_FLOP_FACTOR * case.fwd_flops / bwd_s / 1e12
-      del fwd_bwd
-    except Exception as e:
-      row["status"] = f"fwd only (fwd+bwd: {short_error(e)})"
-  rows += [empty_row(case, impl, feature, None, f"not run: {why}")
-           for impl, why in skipped.items()]
-  for row in rows:  # Ratios against the alternatives measured in this process.
+    rows[impl] = empty_row(case, impl, feature, given)
+    timers[impl] = prepare(rows[impl], case, fwd_of, extras, arg_sets, reference, what)
+  times = {impl: {key: [] for key in t} for impl, t in timers.items()}
+  names = [impl for impl in timers if timers[impl]]
+  for r in range(rounds if names else 0):
+    for impl in names[r % len(names):] + names[:r % len(names)]:
+      for key, (fn, sets) in list(timers[impl].items()):
+        round_of = f", round {r + 1} of {rounds}" if rounds > 1 else ""
+        progress(case, impl, f"{what}{TIMED[key]}: time{round_of}")
+        try:
+          t, samples = time_call(fn, sets, repeats, on_cpu)
+          times[impl][key].append(1e3 * t)
+          if key == "fwd_ms":
+            rows[impl]["repeats"] = samples
+        except Exception as e:  # out of memory at run time
+          if key == "fwd_ms":
+            rows[impl]["status"] = f"n/a ({short_error(e)})"
+            timers[impl], times[impl] = {}, {}
+            break
+          rows[impl]["status"] = f"fwd only (fwd+bwd: {short_error(e)})"
+          del timers[impl][key], times[impl][key]
+  for impl, row in rows.items():
+    fill_times(row, case, times[impl], rounds)
+  for row in rows.values():  # Ratios against the alternatives measured in this process.
     for base in ("xla", "cudnn"):
-      ref_row = next((r for r in rows if r["impl"] == base), None)
-      for key in ("fwd_ms", "fwdbwd_ms"):
-        ok = ref_row and ref_row[key] and row[key]
-        row[f"{key[:-3]}_vs_{base}"] = ref_row[key] / row[key] if ok else None
-  return rows
+      for key in TIMED:
+        mine, theirs = times[row["impl"]].get(key), times.get(base, {}).get(key)
+        if mine and theirs and len(mine) == len(theirs):
+          ratios = [b / m for b, m in zip(theirs, mine)]
+          row[f"{key[:-3]}_vs_{base}"] = statistics.median(ratios)
+          if rounds > 1:
+            row["ratio_rounds"] = {**(row["ratio_rounds"] or {}), f"{key[:-3]}_vs_{base}": ratios}
+  return list(rows.values()) + [empty_row(case, impl, feature, None, f"not run: {why}")
+                                for impl, why in skipped.items()]
+
+
+def fill_times(row: dict, case: Case, times: dict, rounds: int) -> None:
+  """A row's times, TF/s and rounds from {row key: ms per round}."""
+  if times.get("fwd_ms"):
+    row["rounds"] = rounds
+    row["fwd_ms"] = statistics.median(times["fwd_ms"])
+    row["fwd_tflops"] = case.fwd_flops / row["fwd_ms"] * 1e3 / 1e12
+  if times.get("fwd_ms") and times.get("fwdbwd_ms"):
+    row["fwdbwd_ms"] = statistics.median(times["fwdbwd_ms"])
+    row["fwdbwd_tflops"] = (1 + BWD_FLOP_FACTOR) * case.fwd_flops / row["fwdbwd_ms"] * 1e3 / 1e12
+    row["bwd_ms"] = row["fwdbwd_ms"] - row["fwd_ms"]
+    if row["bwd_ms"] > 0:
+      row["bwd_tflops"] = BWD_FLOP_FACTOR * case.fwd_flops / row["bwd_ms"] * 1e3 / 1e12
+  if rounds > 1:
+    row["fwd_ms_rounds"], row["fwdbwd_ms_rounds"] = times.get("fwd_ms"), times.get("fwdbwd_ms")
 
 
 # -- command line --------------------------------------------------------------
@@ -351,6 +407,12 @@ def _size(text: str) -> int:
   """'4096', '4k' or '16K' -> int."""
   text = text.strip().lower()
   return int(text[:-1]) * 1024 if text.endswith("k") else int(text)
+
+
+def _positive(text: str) -> int:
+  if not text.isdigit() or int(text) < 1:
+    raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+  return int(text)
 
 
 def _impls(text: str) -> list[str]:
@@ -398,6 +460,10 @@ def make_parser() -> argparse.ArgumentParser:
                       "global 128 x 128 blocks, jax.nn given the dense mask)")
   p.add_argument("--repeats", type=int,
                  help="timed samples per measurement (default: by time, 3 to 30)")
+  p.add_argument("--rounds", type=_positive, default=1,
+                 help="measure every impl this many times per shape, the impls in a rotated "
+                      "order each round; times are the medians, ratios the medians of each "
+                      "round's ratios, and the table shows each round's (default: 1)")
   p.add_argument("--memory", action="store_true",
                  help="also measure the peak memory of one fwd+bwd of each shape and impl, in a "
                       "fresh process each, before the timing")
@@ -475,7 +541,7 @@ def main(argv=None) -> list[dict]:
         flush=True)
   rows = []
   for i, case in enumerate(cases):  # Print each block as it is measured: fa3 takes minutes.
-    plain = run_case(case, impls, args.repeats, seed=args.seed + 10 * i)
+    plain = run_case(case, impls, args.repeats, seed=args.seed + 10 * i, rounds=args.rounds)
     for row in plain:
       row.update(memory.get((case, row["impl"]), {}))
     print(report.table_block(plain, show_cudnn), flush=True)
@@ -483,7 +549,8 @@ def main(argv=None) -> list[dict]:
     for feature in args.features or ():  # Same q, k, v as the plain rows (same seed).
       if not bench_features.applies(feature, case):
         continue  # mask: the causal mask as a dense mask, on causal shapes only
-      case_rows = run_case(case, impls, args.repeats, seed=args.seed + 10 * i, feature=feature)
+      case_rows = run_case(case, impls, args.repeats, seed=args.seed + 10 * i, feature=feature,
+                           rounds=args.rounds)
       bench_features.add_plain_ratios(case_rows, plain)
       print(report.table_block(case_rows, show_cudnn), flush=True)
       rows += case_rows

@@ -105,7 +105,21 @@ def table_block(rows: list[dict], show_cudnn: bool) -> str:
     note = "" if r["status"] == "ok" else "  " + r["status"]
     lines.append(f"  {r['impl']:<10} " + " ".join(f"{c:>{w}}" for c, (_, w, _) in
                                                    zip(cells, cols)) + f" {err:>9}" + note)
-  return "\n".join(lines + bench_features.given_lines(rows))
+  return "\n".join(lines + round_lines(rows) + bench_features.given_lines(rows))
+
+
+def round_lines(rows: list[dict]) -> list[str]:
+  """Each round's ratios of rows measured in several rounds (--rounds): how far one
+  reading of a ratio moves."""
+  lines = []
+  for r in rows:
+    parts = [f"{key.replace('fwdbwd', 'f+b').replace('_vs_', '×')} "
+             + " ".join(fmt(x) for x in ratios)
+             for key, ratios in (r.get("ratio_rounds") or {}).items()
+             if not key.endswith("_vs_" + r["impl"])]
+    if parts:
+      lines.append(f"  {r['impl']} by round: " + ", ".join(parts))
+  return lines
 
 
 def _is_case(case: Case, shapes: dict) -> bool:

@@ -191,6 +191,42 @@ def test_only_gpu_timing_settles(monkeypatch):
   assert len(settled) == 1
 
 
+def test_rounds_rotate_the_impls_and_take_medians_of_each_rounds_ratios(monkeypatch, capsys):
+  # Scripted times (ms), in the order the calls come: jax_flash first in rounds 1 and 3,
+  # xla first in round 2. Per round (jax_flash fwd, f+b / xla fwd, f+b): 1, 3 / 2, 6;
+  # 1, 3 / 4, 9; 2, 4 / 3, 10. The medians of each round's ratios (fwd 2, 4, 1.5 -> 2;
+  # f+b 2, 3, 2.5 -> 2.5) differ from the ratios of the medians (3 and 3).
+  script = iter([1.0, 3.0, 2.0, 6.0, 4.0, 9.0, 1.0, 3.0, 2.0, 4.0, 3.0, 10.0])
+  monkeypatch.setattr(bench, "time_call", lambda *args: (next(script) / 1e3, 3))
+  rows = bench.main(["--preset", "quick", "--seqlens", "32", "--head-dims", "8", "--causal",
+                     "no", "--impls", "jax_flash,xla", "--rounds", "3"])
+  out = capsys.readouterr()
+  assert next(script, None) is None  # every impl timed fwd and f+b in each of 3 rounds
+  flash, xla = rows
+  assert (flash["impl"], xla["impl"], flash["rounds"]) == ("jax_flash", "xla", 3)
+  assert flash["fwd_ms_rounds"] == [1.0, 1.0, 2.0] and xla["fwdbwd_ms_rounds"] == [6.0, 9.0, 10.0]
+  assert (flash["fwd_ms"], flash["fwdbwd_ms"], flash["bwd_ms"]) == (1.0, 3.0, 2.0)
+  assert (xla["fwd_ms"], xla["fwdbwd_ms"]) == (3.0, 9.0)
+  assert flash["fwd_vs_xla"] == 2.0 and flash["fwdbwd_vs_xla"] == 2.5
+  assert flash["ratio_rounds"] == {"fwd_vs_xla": [2.0, 4.0, 1.5], "fwdbwd_vs_xla": [2.0, 3.0, 2.5]}
+  assert xla["fwd_vs_xla"] == 1.0
+  assert "jax_flash by round: fwd×xla 2.00 4.00 1.50, f+b×xla 2.00 3.00 2.50" in out.out
+  assert "xla by round" not in out.out  # its ratios to itself say nothing
+  label = "… B=1 H=2 S=32 D=8 float32 causal=no"
+  order = [line for line in out.err.splitlines() if "forward: time, round" in line]
+  assert order == [f"{label} | {impl} | forward: time, round {r} of 3"
+                   for r, impl in ((1, "jax_flash"), (1, "xla"), (2, "xla"), (2, "jax_flash"),
+                                   (3, "jax_flash"), (3, "xla"))]
+
+
+def test_one_round_is_the_default_and_rounds_must_be_positive(capsys):
+  assert bench.parse_args([]).rounds == 1
+  for bad in ("0", "-1", "two"):
+    with pytest.raises(SystemExit):
+      bench.parse_args(["--rounds", bad])
+    assert f"--rounds: expected a whole number of at least 1, got '{bad}'" in capsys.readouterr().err
+
+
 def test_fa3_preset_shapes():
   args = bench.parse_args(["--preset", "fa3", "--causal", "no"])
   cases = bench.build_cases(args, "gpu")
