@@ -9,7 +9,10 @@ between named barriers (per consumer warpgroup, index full and index empty)
 once its Q stage is free, an empty tile's Q stage without Q, and an index past the last ends the
 consumers.
 Random interleavings over random tile lists (empty tiles, one-block tiles),
-2-4 K/V stages, 1-2 Q buffers and 2-3 consumer warpgroups; fails on a deadlock, on a TMA copy landing
+2-4 K/V stages, 1-2 Q buffers, 2-3 consumer warpgroups, and the out staging
+tiles apart from the rings (as the kernel has them) or over V's stage 0 (the
+protocol O_OVER_V describes, not yet in the kernel; its MUTATIONS must fail,
+and main checks that they do); fails on a deadlock, on a TMA copy landing
 in a stage a consumer still reads, on the producer storing an index a
 consumer still reads, on a consumer reading a stage that does not hold its
 block or tile, and on barriers or named-barrier arrivals left unpaired at the
@@ -19,9 +22,30 @@ either changes. (Mutations it catches: the producer's empty wait without the
 released early, an empty tile's full_q not completed, the index-empty sync
 left out.)
 
-  python3 tests/gpu/ws_pipeline_model.py [tile lists, default 3000]"""
+  python3 tests/gpu/ws_pipeline_model.py [tile lists, default 3000]
+(tests/test_pipeline_models.py runs 200 in CI.)"""
 import random
 import sys
+
+# O_OVER_V: the out staging tiles over V's stage 0 (FlashAttention-3's smem_o
+# over smem_v, so that 128 x 176 tiles fit at D = 128), the protocol a kernel
+# would follow. A tile with keys ends, in each consumer warpgroup, with a
+# named barrier of every consumer thread (no warpgroup still reads V), the
+# stmatrix of O into the warpgroup's part of stage 0, one thread's TMA
+# store, that thread's wait for the store's read and its arrival on
+# barrier_o (one arrival per warpgroup). The producer waits on barrier_o
+# before the first V load of each tile with keys but the first, for the
+# phase of the last such tile: tiles without keys store their zeros with
+# the threads' own stores and do not arrive, so at most one phase is
+# pending and the parity wait cannot mistake an old phase for it.
+# MUTATIONS: protocols the model must reject (main checks that it does).
+MUTATIONS = (
+    "no_epilogue_sync",         # a warpgroup writes O while another reads V's stage 0
+    "no_barrier_o_wait",        # the next tile's V lands on O before the store reads it
+    "arrive_before_read",       # barrier_o arrives before the store has read O
+    "barrier_o_by_tile_index",  # the parity from the tile index, tiles without keys counted
+    "empty_tile_staged",        # a tile without keys stages its zeros over V
+)
 
 
 class MBar:
@@ -109,7 +133,9 @@ def interleave(agents, inflight, land, rng, what):
                 raise RuntimeError(f"deadlock: done={done} {what}")
 
 
-def run(tiles, stages, seed, qstages=1, nwg=2):
+def run(tiles, stages, seed, qstages=1, nwg=2, o_over_v=False, mutation=None):
+    """One tile list. o_over_v: the out staging tiles over V's stage 0 (the
+    O_OVER_V comment); mutation: one of MUTATIONS."""
     rng = random.Random(seed)
     warps = 4 * nwg  # the consumer warps: each empty barrier's arrivals
     full_q = [MBar(1) for _ in range(qstages)]
@@ -126,6 +152,9 @@ def run(tiles, stages, seed, qstages=1, nwg=2):
     nbar = {turn(wg): NamedBar(256) for wg in range(nwg)}
     nbar.update({full_i(wg): NamedBar(160) for wg in range(nwg)})
     nbar.update({empty_i(wg): NamedBar(160) for wg in range(nwg)})
+    epilogue = "epilogue"  # every consumer thread, before O goes over V
+    nbar[epilogue] = NamedBar(128 * nwg)
+    barrier_o = MBar(nwg)  # each warpgroup's store issuer, once its store has read O
     slot = {}   # ('k', s) -> block id written
     busy = {}   # ('k', s) -> set of wg reading
     inflight = []  # pending TMA: (key, content, bar, bytes)
@@ -133,6 +162,7 @@ def run(tiles, stages, seed, qstages=1, nwg=2):
     def producer():
         kv = 0
         qc = 0
+        keyed = 0  # tiles with keys handed out before this one
         for ti in range(len(tiles) + 1):  # the last index ends the consumers
             qs, qph = qc % qstages, (qc // qstages) & 1
             yield from empty_q[qs].wait(qph ^ 1)
@@ -161,11 +191,17 @@ def run(tiles, stages, seed, qstages=1, nwg=2):
                 full_k[s].arrive(expect_tx=1)
                 inflight.append((("k", s), (ti, n), full_k[s], 1))
                 yield "step"
+                if o_over_v and n == nb and keyed > 0 and mutation != "no_barrier_o_wait":
+                    # The last keyed tile's O stored: phase keyed - 1 of barrier_o
+                    # (keyed tiles alone arrive, so at most one phase is pending).
+                    parity = (ti - 1 if mutation == "barrier_o_by_tile_index" else keyed - 1) & 1
+                    yield from barrier_o.wait(parity)
                 yield from empty_v[s].wait(ph ^ 1)
                 full_v[s].arrive(expect_tx=1)
                 inflight.append((("v", s), (ti, n), full_v[s], 1))
                 kv += 1
                 yield "step"
+            keyed += 1
 
     def use(key, wg, expect):
         assert slot.get(key) == expect, f"wg{wg} reads {key} holding {slot.get(key)}, wants {expect}"
@@ -173,6 +209,24 @@ def run(tiles, stages, seed, qstages=1, nwg=2):
 
     def unuse(key, wg):
         busy[key].discard(wg)
+
+    def store_o(wg, arrive):
+        # The warpgroup's stmatrix of O into its part of V's stage 0, then one
+        # thread's TMA store, which reads the part later; that thread waits
+        # for the read (cp.async.bulk.wait_group.read) and arrives on barrier_o.
+        assert not busy.get(("o", wg)), f"wg{wg} writes O before its last store read it"
+        assert not busy.get(("v", 0)), f"wg{wg} writes O over V stage 0 while read"
+        assert not any(item[0] == ("v", 0) for item in inflight), \
+            f"wg{wg} writes O over V stage 0 while a V load into it is in flight"
+        slot[("v", 0)] = ("o", wg)
+        busy[("o", wg)] = {"store"}
+        yield "step"
+        inflight.append((("store", wg), None, None, 0))
+        if arrive:
+            if mutation != "arrive_before_read":
+                while busy[("o", wg)]:
+                    yield "block"
+            barrier_o.arrive()
 
     def consumer(wg):
         kv = 0
@@ -196,6 +250,8 @@ def run(tiles, stages, seed, qstages=1, nwg=2):
                 for _ in range(4):
                     empty_q[qs].arrive()
                 yield "step"
+                if o_over_v and mutation == "empty_tile_staged":
+                    yield from store_o(wg, arrive=False)
                 continue
             s, ph = kv % stages, (kv // stages) & 1
             yield from full_k[s].wait(ph)
@@ -244,6 +300,10 @@ def run(tiles, stages, seed, qstages=1, nwg=2):
             unuse(("v", ps), wg)
             for _ in range(4):
                 empty_v[ps].arrive()
+            if o_over_v:
+                if mutation != "no_epilogue_sync":
+                    yield from nbar[epilogue].sync(128)  # every warpgroup's V reads done
+                yield from store_o(wg, arrive=True)
         if wg == 0:  # Finish: takes back the Start's arrival
             yield from nbar[turn(0)].sync(128)
 
@@ -251,32 +311,71 @@ def run(tiles, stages, seed, qstages=1, nwg=2):
 
     def land(item):
         key, content, bar, nbytes = item
+        if key[0] == "store":  # the TMA store has read the warpgroup's O
+            busy[("o", key[1])].clear()
+            return
         assert not busy.get(key), f"TMA overwrites {key} while read by {busy.get(key)}"
+        if key == ("v", 0):
+            reading = [w for w in range(nwg) if busy.get(("o", w))]
+            assert not reading, f"V load lands on the O of wg{reading} before its store read it"
         slot[key] = content
         bar.complete_tx(nbytes)
 
     interleave(agents, inflight, land, rng, f"tiles={tiles}")
     assert all(b.arrived == 0 for b in nbar.values()), "unpaired named-barrier arrivals"
-    for b in full_q + empty_q + full_k + empty_k + full_v + empty_v:
+    for b in full_q + empty_q + full_k + empty_k + full_v + empty_v + [barrier_o]:
         assert b.pending == b.count and b.tx == 0, "barrier left mid-phase"
+
+
+def random_tiles(rng):
+    tiles = []
+    for _ in range(rng.randrange(1, 7)):
+        nb = rng.randrange(0, 4)
+        ne = nb + rng.choice([0, 0, 1, 1, 2, 3, 5, 8])
+        tiles.append((nb, ne))
+    return tiles
+
+
+def configurations():
+    for stages in (2, 3, 4):
+        for qstages in (1, 2):
+            for nwg in (2, 3):
+                for o_over_v in (False, True):
+                    yield stages, qstages, nwg, o_over_v
+
+
+def check(n):
+    """n random tile lists in every configuration: no deadlock, no race."""
+    rng = random.Random(1)
+    for it in range(n):
+        tiles = random_tiles(rng)
+        for stages, qstages, nwg, o_over_v in configurations():
+            run(tiles, stages, seed=it * 10 + stages + 100000 * qstages + 1000000 * nwg,
+                qstages=qstages, nwg=nwg, o_over_v=o_over_v)
+
+
+def caught(mutation, n=300):
+    """Whether the model rejects `mutation` (with O over V) on some of n tile lists."""
+    rng = random.Random(2)
+    for it in range(n):
+        tiles = random_tiles(rng)
+        for stages, qstages, nwg, _ in configurations():
+            try:
+                run(tiles, stages, seed=it, qstages=qstages, nwg=nwg, o_over_v=True,
+                    mutation=mutation)
+            except (AssertionError, RuntimeError):
+                return True
+    return False
 
 
 def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
-    rng = random.Random(1)
-    for it in range(n):
-        tiles = []
-        for _ in range(rng.randrange(1, 7)):
-            nb = rng.randrange(0, 4)
-            ne = nb + rng.choice([0, 0, 1, 1, 2, 3, 5, 8])
-            tiles.append((nb, ne))
-        for stages in (2, 3, 4):
-            for qstages in (1, 2):
-                for nwg in (2, 3):
-                    run(tiles, stages, seed=it * 10 + stages + 100000 * qstages + 1000000 * nwg,
-                        qstages=qstages, nwg=nwg)
-    print(f"ok: {n} tile lists x stages 2/3/4 x Q buffers 1/2 x 2/3 consumer warpgroups, "
-          "no deadlock, no race")
+    check(n)
+    print(f"ok: {n} tile lists x stages 2/3/4 x Q buffers 1/2 x 2/3 consumer warpgroups x "
+          "O staged apart / over V, no deadlock, no race")
+    missed = [m for m in MUTATIONS if not caught(m)]
+    assert not missed, f"mutations the model does not catch: {missed}"
+    print(f"ok: the {len(MUTATIONS)} O-over-V mutations caught")
 
 
 if __name__ == "__main__":
