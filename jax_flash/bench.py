@@ -373,15 +373,26 @@ def run_case(case: Case, impls, repeats, seed: int, feature: str = "plain",
     fill_times(row, case, times[impl], rounds)
   for row in rows.values():  # Ratios against the alternatives measured in this process.
     for base in ("xla", "cudnn"):
-      for key in TIMED:
-        mine, theirs = times[row["impl"]].get(key), times.get(base, {}).get(key)
-        if mine and theirs and len(mine) == len(theirs):
-          ratios = [b / m for b, m in zip(theirs, mine)]
-          row[f"{key[:-3]}_vs_{base}"] = statistics.median(ratios)
-          if rounds > 1:
-            row["ratio_rounds"] = {**(row["ratio_rounds"] or {}), f"{key[:-3]}_vs_{base}": ratios}
+      for key in (*TIMED, "bwd_ms"):
+        mine, theirs = per_round(times[row["impl"]], key), per_round(times.get(base, {}), key)
+        if not (mine and theirs and len(mine) == len(theirs) and min(mine + theirs) > 0):
+          continue
+        ratios = [b / m for b, m in zip(theirs, mine)]
+        name = f"{key[:-3]}_vs_{base}"
+        if key in TIMED:
+          row[name] = statistics.median(ratios)
+        if rounds > 1:  # the verdicts' medians (bench_features), the table's lines by round
+          row["ratio_rounds"] = {**(row["ratio_rounds"] or {}), name: ratios}
   return list(rows.values()) + [empty_row(case, impl, feature, None, f"not run: {why}")
                                 for impl, why in skipped.items()]
+
+
+def per_round(times: dict, key: str) -> list[float] | None:
+  """ms per round of `key`; bwd_ms: forward+backward less forward, round by round."""
+  if key != "bwd_ms":
+    return times.get(key)
+  fwd, both = times.get("fwd_ms"), times.get("fwdbwd_ms")
+  return [b - f for f, b in zip(fwd, both)] if fwd and both and len(fwd) == len(both) else None
 
 
 def fill_times(row: dict, case: Case, times: dict, rounds: int) -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import statistics
 from collections.abc import Callable
 
 import jax
@@ -273,9 +274,11 @@ def _part(what: str, row: dict, base: dict | None, key: str, *, speed: bool,
   """One measurement of a verdict line: `row` (jax_flash) against `base` on `key`.
 
   speed: base time / row time (higher is better), else row time / base time.
-  None where base has no time (nothing to compare with) or a time is not
-  positive (a backward below the timing noise); MISS where only jax_flash has
-  none (it failed or was not run).
+  Measured in rounds (bench --rounds), a speed is the median of the rounds'
+  ratios (the impls of a round run side by side), their range given. None
+  where base has no time (nothing to compare with) or a time is not positive
+  (a backward below the timing noise); MISS where only jax_flash has none (it
+  failed or was not run).
   """
   if not base or base.get(key) is None:
     return None
@@ -284,7 +287,12 @@ def _part(what: str, row: dict, base: dict | None, key: str, *, speed: bool,
   if base[key] <= 0 or row[key] <= 0:
     return None
   value = base[key] / row[key] if speed else row[key] / base[key]
-  return f"{what} {value:.2f}× {against} {'ok' if ok(value) else 'MISS'}"
+  spread = ""
+  by_round = (row.get("ratio_rounds") or {}).get(f"{key[:-3]}_vs_{base['impl']}")
+  if speed and by_round:
+    value = statistics.median(by_round)
+    spread = f" ({min(by_round):.2f}-{max(by_round):.2f} by round)"
+  return f"{what} {value:.2f}×{spread} {against} {'ok' if ok(value) else 'MISS'}"
 
 
 def _line(head: str, parts, target: str) -> list[str]:

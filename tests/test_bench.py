@@ -208,9 +208,12 @@ def test_rounds_rotate_the_impls_and_take_medians_of_each_rounds_ratios(monkeypa
   assert (flash["fwd_ms"], flash["fwdbwd_ms"], flash["bwd_ms"]) == (1.0, 3.0, 2.0)
   assert (xla["fwd_ms"], xla["fwdbwd_ms"]) == (3.0, 9.0)
   assert flash["fwd_vs_xla"] == 2.0 and flash["fwdbwd_vs_xla"] == 2.5
-  assert flash["ratio_rounds"] == {"fwd_vs_xla": [2.0, 4.0, 1.5], "fwdbwd_vs_xla": [2.0, 3.0, 2.5]}
+  # The backward by round: f+b less fwd, jax_flash 2, 2, 2 against xla 4, 5, 7.
+  assert flash["ratio_rounds"] == {"fwd_vs_xla": [2.0, 4.0, 1.5], "fwdbwd_vs_xla": [2.0, 3.0, 2.5],
+                                   "bwd_vs_xla": [2.0, 2.5, 3.5]}
   assert xla["fwd_vs_xla"] == 1.0
-  assert "jax_flash by round: fwd×xla 2.00 4.00 1.50, f+b×xla 2.00 3.00 2.50" in out.out
+  assert ("jax_flash by round: fwd×xla 2.00 4.00 1.50, f+b×xla 2.00 3.00 2.50, "
+          "bwd×xla 2.00 2.50 3.50") in out.out
   assert "xla by round" not in out.out  # its ratios to itself say nothing
   label = "… B=1 H=2 S=32 D=8 float32 causal=no"
   order = [line for line in out.err.splitlines() if "forward: time, round" in line]
@@ -406,3 +409,16 @@ def test_pipeline_target_verdicts_on_a_gpu():
       "(target ≥ 650 TF/s on an H100)",
       "  plain B=4 H=16 S=4096 D=96 bfloat16 causal=no: fwd 2.00× cudnn ok, bwd 2.00× cudnn ok "
       "(target ≥ 0.8× cudnn)"]
+
+
+def test_verdicts_measured_in_rounds_take_the_median_of_each_rounds_ratio():
+  # The times' medians say fwd 1.10x, bwd 1.00x; the rounds' ratios (paired within a round)
+  # say 1.06 and 1.04, and the verdict gives their range.
+  mine = _gpu_row("jax_flash", seqlen=4096, head_dim=128, causal=False, fwd=1.0, fwdbwd=3.0)
+  mine["ratio_rounds"] = {"fwd_vs_cudnn": [1.02, 1.08, 1.06], "fwdbwd_vs_cudnn": [1.0] * 3,
+                          "bwd_vs_cudnn": [1.01, 1.04, 1.07]}
+  theirs = _gpu_row("cudnn", seqlen=4096, head_dim=128, causal=False, fwd=1.1, fwdbwd=3.1)
+  lines = bench_report.format_targets([mine, theirs], "gpu").strip().splitlines()[1:]
+  assert lines == [
+      "  plain B=4 H=16 S=4096 D=128 bfloat16 causal=no: fwd 1.06× (1.02-1.08 by round) cudnn "
+      "ok, bwd 1.04× (1.01-1.07 by round) cudnn MISS (target ≥ 1.05× cudnn from S=2048)"]
