@@ -282,7 +282,7 @@ def empty_row(case: Case, impl: str, feature: str, given: str | None, status="ok
               fwdbwd_tflops=None, memory=None, memory_beyond_inputs=None, max_err=None,
               rel_err=None, repeats=None, fwd_vs_xla=None, fwdbwd_vs_xla=None,
               fwd_vs_cudnn=None, fwdbwd_vs_cudnn=None, fwd_vs_plain=None, fwdbwd_vs_plain=None,
-              rounds=None, fwd_ms_rounds=None, fwdbwd_ms_rounds=None, ratio_rounds=None,
+              fwd_ms_rounds=None, fwdbwd_ms_rounds=None,
               **dict.fromkeys(MEMORY_FIELDS))
 
 
@@ -370,35 +370,20 @@ def run_case(case: Case, impls, repeats, seed: int, feature: str = "plain",
           rows[impl]["status"] = f"fwd only (fwd+bwd: {short_error(e)})"
           del timers[impl][key], times[impl][key]
   for impl, row in rows.items():
-    fill_times(row, case, times[impl], rounds)
+    fill_times(row, case, times[impl])
   for row in rows.values():  # Ratios against the alternatives measured in this process.
     for base in ("xla", "cudnn"):
-      for key in (*TIMED, "bwd_ms"):
-        mine, theirs = per_round(times[row["impl"]], key), per_round(times.get(base, {}), key)
-        if not (mine and theirs and len(mine) == len(theirs) and min(mine + theirs) > 0):
-          continue
-        ratios = [b / m for b, m in zip(theirs, mine)]
-        name = f"{key[:-3]}_vs_{base}"
-        if key in TIMED:
-          row[name] = statistics.median(ratios)
-        if rounds > 1:  # the verdicts' medians (bench_features), the table's lines by round
-          row["ratio_rounds"] = {**(row["ratio_rounds"] or {}), name: ratios}
+      for key in TIMED:
+        ratios = bench_features.round_ratios(row, rows.get(base), key)
+        row[f"{key[:-3]}_vs_{base}"] = statistics.median(ratios) if ratios else None
   return list(rows.values()) + [empty_row(case, impl, feature, None, f"not run: {why}")
                                 for impl, why in skipped.items()]
 
 
-def per_round(times: dict, key: str) -> list[float] | None:
-  """ms per round of `key`; bwd_ms: forward+backward less forward, round by round."""
-  if key != "bwd_ms":
-    return times.get(key)
-  fwd, both = times.get("fwd_ms"), times.get("fwdbwd_ms")
-  return [b - f for f, b in zip(fwd, both)] if fwd and both and len(fwd) == len(both) else None
-
-
-def fill_times(row: dict, case: Case, times: dict, rounds: int) -> None:
-  """A row's times, TF/s and rounds from {row key: ms per round}."""
+def fill_times(row: dict, case: Case, times: dict) -> None:
+  """A row's times (the medians of {row key: ms per round}), TF/s and times per round."""
+  row["fwd_ms_rounds"], row["fwdbwd_ms_rounds"] = times.get("fwd_ms"), times.get("fwdbwd_ms")
   if times.get("fwd_ms"):
-    row["rounds"] = rounds
     row["fwd_ms"] = statistics.median(times["fwd_ms"])
     row["fwd_tflops"] = case.fwd_flops / row["fwd_ms"] * 1e3 / 1e12
   if times.get("fwd_ms") and times.get("fwdbwd_ms"):
@@ -407,8 +392,6 @@ def fill_times(row: dict, case: Case, times: dict, rounds: int) -> None:
     row["bwd_ms"] = row["fwdbwd_ms"] - row["fwd_ms"]
     if row["bwd_ms"] > 0:
       row["bwd_tflops"] = BWD_FLOP_FACTOR * case.fwd_flops / row["bwd_ms"] * 1e3 / 1e12
-  if rounds > 1:
-    row["fwd_ms_rounds"], row["fwdbwd_ms_rounds"] = times.get("fwd_ms"), times.get("fwdbwd_ms")
 
 
 # -- command line --------------------------------------------------------------

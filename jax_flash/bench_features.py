@@ -141,6 +141,21 @@ def applies(name: str, case) -> bool:
   return case.causal or not FEATURES[name].causal_only
 
 
+def round_ratios(row: dict, base: dict | None, key: str) -> list[float] | None:
+  """base's time / row's time on `key` (fwd_ms, fwdbwd_ms or bwd_ms) round by round
+  (bench --rounds: the impls of a round run side by side); bwd_ms is f+b less fwd
+  within a round. None where either lacks a time of some round or one is not positive."""
+  def per_round(r):
+    fwd, both = r.get("fwd_ms_rounds"), r.get("fwdbwd_ms_rounds")
+    if key != "bwd_ms":
+      return r.get(f"{key}_rounds")
+    return [b - f for f, b in zip(fwd, both)] if fwd and both and len(fwd) == len(both) else None
+  mine, theirs = per_round(row), per_round(base) if base else None
+  if not (mine and theirs and len(mine) == len(theirs) and min(mine + theirs) > 0):
+    return None
+  return [b / m for b, m in zip(theirs, mine)]
+
+
 def add_plain_ratios(rows: list[dict], plain: list[dict]) -> None:
   """fwd_vs_plain, fwdbwd_vs_plain: the same impl's plain time / the row's time."""
   for row in rows:
@@ -288,8 +303,8 @@ def _part(what: str, row: dict, base: dict | None, key: str, *, speed: bool,
     return None
   value = base[key] / row[key] if speed else row[key] / base[key]
   spread = ""
-  by_round = (row.get("ratio_rounds") or {}).get(f"{key[:-3]}_vs_{base['impl']}")
-  if speed and by_round:
+  by_round = round_ratios(row, base, key) if speed else None
+  if by_round and len(by_round) > 1:
     value = statistics.median(by_round)
     spread = f" ({min(by_round):.2f}-{max(by_round):.2f} by round)"
   return f"{what} {value:.2f}×{spread} {against} {'ok' if ok(value) else 'MISS'}"

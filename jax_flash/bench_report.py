@@ -113,10 +113,12 @@ def round_lines(rows: list[dict]) -> list[str]:
   reading of a ratio moves."""
   lines = []
   for r in rows:
-    parts = [f"{key.replace('fwdbwd', 'f+b').replace('_vs_', '×')} "
-             + " ".join(fmt(x) for x in ratios)
-             for key, ratios in (r.get("ratio_rounds") or {}).items()
-             if not key.endswith("_vs_" + r["impl"])]
+    parts = []
+    for base in (b for b in rows if b["impl"] in ("xla", "cudnn") and b is not r):
+      for name, key in (("fwd", "fwd_ms"), ("f+b", "fwdbwd_ms"), ("bwd", "bwd_ms")):
+        ratios = bench_features.round_ratios(r, base, key)
+        if ratios and len(ratios) > 1:
+          parts.append(f"{name}×{base['impl']} " + " ".join(fmt(x) for x in ratios))
     if parts:
       lines.append(f"  {r['impl']} by round: " + ", ".join(parts))
   return lines
