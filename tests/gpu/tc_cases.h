@@ -384,6 +384,14 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   // ... with more tiles than SMs (352: a CTA takes several, its rings and
   // O staging tile carried from one to the next).
   c = Case{2, 2100, 1300, 16, 4, 128}; c.dropout = 26.0 / 256; cases->push_back(c);
+  // D = 256's out staged over the V ring (FwdWsSmem::kOOverV) with more tiles
+  // than SMs, so that a CTA's tiles follow one another through barrier_o:
+  // kEnds' 128 x 80 tile, causal, lengths with a batch hidden (tiles without
+  // keys between tiles with), dropout; both dtypes.
+  c = Case{2, 2100, 1300, 8, 2, 256}; cases->push_back(c);
+  c = Case{2, 2100, 1300, 8, 2, 256}; c.causal = true; c.bf16 = false; cases->push_back(c);
+  c = Case{3, 1500, 900, 8, 2, 256}; c.lengths = true; cases->push_back(c);
+  c = Case{2, 1100, 700, 16, 4, 256}; c.dropout = 0.25; c.bf16 = false; cases->push_back(c);
 }
 
 // small (for compute-sanitizer): a few cases of each kernel family, each
@@ -464,6 +472,9 @@ inline std::vector<SeededCase> SmallCases() {
   c = Case{1, 170, 130, 4, 2, 128}; s.push_back({c, 42});
   // The D = 256 forward's light kernel (80-key blocks), a partial last one.
   c = Case{1, 140, 250, 2, 1, 256}; s.push_back({c, 43});
+  // D = 256's out over the V ring, more tiles than SMs (160), one batch's
+  // without keys.
+  c = Case{2, 129, 70, 40, 8, 256}; c.lengths = true; s.push_back({c, 45});
   // D = 128 dropout on its 192 x 64 tile (three consumer warpgroups).
   c = Case{1, 2050, 130, 2, 1, 128}; c.dropout = 0.25; c.lengths = true; s.push_back({c, 44});
   return s;
