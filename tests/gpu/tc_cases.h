@@ -392,6 +392,12 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   c = Case{2, 2100, 1300, 8, 2, 256}; c.causal = true; c.bf16 = false; cases->push_back(c);
   c = Case{3, 1500, 900, 8, 2, 256}; c.lengths = true; cases->push_back(c);
   c = Case{2, 1100, 700, 16, 4, 256}; c.dropout = 0.25; c.bf16 = false; cases->push_back(c);
+  // ... and kBand's kernel skipping key blocks by the tile map (segments),
+  // and the dense mask's kernel, more tiles than SMs.
+  c = Case{2, 1100, 700, 16, 4, 256}; c.segments = true; c.seg_run = 300; c.tile_map = true;
+  cases->push_back(c);
+  c = Case{2, 1100, 700, 16, 4, 256}; c.mask = MaskKind::kPadding; c.bf16 = false;
+  cases->push_back(c);
 }
 
 // small (for compute-sanitizer): a few cases of each kernel family, each
@@ -472,10 +478,11 @@ inline std::vector<SeededCase> SmallCases() {
   c = Case{1, 170, 130, 4, 2, 128}; s.push_back({c, 42});
   // The D = 256 forward's light kernel (80-key blocks), a partial last one.
   c = Case{1, 140, 250, 2, 1, 256}; s.push_back({c, 43});
-  // D = 256's out over the V ring, more tiles than SMs (160), one batch's
-  // without keys.
-  c = Case{2, 129, 70, 40, 8, 256}; c.lengths = true; s.push_back({c, 45});
   // D = 128 dropout on its 192 x 64 tile (three consumer warpgroups).
   c = Case{1, 2050, 130, 2, 1, 128}; c.dropout = 0.25; c.lengths = true; s.push_back({c, 44});
+  // D = 256's out over the V ring with more tiles than SMs (240): with seed
+  // 46's lengths, tiles with keys are also handed out after a CTA's first
+  // (its barrier_o wait), one batch's tiles have none.
+  c = Case{3, 129, 70, 40, 8, 256}; c.lengths = true; s.push_back({c, 46});
   return s;
 }
