@@ -384,6 +384,20 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   // ... with more tiles than SMs (352: a CTA takes several, its rings and
   // O staging tile carried from one to the next).
   c = Case{2, 2100, 1300, 16, 4, 128}; c.dropout = 26.0 / 256; cases->push_back(c);
+  // D = 256's out staged over the V ring (FwdWsSmem::kOOverV) with more tiles
+  // than SMs, so that a CTA's tiles follow one another through barrier_o:
+  // kEnds' 128 x 80 tile, causal, lengths with a batch hidden (tiles without
+  // keys between tiles with), dropout; both dtypes.
+  c = Case{2, 2100, 1300, 8, 2, 256}; cases->push_back(c);
+  c = Case{2, 2100, 1300, 8, 2, 256}; c.causal = true; c.bf16 = false; cases->push_back(c);
+  c = Case{3, 1500, 900, 8, 2, 256}; c.lengths = true; cases->push_back(c);
+  c = Case{2, 1100, 700, 16, 4, 256}; c.dropout = 0.25; c.bf16 = false; cases->push_back(c);
+  // ... and kBand's kernel skipping key blocks by the tile map (segments),
+  // and the dense mask's kernel, more tiles than SMs.
+  c = Case{2, 1100, 700, 16, 4, 256}; c.segments = true; c.seg_run = 300; c.tile_map = true;
+  cases->push_back(c);
+  c = Case{2, 1100, 700, 16, 4, 256}; c.mask = MaskKind::kPadding; c.bf16 = false;
+  cases->push_back(c);
 }
 
 // small (for compute-sanitizer): a few cases of each kernel family, each
@@ -466,5 +480,9 @@ inline std::vector<SeededCase> SmallCases() {
   c = Case{1, 140, 250, 2, 1, 256}; s.push_back({c, 43});
   // D = 128 dropout on its 192 x 64 tile (three consumer warpgroups).
   c = Case{1, 2050, 130, 2, 1, 128}; c.dropout = 0.25; c.lengths = true; s.push_back({c, 44});
+  // D = 256's out over the V ring with more tiles than SMs (240): with seed
+  // 46's lengths, tiles with keys are also handed out after a CTA's first
+  // (its barrier_o wait), one batch's tiles have none.
+  c = Case{3, 129, 70, 40, 8, 256}; c.lengths = true; s.push_back({c, 46});
   return s;
 }

@@ -10,9 +10,9 @@ once its Q stage is free, an empty tile's Q stage without Q, and an index past t
 consumers.
 Random interleavings over random tile lists (empty tiles, one-block tiles),
 2-4 K/V stages, 1-2 Q buffers, 2-3 consumer warpgroups, and the out staging
-tiles apart from the rings (as the kernel has them) or over V's stage 0 (the
-protocol O_OVER_V describes, not yet in the kernel; its MUTATIONS must fail,
-and main checks that they do); fails on a deadlock, on a TMA copy landing
+tiles apart from the rings, over V's stage 0 or over the whole V ring (the
+protocol O_OVER_V describes; its MUTATIONS must fail, and main checks that
+they do); fails on a deadlock, on a TMA copy landing
 in a stage a consumer still reads, on the producer storing an index a
 consumer still reads, on a consumer reading a stage that does not hold its
 block or tile, and on barriers or named-barrier arrivals left unpaired at the
@@ -27,20 +27,21 @@ left out.)
 import random
 import sys
 
-# O_OVER_V: the out staging tiles over V's stage 0 (FlashAttention-3's smem_o
-# over smem_v, so that 128 x 176 tiles fit at D = 128), the protocol a kernel
-# would follow. A tile with keys ends, in each consumer warpgroup, with a
-# named barrier of every consumer thread (no warpgroup still reads V), the
-# stmatrix of O into the warpgroup's part of stage 0, one thread's TMA
-# store, that thread's wait for the store's read and its arrival on
-# barrier_o (one arrival per warpgroup). The producer waits on barrier_o
-# before the first V load of each tile with keys but the first, for the
-# phase of the last such tile: tiles without keys store their zeros with
-# the threads' own stores and do not arrive, so at most one phase is
-# pending and the parity wait cannot mistake an old phase for it.
+# O_OVER_V: the out staging tiles over V's first stages (FlashAttention-3's
+# smem_o over smem_v: the tiles fit beside neither D = 256's rings nor a
+# 128 x 176 tile's at D = 128), the protocol the kernel follows there
+# (sm90/fwd_ws.cuh, FwdWsSmem::kOOverV). A tile with keys ends, in each
+# consumer warpgroup, with a named barrier of every consumer thread (no
+# warpgroup still reads V), the stmatrix of O into the warpgroup's part of
+# the stages, one thread's TMA store, that thread's wait for the store's read
+# and its arrival on barrier_o (one arrival per warpgroup). The producer
+# waits on barrier_o before the first V load of each tile with keys but the
+# first, for the phase of the last such tile: tiles without keys store their
+# zeros with the threads' own stores and do not arrive, so at most one phase
+# is pending and the parity wait cannot mistake an old phase for it.
 # MUTATIONS: protocols the model must reject (main checks that it does).
 MUTATIONS = (
-    "no_epilogue_sync",         # a warpgroup writes O while another reads V's stage 0
+    "no_epilogue_sync",         # a warpgroup writes O while another still reads V
     "no_barrier_o_wait",        # the next tile's V lands on O before the store reads it
     "arrive_before_read",       # barrier_o arrives before the store has read O
     "barrier_o_by_tile_index",  # the parity from the tile index, tiles without keys counted
@@ -133,9 +134,11 @@ def interleave(agents, inflight, land, rng, what):
                 raise RuntimeError(f"deadlock: done={done} {what}")
 
 
-def run(tiles, stages, seed, qstages=1, nwg=2, o_over_v=False, mutation=None):
-    """One tile list. o_over_v: the out staging tiles over V's stage 0 (the
-    O_OVER_V comment); mutation: one of MUTATIONS."""
+def run(tiles, stages, seed, qstages=1, nwg=2, o_over_v=0, mutation=None):
+    """One tile list. o_over_v: the number of V stages the out staging tiles
+    lie over, from stage 0 (the O_OVER_V comment; 0: apart from the rings);
+    mutation: one of MUTATIONS."""
+    aliased = [("v", s) for s in range(min(o_over_v, stages))]
     rng = random.Random(seed)
     warps = 4 * nwg  # the consumer warps: each empty barrier's arrivals
     full_q = [MBar(1) for _ in range(qstages)]
@@ -211,14 +214,15 @@ def run(tiles, stages, seed, qstages=1, nwg=2, o_over_v=False, mutation=None):
         busy[key].discard(wg)
 
     def store_o(wg, arrive):
-        # The warpgroup's stmatrix of O into its part of V's stage 0, then one
+        # The warpgroup's stmatrix of O into its part of the V stages, then one
         # thread's TMA store, which reads the part later; that thread waits
         # for the read (cp.async.bulk.wait_group.read) and arrives on barrier_o.
         assert not busy.get(("o", wg)), f"wg{wg} writes O before its last store read it"
-        assert not busy.get(("v", 0)), f"wg{wg} writes O over V stage 0 while read"
-        assert not any(item[0] == ("v", 0) for item in inflight), \
-            f"wg{wg} writes O over V stage 0 while a V load into it is in flight"
-        slot[("v", 0)] = ("o", wg)
+        for key in aliased:
+            assert not busy.get(key), f"wg{wg} writes O over V {key} while read"
+            assert not any(item[0] == key for item in inflight), \
+                f"wg{wg} writes O over V {key} while a V load into it is in flight"
+            slot[key] = ("o", wg)
         busy[("o", wg)] = {"store"}
         yield "step"
         inflight.append((("store", wg), None, None, 0))
@@ -315,7 +319,7 @@ def run(tiles, stages, seed, qstages=1, nwg=2, o_over_v=False, mutation=None):
             busy[("o", key[1])].clear()
             return
         assert not busy.get(key), f"TMA overwrites {key} while read by {busy.get(key)}"
-        if key == ("v", 0):
+        if key in aliased:
             reading = [w for w in range(nwg) if busy.get(("o", w))]
             assert not reading, f"V load lands on the O of wg{reading} before its store read it"
         slot[key] = content
@@ -340,7 +344,7 @@ def configurations():
     for stages in (2, 3, 4):
         for qstages in (1, 2):
             for nwg in (2, 3):
-                for o_over_v in (False, True):
+                for o_over_v in (0, 1, stages):  # apart, over stage 0, over the ring
                     yield stages, qstages, nwg, o_over_v
 
 
@@ -359,9 +363,11 @@ def caught(mutation, n=300):
     rng = random.Random(2)
     for it in range(n):
         tiles = random_tiles(rng)
-        for stages, qstages, nwg, _ in configurations():
+        for stages, qstages, nwg, o_over_v in configurations():
+            if not o_over_v:
+                continue
             try:
-                run(tiles, stages, seed=it, qstages=qstages, nwg=nwg, o_over_v=True,
+                run(tiles, stages, seed=it, qstages=qstages, nwg=nwg, o_over_v=o_over_v,
                     mutation=mutation)
             except (AssertionError, RuntimeError):
                 return True
@@ -372,7 +378,7 @@ def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
     check(n)
     print(f"ok: {n} tile lists x stages 2/3/4 x Q buffers 1/2 x 2/3 consumer warpgroups x "
-          "O staged apart / over V, no deadlock, no race")
+          "O staged apart / over V's stage 0 / over the V ring, no deadlock, no race")
     missed = [m for m in MUTATIONS if not caught(m)]
     assert not missed, f"mutations the model does not catch: {missed}"
     print(f"ok: the {len(MUTATIONS)} O-over-V mutations caught")

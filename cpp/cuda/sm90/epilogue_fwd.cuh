@@ -28,6 +28,9 @@ namespace jax_flash::cuda::sm90 {
 // columns x 64 rows). The tile is the warpgroup's own: the previous tile's
 // TMA store must have read it (its issuing thread waits, then the warpgroup
 // meets), and the writes are fenced for the TMA unit before the store.
+// `read_barrier` (an mbarrier, 0: none): the issuing thread waits for the
+// store's read and arrives on it, for a tile that lies over the V ring
+// (fwd_ws.cuh, FwdWsSmem::kOOverV); otherwise the next tile's store waits.
 template <typename T, int kSmemCols, int kConsumerWarpgroups, int kDTiles>
 __device__ __forceinline__ void StoreOutputStaged(const CUtensorMap* o_map, const FwdParams& p,
                                                   int64_t b, int64_t h, int64_t m0, uint32_t tile,
@@ -35,7 +38,7 @@ __device__ __forceinline__ void StoreOutputStaged(const CUtensorMap* o_map, cons
                                                   const float (&o)[1][kDTiles][4],
                                                   const float (&row_m)[1][2],
                                                   const float (&row_l)[1][2], float scale_log2,
-                                                  int g, int t) {
+                                                  int g, int t, uint32_t read_barrier = 0) {
   static_assert(kDTiles % 2 == 0 && kDTiles * 8 <= kSmemCols, "whole 16-column steps");
   const bool issuer = wg_warp == 0 && lane == 0;
   float* lse = LseRow(p, b, h);
@@ -68,6 +71,10 @@ __device__ __forceinline__ void StoreOutputStaged(const CUtensorMap* o_map, cons
       TmaStoreBox(o_map, cb * 64, static_cast<int>(m0), static_cast<int>(h), static_cast<int>(b),
                   tile + cb * 64 * kSwizzleBytes);
     BulkCommit();
+    if (read_barrier != 0) {
+      BulkWaitRead<0>();
+      ArriveBarrier(read_barrier);
+    }
   }
 }
 

@@ -130,14 +130,26 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     if constexpr (kDropout)  // the kept P's 1 / (1 - rate)
       ScaleFragment(o, static_cast<float>(a.args.p.dropout.keep_scale()));
-    // out = O / l, lse
-    if constexpr (FwdWsSmem<Traits, Bias>::kStageO)
+    // out = O / l, lse: staged apart from the rings, staged over V (kOOverV:
+    // once every consumer warpgroup has read the tile's last V, and with
+    // barrier_o arrived once the store has read it, before the producer's
+    // next V load; a tile without keys writes its zeros through the threads
+    // and arrives on nothing, so one phase of barrier_o at most is pending),
+    // or through the threads.
+    using Smem = FwdWsSmem<Traits, Bias>;
+    const bool keyed = blk.n_begin < blk.n_end;
+    if (Smem::kOApart || (Smem::kOOverV && keyed)) {
+      if constexpr (Smem::kOOverV)
+        NamedBarrierSync(FwdWsBarrierIds<Traits::kConsumerWarpgroups>::kVRead,
+                         128 * Traits::kConsumerWarpgroups);
       StoreOutputStaged<T, Traits::kSmemCols, Traits::kConsumerWarpgroups>(
           &a.o_map, a.args.p, blk.b, blk.h, blk.m0 + 64 * ping.wg, sm.o_tile(ping.wg), ping.wg,
-          consumer_warp % 4, pos.lane, o, row_m, row_l, a.args.scale_log2, pos.g, pos.t);
-    else
+          consumer_warp % 4, pos.lane, o, row_m, row_l, a.args.scale_log2, pos.g, pos.t,
+          Smem::kOOverV ? sm.barrier_o() : 0);
+    } else {
       StoreOutput<T>(a.args.p, blk.b, blk.h, blk.m0 + consumer_warp * 16, o, row_m, row_l,
                      a.args.scale_log2, pos.g, pos.t);
+    }
   }
   if constexpr (FwdWsSmem<Traits, Bias>::kStageO) DrainStagedOutput(consumer_warp % 4, pos.lane);
   ping.Finish();

@@ -73,27 +73,36 @@ struct FwdWsArgs {
 };
 
 // Shared-memory addresses: Q (kBlockM rows), the K and V rings, where it fits
-// (kStageO) each consumer warpgroup's out staging tile (64 rows), with a bias
+// (kOApart) each consumer warpgroup's out staging tile (64 rows), with a bias
 // (Bias: its tile type, void without) its two warpgroup stages, then the
-// barriers and the tile index.
+// barriers and the tile index (and barrier_o with kOOverV).
 template <typename Traits, typename Bias>
 struct FwdWsSmem {
   // Barriers: per Q stage full_q, empty_q; per K/V stage full_k, empty_k,
   // full_v, empty_v; per consumer warpgroup full_bias, empty_bias; then the
-  // tile index (4 bytes, 16 kept).
+  // tile index (4 bytes, 16 kept); with kOOverV barrier_o.
   static constexpr int kKvBars = 16 * Traits::kQStages;
   static constexpr int kBiasBars = kKvBars + 32 * Traits::kStages;
   static constexpr int kTileIndex = kBiasBars + 16 * Traits::kConsumerWarpgroups;
-  static constexpr int kBarrierBytes = kTileIndex + 16;
+  static constexpr int kBarrierO = kTileIndex + 16;
   static constexpr int kBiasBytes = Traits::kConsumerWarpgroups * kBiasTileBytes<Bias>;
   static constexpr int kOTileBytes = 64 * Traits::kSmemCols * 2;  // one warpgroup's rows
   static constexpr int kOBytes = Traits::kConsumerWarpgroups * kOTileBytes;
-  // Out through a staging tile where it fits (not at D = 256, nor beside a
-  // float32 bias's stages at D = 128).
-  static constexpr bool kStageO =
-      Traits::kTileBytes + kOBytes + kBiasBytes + kBarrierBytes <= kMaxSmemBytes;
+  // Out through staging tiles and TMA: apart from the rings where they fit
+  // (D <= 192 but beside a float32 bias's stages at D = 96 / 128), else,
+  // without a bias, over the V ring's first stages (FlashAttention-3's smem_o
+  // over smem_v: D = 256), their order kept by barrier_o and the kVRead
+  // barrier (tests/gpu/ws_pipeline_model.py, O_OVER_V; FwdWsKernel's
+  // epilogue). The bias kernels keep the threads' stores: over V, the
+  // D = 128 float32 one reloads a spilled register in its key loop (ptxas).
+  static constexpr bool kOApart =
+      Traits::kTileBytes + kOBytes + kBiasBytes + kBarrierO <= kMaxSmemBytes;
+  static constexpr bool kOOverV = !kOApart && std::is_void_v<Bias> &&
+                                  kOBytes <= Traits::kStages * Traits::kKvBytes;
+  static constexpr bool kStageO = kOApart || kOOverV;
+  static constexpr int kBarrierBytes = kBarrierO + (kOOverV ? 16 : 0);
   static constexpr int kBytes =
-      Traits::kTileBytes + (kStageO ? kOBytes : 0) + kBiasBytes + kBarrierBytes;
+      Traits::kTileBytes + (kOApart ? kOBytes : 0) + kBiasBytes + kBarrierBytes;
   uint32_t q, k, v;  // tiles, 1024-byte aligned
   uint32_t o;        // with kStageO: one out staging tile per consumer warpgroup, 1024-byte aligned
   uint32_t bias;     // one Bias tile per consumer warpgroup
@@ -101,6 +110,9 @@ struct FwdWsSmem {
   __device__ __forceinline__ uint32_t full_q(int s) const { return bars + 16 * s; }
   __device__ __forceinline__ uint32_t empty_q(int s) const { return bars + 8 + 16 * s; }
   __device__ __forceinline__ uint32_t tile_index() const { return bars + kTileIndex; }
+  // With kOOverV: every consumer warpgroup's store has read its out staging
+  // tile (one arrival each, once per tile with keys).
+  __device__ __forceinline__ uint32_t barrier_o() const { return bars + kBarrierO; }
   __device__ __forceinline__ uint32_t q_tile(int s) const { return q + s * Traits::kQBytes; }
   __device__ __forceinline__ uint32_t full_k(int s) const { return bars + kKvBars + 32 * s; }
   __device__ __forceinline__ uint32_t empty_k(int s) const { return bars + kKvBars + 8 + 32 * s; }
@@ -121,8 +133,8 @@ struct FwdWsSmem {
     r.q = (smem_raw + kAtomBytes - 1) & ~(kAtomBytes - 1);
     r.k = r.q + Traits::kQStages * Traits::kQBytes;
     r.v = r.k + Traits::kStages * Traits::kKvBytes;
-    r.o = r.v + Traits::kStages * Traits::kKvBytes;
-    r.bias = r.o + (kStageO ? kOBytes : 0);
+    r.o = kOOverV ? r.v : r.v + Traits::kStages * Traits::kKvBytes;
+    r.bias = r.v + Traits::kStages * Traits::kKvBytes + (kOApart ? kOBytes : 0);
     r.bars = r.bias + kBiasBytes;
     return r;
   }
@@ -143,6 +155,7 @@ struct FwdWsSmem {
       MbarrierInit(full_bias(wg), 1);
       MbarrierInit(empty_bias(wg), 4);  // the warpgroup's warps
     }
+    if constexpr (kOOverV) MbarrierInit(barrier_o(), Traits::kConsumerWarpgroups);
     FenceBarrierInit();
   }
 };
@@ -215,6 +228,7 @@ __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSme
   const TileIndexHandoff<Traits::kConsumerWarpgroups> handoff{sm.tile_index()};
   RingPos<Traits::kStages> kv;
   RingPos<Traits::kQStages> q;
+  uint32_t keyed_tiles = 0;  // tiles with keys loaded so far: barrier_o's phases (kOOverV)
   for (int index = blockIdx.x, first = 1;; first = 0) {
     const bool done = index >= a.sched.tiles;
     // The tile's key range before the wait, off the path from the stage's
@@ -249,6 +263,11 @@ __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSme
                    cb * kSwizzleElems, static_cast<int>(blk.m0), h, b, sm.full_q(q.stage()));
     }
     q.Advance();
+    // With out staged over V (FwdWsSmem::kOOverV) the tile's first V load
+    // waits until the last tile with keys has stored its out: phase
+    // keyed_tiles - 1 of barrier_o, the one phase that can be pending (tiles
+    // without keys do not stage their out).
+    bool wait_o = FwdWsSmem<Traits, Bias>::kOOverV && keyed_tiles > 0;
     // The key blocks the consumers step through (FwdBlock::NextBlock).
     for (int64_t n = blk.n_begin; n < blk.n_end;
          n = blk.template NextBlock<kBlockN>(n + 1)) {
@@ -269,6 +288,10 @@ __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSme
                        static_cast<int>(blk.m0) + 64 * wg, h, b, sm.full_bias(wg));
         }
       }
+      if (wait_o) {
+        MbarrierWait(sm.barrier_o(), (keyed_tiles - 1) & 1);
+        wait_o = false;
+      }
       MbarrierWait(sm.empty_v(kv.stage()), kv.phase() ^ 1);
       if (issuer) {
         MbarrierArriveExpectTx(sm.full_v(kv.stage()), Traits::kKvBytes);
@@ -279,6 +302,7 @@ __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSme
       }
       kv.Advance();
     }
+    ++keyed_tiles;
     index = __shfl_sync(0xffffffffu, next, 0);
   }
 }

@@ -29,15 +29,17 @@ namespace jax_flash::cuda::sm90 {
 // The named barrier ids of the warp-specialized forward with N consumer
 // warpgroups (0 is __syncthreads'), laid out in one place: the ping-pong
 // ring's turn of each warpgroup (mainloop_fwd_ws.cuh, PingPong), the tile
-// index's full and empty per warpgroup (TileIndexHandoff), and each
-// warpgroup's out staging tile (epilogue_fwd.cuh).
+// index's full and empty per warpgroup (TileIndexHandoff), each
+// warpgroup's out staging tile (epilogue_fwd.cuh), and every consumer
+// thread's before out is staged over V (fwd_ws.cuh, FwdWsSmem::kOOverV).
 template <int kConsumerWarpgroups>
 struct FwdWsBarrierIds {
   static constexpr int kTurn = 1;
   static constexpr int kIndexFull = kTurn + kConsumerWarpgroups;
   static constexpr int kIndexEmpty = kIndexFull + kConsumerWarpgroups;
   static constexpr int kEpilogue = kIndexEmpty + kConsumerWarpgroups;
-  static_assert(kEpilogue + kConsumerWarpgroups <= 16, "16 named barriers per CTA");
+  static constexpr int kVRead = kEpilogue + kConsumerWarpgroups;
+  static_assert(kVRead < 16, "16 named barriers per CTA");
 };
 
 // A position in a ring of kStages stages: the number of fills (producer) or
