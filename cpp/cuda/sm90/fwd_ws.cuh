@@ -106,8 +106,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (index >= a.sched.tiles) break;
     const QueryBlockScheduler::Tile tile = PersistentScheduler::Get(a.sched, index);
     FwdBlock<T> blk =
-        FwdBlock<T>::template Make<Traits::kBlockM, Traits::kBlockN, /*kTileMap=*/true>(a.args.p,
-                                                                                         tile);
+        FwdBlock<T>::template Make<Traits::kBlockM, Traits::kBlockN, /*kTileMap=*/true>(
+            a.args.p, tile, TileRowShift<Traits>(a.args.p));
     constexpr FwdWsMask kMask = Traits::kMask;
     if constexpr (kMask != FwdWsMask::kDense) blk.mask.dense = nullptr;
     if constexpr (Traits::kLightMask) {

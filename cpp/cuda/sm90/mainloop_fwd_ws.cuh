@@ -217,6 +217,22 @@ struct TileIndexHandoff {
 // waits and the tile handoff's named barriers).
 // Bias: the bias's tile type (void without a bias): its own instantiation
 // of the kernel, so that the plain one keeps its registers.
+// How many rows before row 0 a kernel's first tile starts (FwdBlock::Make's
+// m_shift): the causal kernels count their tiles from the last row, so that
+// a tile with fewer than kBlockM rows is the first, which sees the fewest
+// keys; counted from row 0 it was the last, whose missing rows' warpgroups
+// computed a whole row of blocks for nothing (192-row tiles: 2k ends in a
+// tile of 128 rows, 4k in one of 64).
+template <typename Traits>
+__device__ __forceinline__ int64_t TileRowShift(const FwdParams& p) {
+  if constexpr (Traits::kMask == FwdWsMask::kCausal) {
+    const int64_t tail = p.shape.seqlen_q % Traits::kBlockM;
+    return tail == 0 ? 0 : Traits::kBlockM - tail;
+  } else {
+    return 0;
+  }
+}
+
 template <typename T, typename Traits, typename Bias>
 __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSmem<Traits, Bias>& sm,
                                               int lane) {
@@ -234,8 +250,8 @@ __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSme
     // The tile's key range before the wait, off the path from the stage's
     // release to its Q load.
     const QueryBlockScheduler::Tile tile = PersistentScheduler::Get(a.sched, done ? 0 : index);
-    FwdBlock<T> blk =
-        FwdBlock<T>::template Make<kBlockM, kBlockN, /*kTileMap=*/true>(p, tile);
+    FwdBlock<T> blk = FwdBlock<T>::template Make<kBlockM, kBlockN, /*kTileMap=*/true>(
+        p, tile, TileRowShift<Traits>(p));
     blk.mask.dense = nullptr;  // a dense mask runs on sm90/fwd.cuh (RunFwd)
     // The Q stage: after both consumer warpgroups' last S GEMM of the tile
     // that used it before (the previous tile with one buffer).
