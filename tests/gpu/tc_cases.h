@@ -423,6 +423,15 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   c = Case{2, 2300, 2300, 16, 4, 64}; c.causal = true; cases->push_back(c);
   c = Case{2, 1100, 1100, 16, 4, 64}; c.causal = true; cases->push_back(c);
   c = Case{2, 1100, 1100, 16, 4, 128}; c.causal = true; c.lengths = true; cases->push_back(c);
+  // ... a first tile of one real row (2113: 191 rows before row 0, two
+  // warpgroups' stores wholly below it), D = 256's out over V with a
+  // warpgroup below row 0, one query row, one key.
+  c = Case{2, 2113, 2113, 2, 1, 64}; c.causal = true; cases->push_back(c);
+  c = Case{2, 300, 300, 4, 2, 256}; c.causal = true; cases->push_back(c);
+  c = Case{2, 40, 100, 4, 2, 256}; c.causal = true; c.bf16 = false; cases->push_back(c);
+  c = Case{3, 1, 300, 4, 2, 128}; c.causal = true; cases->push_back(c);
+  c = Case{3, 1, 300, 4, 4, 64}; c.causal = true; cases->push_back(c);
+  c = Case{1, 2100, 1, 2, 1, 64}; c.causal = true; cases->push_back(c);
 }
 
 // small (for compute-sanitizer): a few cases of each kernel family, each

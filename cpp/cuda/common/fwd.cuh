@@ -118,7 +118,9 @@ struct FwdBlock {
     r.k = GmemRows<T>::Head(p.k, p.k_strides, r.b, h_kv, seqlen_k, head_dim);
     r.v = GmemRows<T>::Head(p.v, p.v_strides, r.b, h_kv, seqlen_k, head_dim);
     int64_t key_begin, key_end;
-    r.mask.KeyRange(r.m0, r.m0 + kBlockM, &key_begin, &key_end);
+    // From row 0 where the tile starts before it: rows below 0 see no key of
+    // their own (with a position offset KeyRange would give them some).
+    r.mask.KeyRange(m_shift > 0 && r.m0 < 0 ? 0 : r.m0, r.m0 + kBlockM, &key_begin, &key_end);
     r.n_begin = key_begin / kBlockN;
     r.n_end = key_begin < key_end ? CeilDiv(key_end, kBlockN) : r.n_begin;
     r.cells = CellLine{};

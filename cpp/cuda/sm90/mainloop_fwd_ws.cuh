@@ -212,11 +212,6 @@ struct TileIndexHandoff {
 
 // ---- producer ------------------------------------------------------------------
 
-// The producer warp: picks this CTA's tiles and issues every load of them, in
-// the consumers' order, from lane 0; every lane runs the loop (its barrier
-// waits and the tile handoff's named barriers).
-// Bias: the bias's tile type (void without a bias): its own instantiation
-// of the kernel, so that the plain one keeps its registers.
 // How many rows before row 0 a kernel's first tile starts (FwdBlock::Make's
 // m_shift): the causal kernels count their tiles from the last row, so that
 // a tile with fewer than kBlockM rows is the first, which sees the fewest
@@ -233,6 +228,11 @@ __device__ __forceinline__ int64_t TileRowShift(const FwdParams& p) {
   }
 }
 
+// The producer warp: picks this CTA's tiles and issues every load of them, in
+// the consumers' order, from lane 0; every lane runs the loop (its barrier
+// waits and the tile handoff's named barriers).
+// Bias: the bias's tile type (void without a bias): its own instantiation
+// of the kernel, so that the plain one keeps its registers.
 template <typename T, typename Traits, typename Bias>
 __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSmem<Traits, Bias>& sm,
                                               int lane) {
