@@ -432,6 +432,12 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   c = Case{3, 1, 300, 4, 2, 128}; c.causal = true; cases->push_back(c);
   c = Case{3, 1, 300, 4, 4, 64}; c.causal = true; cases->push_back(c);
   c = Case{1, 2100, 1, 2, 1, 64}; c.causal = true; cases->push_back(c);
+  // D = 128 causal dropout on the 192-row dropout tile, counted from the
+  // last row (shifts 12, 0 and 104 with lengths; GQA; D = 112 in fp16).
+  c = Case{1, 2100, 2100, 4, 2, 128}; c.causal = true; c.dropout = 0.25; cases->push_back(c);
+  c = Case{1, 2304, 2000, 2, 1, 128}; c.causal = true; c.dropout = 26.0 / 256; cases->push_back(c);
+  c = Case{2, 2200, 2300, 2, 1, 112}; c.causal = true; c.dropout = 0.25; c.lengths = true;
+  c.bf16 = false; cases->push_back(c);
 }
 
 // small (for compute-sanitizer): a few cases of each kernel family, each
@@ -528,5 +534,7 @@ inline std::vector<SeededCase> SmallCases() {
   // and a 128-row one (D = 128, 200 rows: 56 before).
   c = Case{1, 2048, 2048, 2, 1, 64}; c.causal = true; s.push_back({c, 50});
   c = Case{2, 200, 300, 4, 2, 128}; c.causal = true; s.push_back({c, 51});
+  // D = 128 causal dropout on its 192-row tile (from 2048 rows).
+  c = Case{1, 2050, 2050, 2, 1, 128}; c.causal = true; c.dropout = 0.25; s.push_back({c, 52});
   return s;
 }
