@@ -411,10 +411,11 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   c = Case{2, 600, 1030, 16, 8, 112}; c.bf16 = false; cases->push_back(c);
   c = Case{2, 600, 1030, 16, 8, 64}; cases->push_back(c);
   // The ws forward's causal kernels count their tiles from the last row
-  // (TileRowShift: the first tile starts before row 0): D = 64's 192-row
-  // light tile from 2048 rows (shifts 64, 128, 4; lengths; Sq > Sk and Sq <
-  // Sk; more tiles than SMs), the 128-row causal kernels (D = 64 below 2048
-  // rows, D = 128) with seqlen_q not a multiple of 128.
+  // (TileRowShift: the first tile starts before row 0, a multiple of 16
+  // rows): D = 64's 192-row light tile from 2048 rows (shifts 64, 128, 0 with
+  // 4 rows past the end; lengths; Sq > Sk and Sq < Sk; more tiles than SMs),
+  // the 128-row causal kernels (D = 64 below 2048 rows, D = 128) with
+  // seqlen_q not a multiple of 128.
   c = Case{2, 2048, 2048, 2, 1, 64}; c.causal = true; cases->push_back(c);
   c = Case{1, 4096, 4096, 2, 1, 64}; c.causal = true; c.bf16 = false; cases->push_back(c);
   c = Case{2, 2100, 2100, 4, 2, 64}; c.causal = true; c.lengths = true; cases->push_back(c);
@@ -423,7 +424,7 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   c = Case{2, 2300, 2300, 16, 4, 64}; c.causal = true; cases->push_back(c);
   c = Case{2, 1100, 1100, 16, 4, 64}; c.causal = true; cases->push_back(c);
   c = Case{2, 1100, 1100, 16, 4, 128}; c.causal = true; c.lengths = true; cases->push_back(c);
-  // ... a first tile of one real row (2113: 191 rows before row 0, two
+  // ... a first tile of 17 real rows (2113: 176 rows before row 0, two
   // warpgroups' stores wholly below it), D = 256's out over V with a
   // warpgroup below row 0, one query row, one key.
   c = Case{2, 2113, 2113, 2, 1, 64}; c.causal = true; cases->push_back(c);

@@ -217,12 +217,15 @@ struct TileIndexHandoff {
 // a tile with fewer than kBlockM rows is the first, which sees the fewest
 // keys; counted from row 0 it was the last, whose missing rows' warpgroups
 // computed a whole row of blocks for nothing (192-row tiles: 2k ends in a
-// tile of 128 rows, 4k in one of 64).
+// tile of 128 rows, 4k in one of 64). A multiple of 16, so that a warp's 16
+// rows stay one of dropout's 16-row call blocks (common/dropout.cuh) and lie
+// on one side of row 0; the last tile may then end up to 15 rows past
+// seqlen_q.
 template <typename Traits>
 __device__ __forceinline__ int64_t TileRowShift(const FwdParams& p) {
   if constexpr (Traits::kMask == FwdWsMask::kCausal) {
     const int64_t tail = p.shape.seqlen_q % Traits::kBlockM;
-    return tail == 0 ? 0 : Traits::kBlockM - tail;
+    return tail == 0 ? 0 : (Traits::kBlockM - tail) & ~int64_t{15};
   } else {
     return 0;
   }
