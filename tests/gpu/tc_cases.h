@@ -434,7 +434,8 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   c = Case{3, 1, 300, 4, 4, 64}; c.causal = true; cases->push_back(c);
   c = Case{1, 2100, 1, 2, 1, 64}; c.causal = true; cases->push_back(c);
   // D = 128 causal dropout on the 192-row dropout tile, counted from the
-  // last row (shifts 12, 0 and 104 with lengths; GQA; D = 112 in fp16).
+  // last row (shifts 0 with 12 rows past the end, 0, 96 with lengths; GQA;
+  // D = 112 in fp16).
   c = Case{1, 2100, 2100, 4, 2, 128}; c.causal = true; c.dropout = 0.25; cases->push_back(c);
   c = Case{1, 2304, 2000, 2, 1, 128}; c.causal = true; c.dropout = 26.0 / 256; cases->push_back(c);
   c = Case{2, 2200, 2300, 2, 1, 112}; c.causal = true; c.dropout = 0.25; c.lengths = true;
