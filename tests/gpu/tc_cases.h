@@ -533,7 +533,7 @@ inline std::vector<SeededCase> SmallCases() {
   c = Case{2, 65, 130, 70, 70, 128}; c.dropout = 0.25; s.push_back({c, 49});
   // The ws forward's causal tiles counted from the last row: D = 64's
   // 192-row tile (2048 rows: the first tile starts 64 rows before row 0),
-  // and a 128-row one (D = 128, 200 rows: 56 before).
+  // and a 128-row one (D = 128, 200 rows: 48 before, 8 past the end).
   c = Case{1, 2048, 2048, 2, 1, 64}; c.causal = true; s.push_back({c, 50});
   c = Case{2, 200, 300, 4, 2, 128}; c.causal = true; s.push_back({c, 51});
   // D = 128 causal dropout on its 192-row tile (from 2048 rows).
