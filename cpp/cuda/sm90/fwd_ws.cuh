@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     FwdWsKernel(const __grid_constant__ FwdWsArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
-  const FwdWsSmem<Traits, Bias> sm = FwdWsSmem<Traits, Bias>::Carve(SmemAddr(smem_raw));
+  using Smem = FwdWsSmem<Traits, Bias>;
+  const Smem sm = Smem::Carve(SmemAddr(smem_raw));
   const ThreadPos pos = ThreadPos::Here();
   if (pos.tid == 0) sm.Init();
   __syncthreads();  // the barriers are initialized before anyone uses them
@@ -120,7 +121,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     float o[1][Traits::kHeadDim / kMmaN][4], row_m[1][2], row_l[1][2];
     InitFwdState(o, row_m, row_l);
-    if (blk.n_begin < blk.n_end) {
+    const bool keyed = blk.n_begin < blk.n_end;
+    if (keyed) {
       FwdWsConsumerTile<T, Traits, Bias, kDropout>(a, sm, blk, ping, consumer_warp, pos.lane, pos.g,
                                                    pos.t, kv, q, o, row_m, row_l);
     } else {  // no key to see: the producer completed a Q stage without Q
@@ -135,23 +137,30 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // barrier_o arrived once the store has read it, before the producer's
     // next V load; a tile without keys writes its zeros through the threads
     // and arrives on nothing, so one phase of barrier_o at most is pending),
-    // or through the threads.
-    using Smem = FwdWsSmem<Traits, Bias>;
-    const bool keyed = blk.n_begin < blk.n_end;
-    if (Smem::kOApart || (Smem::kOOverV && keyed)) {
-      if constexpr (Smem::kOOverV)
+    // or through the threads. A warpgroup whose rows start before row 0 (a
+    // causal kernel's first tile, TileRowShift) stores through the threads
+    // too: a TMA store box at a negative row is an illegal instruction
+    // (loads at one fill zeros), and with kOOverV it arrives on barrier_o at
+    // once, having staged nothing.
+    const int64_t wg_m0 = blk.m0 + 64 * ping.wg;
+    const bool rows_from_0 = Traits::kMask != FwdWsMask::kCausal || wg_m0 >= 0;
+    if constexpr (Smem::kOOverV)
+      if (keyed)
         NamedBarrierSync(FwdWsBarrierIds<Traits::kConsumerWarpgroups>::kVRead,
                          128 * Traits::kConsumerWarpgroups);
+    if ((Smem::kOApart || (Smem::kOOverV && keyed)) && rows_from_0) {
       StoreOutputStaged<T, Traits::kSmemCols, Traits::kConsumerWarpgroups>(
-          &a.o_map, a.args.p, blk.b, blk.h, blk.m0 + 64 * ping.wg, sm.o_tile(ping.wg), ping.wg,
-          consumer_warp % 4, pos.lane, o, row_m, row_l, a.args.scale_log2, pos.g, pos.t,
+          &a.o_map, a.args.p, blk.b, blk.h, wg_m0, sm.o_tile(ping.wg), ping.wg, consumer_warp % 4,
+          pos.lane, o, row_m, row_l, a.args.scale_log2, pos.g, pos.t,
           Smem::kOOverV ? sm.barrier_o() : 0);
     } else {
       StoreOutput<T>(a.args.p, blk.b, blk.h, blk.m0 + consumer_warp * 16, o, row_m, row_l,
                      a.args.scale_log2, pos.g, pos.t);
+      if constexpr (Smem::kOOverV)
+        if (keyed && consumer_warp % 4 == 0 && pos.lane == 0) ArriveBarrier(sm.barrier_o());
     }
   }
-  if constexpr (FwdWsSmem<Traits, Bias>::kStageO) DrainStagedOutput(consumer_warp % 4, pos.lane);
+  if constexpr (Smem::kStageO) DrainStagedOutput(consumer_warp % 4, pos.lane);
   ping.Finish();
 #else
   __trap();  // built without sm_90a; the dispatch never launches it then
