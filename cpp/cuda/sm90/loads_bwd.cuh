@@ -36,6 +36,10 @@ struct BwdTmaArgs {
   CUtensorMap delta_map;
   bool stats_by_tma;
   KeyBlockSectionScheduler::Args sched;
+  // dK and dV in boxes of 64 columns x 64 rows, where the tile stores them
+  // by TMA (BwdTile::dkdv_tma; else unset).
+  CUtensorMap dk_map;
+  CUtensorMap dv_map;
 };
 
 // Where the tiles and barriers are in shared memory: BwdSm90Traits' offsets
