@@ -49,6 +49,10 @@
 
 namespace jax_flash::cuda::sm90 {
 
+// Named barriers of the staged dK / dV epilogue, one per warpgroup (ids 6,
+// 7: DqHandoff's 1-5 belong to the warp-specialized kernel).
+inline constexpr int kDkDvStagedBarrier = 6;
+
 // kSoftcap: a template parameter rather than a branch, because ptxas
 // serializes every wgmma of the kernel when the two waits of the two paths
 // below meet in one function. kWs: the mainloop of the warp-specialized
@@ -62,10 +66,6 @@ namespace jax_flash::cuda::sm90 {
 // s = 1 / (1 - rate), which the caller applies (BwdKernel); dP^T becomes
 // Z s dP^T before D is subtracted, dS^T = P^T (Z s dP^T - D) from the
 // undropped P^T, with keep bits drawn while the step's GEMMs run.
-// Named barriers of the staged dK / dV epilogue, one per warpgroup (ids 6,
-// 7: DqHandoff's 1-5 belong to the warp-specialized kernel).
-inline constexpr int kDkDvStagedBarrier = 6;
-
 template <typename T, typename Traits, bool kSoftcap, bool kDq, bool kDropout, bool kWs = false>
 __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
                                            const KeyBlockScheduler::Tile& tile,
