@@ -140,6 +140,8 @@ struct BwdSm90Traits {
                 "every lse2 / D stage 128-byte aligned where TMA loads them (not 80 rows)");
   static_assert(kSmemBytes <= 227 * 1024 && kWsSmemBytes <= 227 * 1024,
                 "shared memory of one CTA");
+  static_assert(!(kTile.ws && kTile.rotate_steps),
+                "rotated steps: BwdKernel's walk (the ws producer's is not rotated)");
 };
 
 // A CTA taking key blocks (one per SM, or one per block: LaunchKeyBlocks):
