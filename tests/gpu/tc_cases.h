@@ -398,6 +398,18 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   cases->push_back(c);
   c = Case{2, 1100, 700, 16, 4, 256}; c.mask = MaskKind::kPadding; c.bf16 = false;
   cases->push_back(c);
+  // The persistent backward (non-causal, no window) with more key-block
+  // tiles than SMs (2 x 8 kv heads x 9 blocks = 144): a CTA takes several,
+  // so its dK / dV epilogue meets the next tile's first steps; the last key
+  // block holds 6 keys (its second warpgroup none). GQA, a tile map,
+  // dropout, the deterministic mode, D = 112 in fp16, D = 64.
+  c = Case{2, 600, 1030, 16, 8, 128}; cases->push_back(c);
+  c = Case{2, 600, 1030, 16, 8, 128}; c.segments = true; c.seg_run = 300; c.tile_map = true;
+  cases->push_back(c);
+  c = Case{2, 600, 1030, 16, 8, 128}; c.dropout = 0.25; cases->push_back(c);
+  c = Case{2, 600, 1030, 16, 8, 128}; c.det = true; cases->push_back(c);
+  c = Case{2, 600, 1030, 16, 8, 112}; c.bf16 = false; cases->push_back(c);
+  c = Case{2, 600, 1030, 16, 8, 64}; cases->push_back(c);
 }
 
 // small (for compute-sanitizer): a few cases of each kernel family, each
@@ -484,5 +496,10 @@ inline std::vector<SeededCase> SmallCases() {
   // 46's lengths, tiles with keys are also handed out after a CTA's first
   // (its barrier_o wait), one batch's tiles have none.
   c = Case{3, 129, 70, 40, 8, 256}; c.lengths = true; s.push_back({c, 46});
+  // The persistent D = 128 backward with more tiles than SMs (2 x 70 heads
+  // x 2 key blocks = 280), plain and with dropout: a CTA's tiles follow one
+  // another (the dK / dV epilogue, the next tile's first loads).
+  c = Case{2, 65, 130, 70, 70, 128}; s.push_back({c, 48});
+  c = Case{2, 65, 130, 70, 70, 128}; c.dropout = 0.25; s.push_back({c, 49});
   return s;
 }
