@@ -170,12 +170,6 @@ __device__ __forceinline__ void IssueKvLoads(const BwdParams& p, uint32_t sK, ui
   CpAsyncCommit();
 }
 
-// A tile's loads before its mainloop (kernels without warp specialization):
-// K and V (IssueKvLoads, which BwdMainloop waits for), and its first step's
-// into stage `step` % kStages, `step` counting the CTA's steps over its
-// tiles so far. The persistent kernel issues them for its next tile while
-// this one's dK and dV are stored: K, V and that stage must be free then
-// (both warpgroups past the tile's last step).
 // The query steps of BwdKernel's tile: rotated (BwdTile::rotate_steps) by
 // the key block's place among the head's key blocks, in non-causal calls
 // only; the mainloop and IssueTileLoads take the same walk from here.
@@ -195,6 +189,12 @@ __device__ __forceinline__ TileSteps<Traits> MakeTileSteps(const BwdParams& p,
   return TileSteps<Traits>::Make(mask, n0, group);
 }
 
+// A tile's loads before its mainloop (kernels without warp specialization):
+// K and V (IssueKvLoads, which BwdMainloop waits for), and its first step's
+// into stage `step` % kStages, `step` counting the CTA's steps over its
+// tiles so far. The persistent kernel issues them for its next tile while
+// this one's dK and dV are stored: K, V and that stage must be free then
+// (both warpgroups past the tile's last step).
 template <typename T, class Traits>
 __device__ __forceinline__ void IssueTileLoads(const BwdTmaArgs& tma_args,
                                                const KeyBlockScheduler::Tile& tile, int step,
