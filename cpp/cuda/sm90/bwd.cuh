@@ -147,6 +147,8 @@ struct BwdSm90Traits {
                                     kDsOffset % 1024 == 0 && !kTile.ws),
                 "dK / dV staging: four 1024-byte-aligned tiles over dS^T and the dQ parts "
                 "(BwdKernel's)");
+  static_assert(!(kTile.ws && kTile.rotate_steps),
+                "rotated steps: BwdKernel's walk (the ws producer's is not rotated)");
 };
 
 // A CTA taking key blocks (one per SM, or one per block: LaunchKeyBlocks):

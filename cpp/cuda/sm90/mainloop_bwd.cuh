@@ -117,7 +117,7 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
   BatchMask mask = BatchMask::For(p.mask, b, h_kv * group, seqlen_q, seqlen_k);
   const uint8_t* const dense0 = mask.dense;
 
-  const QuerySteps<kBlockN, kBlockM> walk = QuerySteps<kBlockN, kBlockM>::Make(mask, n0, group);
+  const TileSteps<Traits> walk = MakeTileSteps<Traits>(p, mask, tile, n0, group);
   const int m_begin = static_cast<int>(walk.m_begin), steps = static_cast<int>(walk.count);
 
   // Step (head gi of the group, query block mi of the walk)'s loads into `stage`.
@@ -196,7 +196,7 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
     else return 0;
   };
 
-  int gi = 0, mi = static_cast<int>(walk.first);
+  int gi = 0, mi = static_cast<int>(walk.start);
   KeepBits keep = steps > 0 ? draw_keep(gi, mi) : 0;
   for (int s = 0; s < steps; ++s) {
     // No CTA barrier at the top of a step: a warpgroup that is done with
