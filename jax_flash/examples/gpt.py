@@ -173,6 +173,15 @@ def batches(tokens: np.ndarray, config: Config):
 # -- training ------------------------------------------------------------------
 
 
+def make_optimizer(config: Config):
+  """AdamW with gradient clipping and a warmup-cosine schedule (GPT-3's recipe, scaled down)."""
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, config.learning_rate, warmup_steps=max(1, config.steps // 10),
+      decay_steps=max(2, config.steps), end_value=config.learning_rate / 10)
+  return optax.chain(optax.clip_by_global_norm(1.0),
+                     optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=0.1))
+
+
 def make_train_step(model: GPT, optimizer):
   def loss_fn(params, inputs, targets, rng):
     logits = model.apply(params, inputs, deterministic=model.config.dropout == 0.0,
@@ -219,11 +228,7 @@ def train(config: Config, log_every: int = 10, out=print) -> dict:
   rng = jax.random.key(config.seed)
   params = model.init(rng, inputs)
   n_params = sum(x.size for x in jax.tree.leaves(params))
-  schedule = optax.warmup_cosine_decay_schedule(
-      0.0, config.learning_rate, warmup_steps=max(1, config.steps // 10),
-      decay_steps=max(2, config.steps), end_value=config.learning_rate / 10)
-  optimizer = optax.chain(optax.clip_by_global_norm(1.0),
-                          optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=0.1))
+  optimizer = make_optimizer(config)
   opt_state = optimizer.init(params)
 
   out(f"GPT: {config.layers} layers, d_model {config.d_model}, {config.heads} heads, "

@@ -142,7 +142,6 @@ def summarize(hlo: str) -> dict:
 def compile_step(preset: str, attention: str, dropout: float, layers: int | None):
   """The example's train step for `attention`, compiled: (optimized HLO text, compiled)."""
   import jax
-  import optax
   from jax_flash.examples import gpt
 
   settings = dict(gpt.PRESETS[preset])
@@ -156,7 +155,7 @@ def compile_step(preset: str, attention: str, dropout: float, layers: int | None
   inputs, targets = next(gpt.batches(gpt.load_tokens(config.seq_len + 1), config))
   rng = jax.random.key(config.seed)
   params = model.init(rng, inputs)
-  optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-4))
+  optimizer = gpt.make_optimizer(config)
   opt_state = optimizer.init(params)
   compiled = gpt.make_train_step(model, optimizer).lower(
       params, opt_state, inputs, targets, rng).compile()

@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     FwdWsKernel(const __grid_constant__ FwdWsArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
-  const FwdWsSmem<Traits, Bias> sm = FwdWsSmem<Traits, Bias>::Carve(SmemAddr(smem_raw));
+  using Smem = FwdWsSmem<Traits, Bias>;
+  const Smem sm = Smem::Carve(SmemAddr(smem_raw));
   const ThreadPos pos = ThreadPos::Here();
   if (pos.tid == 0) sm.Init();
   __syncthreads();  // the barriers are initialized before anyone uses them
@@ -120,7 +121,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     float o[1][Traits::kHeadDim / kMmaN][4], row_m[1][2], row_l[1][2];
     InitFwdState(o, row_m, row_l);
-    if (blk.n_begin < blk.n_end) {
+    const bool keyed = blk.n_begin < blk.n_end;
+    if (keyed) {
       FwdWsConsumerTile<T, Traits, Bias, kDropout>(a, sm, blk, ping, consumer_warp, pos.lane, pos.g,
                                                    pos.t, kv, q, o, row_m, row_l);
     } else {  // no key to see: the producer completed a Q stage without Q
@@ -136,8 +138,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // next V load; a tile without keys writes its zeros through the threads
     // and arrives on nothing, so one phase of barrier_o at most is pending),
     // or through the threads.
-    using Smem = FwdWsSmem<Traits, Bias>;
-    const bool keyed = blk.n_begin < blk.n_end;
     if (Smem::kOApart || (Smem::kOOverV && keyed)) {
       if constexpr (Smem::kOOverV)
         NamedBarrierSync(FwdWsBarrierIds<Traits::kConsumerWarpgroups>::kVRead,
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                      a.args.scale_log2, pos.g, pos.t);
     }
   }
-  if constexpr (FwdWsSmem<Traits, Bias>::kStageO) DrainStagedOutput(consumer_warp % 4, pos.lane);
+  if constexpr (Smem::kStageO) DrainStagedOutput(consumer_warp % 4, pos.lane);
   ping.Finish();
 #else
   __trap();  // built without sm_90a; the dispatch never launches it then
