@@ -140,6 +140,15 @@ struct BwdSm90Traits {
                 "every lse2 / D stage 128-byte aligned where TMA loads them (not 80 rows)");
   static_assert(kSmemBytes <= 227 * 1024 && kWsSmemBytes <= 227 * 1024,
                 "shared memory of one CTA");
+  // dK / dV staged (kTile.dkdv_tma): each warpgroup's 64 keys of dK and of
+  // dV, 64 rows x kSmemCols each, over the dS^T buffers and the dQ parts.
+  static constexpr int kDkDvTileBytes = 64 * kSmemCols * 2;
+  static_assert(!kTile.dkdv_tma || (kLseOffset - kDsOffset >= 4 * kDkDvTileBytes &&
+                                    kDsOffset % 1024 == 0 && !kTile.ws),
+                "dK / dV staging: four 1024-byte-aligned tiles over dS^T and the dQ parts "
+                "(BwdKernel's)");
+  static_assert(!(kTile.ws && kTile.rotate_steps),
+                "rotated steps: BwdKernel's walk (the ws producer's is not rotated)");
 };
 
 // A CTA taking key blocks (one per SM, or one per block: LaunchKeyBlocks):
@@ -172,6 +181,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const KeyBlockScheduler::Tile tile = KeyBlockSectionScheduler::At(sched, index);
     step += BwdMainloop<T, Traits, kSoftcap, kDq, kDropout>(tma_args, tile, pos, dk, dv,
                                                             step);  // steps -> dK, dV (+ dQ)
+    // Staged dK / dV go over the dQ parts: their last reductions have read
+    // them (each warpgroup's issuer waits before the barrier).
+    if constexpr (Traits::kTile.dkdv_tma) WaitDqStagingRead(pos.tid % 128);
     // Both warpgroups are past the last step: K, V and the stages are free,
     // and thread 0's slot is written.
     __syncthreads();
@@ -179,10 +191,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (index < tiles)
       IssueTileLoads<T, Traits>(tma_args, KeyBlockSectionScheduler::At(sched, index), step,
                                 pos.tid);
-    StoreWarpDkDv<T, Traits, kDropout>(tma_args, tile, pos, dk, dv);
+    if constexpr (Traits::kTile.dkdv_tma)
+      StoreWarpDkDvStaged<T, Traits, kDropout>(tma_args, tile, pos, dk, dv);
+    else
+      StoreWarpDkDv<T, Traits, kDropout>(tma_args, tile, pos, dk, dv);
     if (index >= tiles) break;
   }
-  if constexpr (kDq) DrainDqReductions(pos.tid % 128);
+  if constexpr (kDq || Traits::kTile.dkdv_tma) DrainDqReductions(pos.tid % 128);
 #else
   __trap();  // built without sm_90a; the dispatch never launches it then
 #endif
@@ -218,6 +233,7 @@ struct BwdWideTraits {
                                       2 * kPBuffers * kPBytes + kStages * kStatBytes) % 128 == 0,
                 "lse2 and D stages 128-byte aligned where TMA loads them");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
+  static_assert(!kTile.dkdv_tma, "dK / dV by TMA: BwdKernel's (sm90/tile_size.h)");
 };
 
 template <typename T, typename Traits, bool kSoftcap, bool kBias, bool kDropout, bool kDq>
@@ -277,6 +293,13 @@ cudaError_t LaunchKeyBlocks(const BwdArgs& args, Kernel kernel, cudaStream_t str
                            shape.seqlen_q, shape.num_heads_q, shape.head_dim, Traits::kBlockM,
                            kBf16))
     return cudaErrorNotSupported;
+  if constexpr (Traits::kTile.dkdv_tma) {
+    if (!EncodeRowsTensorMap(&tma_args.dk_map, args.p.dk, args.p.dk_strides, shape.batch,
+                             shape.seqlen_k, shape.num_heads_kv, shape.head_dim, 64, kBf16) ||
+        !EncodeRowsTensorMap(&tma_args.dv_map, args.p.dv, args.p.dv_strides, shape.batch,
+                             shape.seqlen_k, shape.num_heads_kv, shape.head_dim, 64, kBf16))
+      return cudaErrorNotSupported;
+  }
   const int64_t stat_rows = shape.batch * shape.num_heads_q;
   tma_args.stats_by_tma =
       Traits::kTile.stats_tma &&

@@ -36,6 +36,10 @@ struct BwdTmaArgs {
   CUtensorMap delta_map;
   bool stats_by_tma;
   KeyBlockSectionScheduler::Args sched;
+  // dK and dV in boxes of 64 columns x 64 rows, where the tile stores them
+  // by TMA (BwdTile::dkdv_tma; else unset).
+  CUtensorMap dk_map;
+  CUtensorMap dv_map;
 };
 
 // Where the tiles and barriers are in shared memory: BwdSm90Traits' offsets
@@ -170,6 +174,25 @@ __device__ __forceinline__ void IssueKvLoads(const BwdParams& p, uint32_t sK, ui
   CpAsyncCommit();
 }
 
+// The query steps of BwdKernel's tile: rotated (BwdTile::rotate_steps) by
+// the key block's place among the head's key blocks, in non-causal calls
+// only; the mainloop and IssueTileLoads take the same walk from here.
+template <class Traits>
+using TileSteps = QuerySteps<Traits::kBlockN, Traits::kBlockM, Traits::kTile.rotate_steps>;
+
+template <class Traits>
+__device__ __forceinline__ TileSteps<Traits> MakeTileSteps(const BwdParams& p,
+                                                           const BatchMask& mask,
+                                                           const KeyBlockScheduler::Tile& tile,
+                                                           int n0, int group) {
+  if constexpr (Traits::kTile.rotate_steps) {
+    if (!p.mask.causal)
+      return TileSteps<Traits>::Make(mask, n0, group, tile.n_block,
+                                     CeilDiv(p.shape.seqlen_k, int64_t{Traits::kBlockN}));
+  }
+  return TileSteps<Traits>::Make(mask, n0, group);
+}
+
 // A tile's loads before its mainloop (kernels without warp specialization):
 // K and V (IssueKvLoads, which BwdMainloop waits for), and its first step's
 // into stage `step` % kStages, `step` counting the CTA's steps over its
@@ -190,12 +213,12 @@ __device__ __forceinline__ void IssueTileLoads(const BwdTmaArgs& tma_args,
   const int group = static_cast<int>(p.shape.group_size());
   const BatchMask mask =
       BatchMask::For(p.mask, b, h_kv * group, p.shape.seqlen_q, p.shape.seqlen_k);
-  const QuerySteps<kBlockN, kBlockM> walk = QuerySteps<kBlockN, kBlockM>::Make(mask, n0, group);
+  const TileSteps<Traits> walk = MakeTileSteps<Traits>(p, mask, tile, n0, group);
   if (walk.count > 0) {
     const int stage = step % Traits::kStages;
     IssueStepLoads<Traits>(tma_args, sm.q(), sm.dout(), BwdSmem<Traits>::Floats(smem_raw, sm.lse()),
                            BwdSmem<Traits>::Floats(smem_raw, sm.delta()), stage, b, h_kv * group,
-                           static_cast<int>((walk.m_begin + walk.first) * kBlockM),
+                           static_cast<int>((walk.m_begin + walk.start) * kBlockM),
                            sm.full() + 8 * stage, tid);
   }
 }

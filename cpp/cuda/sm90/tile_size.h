@@ -63,7 +63,22 @@ struct FwdTile {
 //   running the dQ kernel after it (FA3's and cuDNN's structure at D = 256:
 //   five GEMMs of a step's size instead of seven). Whole 128-column halves
 //   only: on at D = 256, where on an H200 it is 7-13% faster from 2k
-//   (dropout 5-9%), the same at 1k.
+//   (dropout 5-9%), the same at 1k;
+// - dkdv_tma: BwdKernel writes a tile's dK and dV through staging tiles and
+//   TMA stores (FA3's epilogue), over the dS^T buffers and dQ parts, which
+//   are free between tiles; else each thread stores its fragments, 32 bits
+//   at a time (half of each 32-byte sector per instruction), on the CTA's
+//   path between its tiles. Needs the dS^T and dQ staging bytes to hold four
+//   64-row tiles (static_assert: D = 64, 128). On at D = 128: with
+//   rotate_steps, on an H200 2-6% faster at 1k-4k, 1-3% at 16k (causal and
+//   not; dkdv_tma alone 1-4%, rotate_steps alone -2 to +2%);
+// - rotate_steps: in BwdKernel's non-causal calls each key block's walk
+//   over the query steps starts at its own place (QuerySteps' kRotate: key
+//   block n of N at n / N of the range) and wraps around; else every CTA of
+//   a head starts at the first step, and those running side by side (all a
+//   head's key blocks, in the section order) add their dQ parts into the
+//   same rows at about the same time. Not the warp-specialized kernel. On
+//   at D = 128 with dkdv_tma (above; BENCHMARKS.md, thirty-fourth session).
 // NOTES_sm90_bwd.md.
 struct BwdTile {
   int block_n, block_m, threads, stages;
@@ -73,6 +88,8 @@ struct BwdTile {
   int plain_block_m = 0;
   bool plain_causal = false;
   bool wide_dq = false;
+  bool dkdv_tma = false;
+  bool rotate_steps = false;
 
   // This tile with one option set, so that the table below names what it
   // sets (C++17 has no designated initializers):
@@ -170,7 +187,9 @@ inline constexpr Sm90Tiles kTiles[] = {
          .With(&BwdTile::dk_rs_with_dq, true)
          .With(&BwdTile::dk_rs_with_dropout, true)
          .With(&BwdTile::plain_block_m, 80)
-         .With(&BwdTile::plain_causal, true),
+         .With(&BwdTile::plain_causal, true)
+         .With(&BwdTile::dkdv_tma, true)
+         .With(&BwdTile::rotate_steps, true),
      {128, 64, 256, 2}},
     {192, {128, 96, 256, 2, true}, BwdTile{64, 64, 256, 2}, {128, 64, 256, 2}},
     {256,
@@ -183,7 +202,7 @@ inline constexpr Sm90Tiles kTiles[] = {
 // -DJAX_FLASH_TUNE_SM90_D=<bucket>, each of
 // -DJAX_FLASH_TUNE_SM90_{FWD_BN,FWD_STAGES,FWD_TMA,BWD_BN,BWD_BM,BWD_DK_RS,
 // BWD_DK_RS_DROPOUT,BWD_STATS_TMA,BWD_WS,BWD_DV_AFTER_DS,BWD_PLAIN_BM,BWD_PLAIN_CAUSAL,
-// BWD_WIDE_DQ,DQ_BN}=<n> replaces that field of the bucket's row.
+// BWD_WIDE_DQ,BWD_DKDV_TMA,BWD_ROTATE,DQ_BN}=<n> replaces that field of the bucket's row.
 constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #ifdef JAX_FLASH_TUNE_SM90_D
   if (t.head_dim != JAX_FLASH_TUNE_SM90_D) return t;
@@ -225,6 +244,12 @@ constexpr Sm90Tiles Tuned(Sm90Tiles t) {
 #endif
 #ifdef JAX_FLASH_TUNE_SM90_BWD_WIDE_DQ
   t.bwd.wide_dq = JAX_FLASH_TUNE_SM90_BWD_WIDE_DQ;
+#endif
+#ifdef JAX_FLASH_TUNE_SM90_BWD_DKDV_TMA
+  t.bwd.dkdv_tma = JAX_FLASH_TUNE_SM90_BWD_DKDV_TMA;
+#endif
+#ifdef JAX_FLASH_TUNE_SM90_BWD_ROTATE
+  t.bwd.rotate_steps = JAX_FLASH_TUNE_SM90_BWD_ROTATE;
 #endif
 #ifdef JAX_FLASH_TUNE_SM90_DQ_BN
   t.dq.block_n = JAX_FLASH_TUNE_SM90_DQ_BN;
