@@ -410,6 +410,36 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   c = Case{2, 600, 1030, 16, 8, 128}; c.det = true; cases->push_back(c);
   c = Case{2, 600, 1030, 16, 8, 112}; c.bf16 = false; cases->push_back(c);
   c = Case{2, 600, 1030, 16, 8, 64}; cases->push_back(c);
+  // The ws forward's causal kernels count their tiles from the last row
+  // (TileRowShift: the first tile starts before row 0, a multiple of 16
+  // rows): D = 64's 192-row light tile from 2048 rows (shifts 64, 128, 0 with
+  // 4 rows past the end; lengths; Sq > Sk and Sq < Sk; more tiles than SMs),
+  // the 128-row causal kernels (D = 64 below 2048 rows, D = 128) with
+  // seqlen_q not a multiple of 128.
+  c = Case{2, 2048, 2048, 2, 1, 64}; c.causal = true; cases->push_back(c);
+  c = Case{1, 4096, 4096, 2, 1, 64}; c.causal = true; c.bf16 = false; cases->push_back(c);
+  c = Case{2, 2100, 2100, 4, 2, 64}; c.causal = true; c.lengths = true; cases->push_back(c);
+  c = Case{1, 4000, 3000, 2, 1, 64}; c.causal = true; cases->push_back(c);
+  c = Case{1, 3000, 4100, 2, 1, 64}; c.causal = true; c.bf16 = false; cases->push_back(c);
+  c = Case{2, 2300, 2300, 16, 4, 64}; c.causal = true; cases->push_back(c);
+  c = Case{2, 1100, 1100, 16, 4, 64}; c.causal = true; cases->push_back(c);
+  c = Case{2, 1100, 1100, 16, 4, 128}; c.causal = true; c.lengths = true; cases->push_back(c);
+  // ... a first tile of 17 real rows (2113: 176 rows before row 0, two
+  // warpgroups' stores wholly below it), D = 256's out over V with a
+  // warpgroup below row 0, one query row, one key.
+  c = Case{2, 2113, 2113, 2, 1, 64}; c.causal = true; cases->push_back(c);
+  c = Case{2, 300, 300, 4, 2, 256}; c.causal = true; cases->push_back(c);
+  c = Case{2, 40, 100, 4, 2, 256}; c.causal = true; c.bf16 = false; cases->push_back(c);
+  c = Case{3, 1, 300, 4, 2, 128}; c.causal = true; cases->push_back(c);
+  c = Case{3, 1, 300, 4, 4, 64}; c.causal = true; cases->push_back(c);
+  c = Case{1, 2100, 1, 2, 1, 64}; c.causal = true; cases->push_back(c);
+  // D = 128 causal dropout on the 192-row dropout tile, counted from the
+  // last row (shifts 0 with 12 rows past the end, 0, 96 with lengths; GQA;
+  // D = 112 in fp16).
+  c = Case{1, 2100, 2100, 4, 2, 128}; c.causal = true; c.dropout = 0.25; cases->push_back(c);
+  c = Case{1, 2304, 2000, 2, 1, 128}; c.causal = true; c.dropout = 26.0 / 256; cases->push_back(c);
+  c = Case{2, 2200, 2300, 2, 1, 112}; c.causal = true; c.dropout = 0.25; c.lengths = true;
+  c.bf16 = false; cases->push_back(c);
 }
 
 // small (for compute-sanitizer): a few cases of each kernel family, each
@@ -501,5 +531,12 @@ inline std::vector<SeededCase> SmallCases() {
   // another (the dK / dV epilogue, the next tile's first loads).
   c = Case{2, 65, 130, 70, 70, 128}; s.push_back({c, 48});
   c = Case{2, 65, 130, 70, 70, 128}; c.dropout = 0.25; s.push_back({c, 49});
+  // The ws forward's causal tiles counted from the last row: D = 64's
+  // 192-row tile (2048 rows: the first tile starts 64 rows before row 0),
+  // and a 128-row one (D = 128, 200 rows: 48 before, 8 past the end).
+  c = Case{1, 2048, 2048, 2, 1, 64}; c.causal = true; s.push_back({c, 50});
+  c = Case{2, 200, 300, 4, 2, 128}; c.causal = true; s.push_back({c, 51});
+  // D = 128 causal dropout on its 192-row tile (from 2048 rows).
+  c = Case{1, 2050, 2050, 2, 1, 128}; c.causal = true; c.dropout = 0.25; s.push_back({c, 52});
   return s;
 }

@@ -15,7 +15,8 @@
 namespace jax_flash::cuda {
 
 // A row's end: l summed over the row's four lanes, lse = m + log(l) written
-// (by lane t == 0, for a row below seqlen_q). A row that sees no key has
+// (by lane t == 0, for a row in [0, seqlen_q): tiles of the ws forward's
+// causal kernels start before row 0). A row that sees no key has
 // l == 0: its out is 0 and its lse -inf. A NaN logit makes l NaN, which
 // reaches out and lse (jax.nn semantics). A row that sees nothing writes 0
 // outright: its O may hold 0 x NaN from a NaN in a value row it cannot see.
@@ -29,7 +30,7 @@ __device__ __forceinline__ RowEnd FinishRow(float row_m, float row_l, float scal
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
   const bool sees_nothing = l == 0.f;
-  if (i < seqlen_q && t == 0)
+  if (static_cast<uint64_t>(i) < static_cast<uint64_t>(seqlen_q) && t == 0)
     lse[i] = sees_nothing ? -INFINITY : (row_m * scale_log2 + __log2f(l)) * kLn2;
   return RowEnd{sees_nothing, 1.f / l};
 }
@@ -56,7 +57,7 @@ __device__ __forceinline__ void StoreOutput(const FwdParams& p, int64_t b, int64
     for (int hr = 0; hr < 2; ++hr) {
       const int64_t i = row0 + mt * 16 + g + hr * 8;
       const RowEnd end = FinishRow(row_m[mt][hr], row_l[mt][hr], scale_log2, lse, i, seqlen_q, t);
-      if (i < seqlen_q) {
+      if (static_cast<uint64_t>(i) < static_cast<uint64_t>(seqlen_q)) {
         T* out_row = out + i * p.out_strides.row;
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt) {

@@ -96,15 +96,20 @@ struct FwdBlock {
   // wgmma kernels, the mma.sync kTerms ones), with this head's view of a
   // dense mask, tested in the partial cells; the others ignore the tile map
   // and keep their registers.
+  // m_shift: the tiles start that many rows earlier (m0 below 0 for the
+  // first: rows that do not exist, which load zeros, see no stored key and
+  // are not written), so that the last ends at seqlen_q (the ws forward's
+  // causal kernels: the partial tile is then the one with the fewest keys).
   template <int kBlockM, int kBlockN, bool kTileMap = false>
   __device__ __forceinline__ static FwdBlock Make(const FwdParams& p,
-                                                  const QueryBlockScheduler::Tile& tile) {
+                                                  const QueryBlockScheduler::Tile& tile,
+                                                  int64_t m_shift = 0) {
     FwdBlock r;
     const int64_t m_block = tile.m_block;
     r.h = tile.h;
     r.b = tile.b;
     const int64_t h_kv = r.h / p.shape.group_size();
-    r.m0 = m_block * kBlockM;
+    r.m0 = m_block * kBlockM - m_shift;
     const int64_t seqlen_q = p.shape.seqlen_q, seqlen_k = p.shape.seqlen_k;
     const int head_dim = static_cast<int>(p.shape.head_dim);
     r.mask = kTileMap ? BatchMask::For(p.mask, r.b, r.h, seqlen_q, seqlen_k)
@@ -113,7 +118,9 @@ struct FwdBlock {
     r.k = GmemRows<T>::Head(p.k, p.k_strides, r.b, h_kv, seqlen_k, head_dim);
     r.v = GmemRows<T>::Head(p.v, p.v_strides, r.b, h_kv, seqlen_k, head_dim);
     int64_t key_begin, key_end;
-    r.mask.KeyRange(r.m0, r.m0 + kBlockM, &key_begin, &key_end);
+    // From row 0 where the tile starts before it: rows below 0 see no key of
+    // their own (with a position offset KeyRange would give them some).
+    r.mask.KeyRange(m_shift > 0 && r.m0 < 0 ? 0 : r.m0, r.m0 + kBlockM, &key_begin, &key_end);
     r.n_begin = key_begin / kBlockN;
     r.n_end = key_begin < key_end ? CeilDiv(key_end, kBlockN) : r.n_begin;
     r.cells = CellLine{};

@@ -212,6 +212,25 @@ struct TileIndexHandoff {
 
 // ---- producer ------------------------------------------------------------------
 
+// How many rows before row 0 a kernel's first tile starts (FwdBlock::Make's
+// m_shift): the causal kernels count their tiles from the last row, so that
+// a tile with fewer than kBlockM rows is the first, which sees the fewest
+// keys; counted from row 0 it was the last, whose missing rows' warpgroups
+// computed a whole row of blocks for nothing (192-row tiles: 2k ends in a
+// tile of 128 rows, 4k in one of 64). A multiple of 16, so that a warp's 16
+// rows stay one of dropout's 16-row call blocks (common/dropout.cuh) and lie
+// on one side of row 0; the last tile may then end up to 15 rows past
+// seqlen_q.
+template <typename Traits>
+__device__ __forceinline__ int64_t TileRowShift(const FwdParams& p) {
+  if constexpr (Traits::kMask == FwdWsMask::kCausal) {
+    const int64_t tail = p.shape.seqlen_q % Traits::kBlockM;
+    return tail == 0 ? 0 : (Traits::kBlockM - tail) & ~int64_t{15};
+  } else {
+    return 0;
+  }
+}
+
 // The producer warp: picks this CTA's tiles and issues every load of them, in
 // the consumers' order, from lane 0; every lane runs the loop (its barrier
 // waits and the tile handoff's named barriers).
@@ -234,8 +253,8 @@ __device__ __forceinline__ void FwdWsProducer(const FwdWsArgs& a, const FwdWsSme
     // The tile's key range before the wait, off the path from the stage's
     // release to its Q load.
     const QueryBlockScheduler::Tile tile = PersistentScheduler::Get(a.sched, done ? 0 : index);
-    FwdBlock<T> blk =
-        FwdBlock<T>::template Make<kBlockM, kBlockN, /*kTileMap=*/true>(p, tile);
+    FwdBlock<T> blk = FwdBlock<T>::template Make<kBlockM, kBlockN, /*kTileMap=*/true>(
+        p, tile, TileRowShift<Traits>(p));
     blk.mask.dense = nullptr;  // a dense mask runs on sm90/fwd.cuh (RunFwd)
     // The Q stage: after both consumer warpgroups' last S GEMM of the tile
     // that used it before (the previous tile with one buffer).
