@@ -257,8 +257,9 @@ constexpr bool kLightTileDropout = false;
 // dropout tile where it has one (FwdWsDropoutTileSize: D = 128), from
 // kLightMinRows query rows (at S = 1k its 192-row tiles would compute 1152
 // rows). H200, D = 128, dropout 0.1: non-causal 1-2% faster at 2k, 4-6% at
-// 4k-16k; causal 5-11% slower at 2k-4k, 2% faster at 16k, so causal calls
-// keep kBand's tile (BENCHMARKS.md, thirty-second session).
+// 4k-16k (BENCHMARKS.md, thirty-second session). Causal calls take it too,
+// their tiles counted from the last row: 2-4% faster than on kBand's tile
+// at 2k, 4-7% at 4k, 10% at 16k (thirty-fourth session).
 template <typename T, int kHeadDim, bool kDropout>
 cudaError_t LaunchFwdWsLightest(const FwdParams& params, void* workspace, cudaStream_t stream) {
   using Band = FwdWsTraits<kHeadDim>;
