@@ -191,10 +191,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (index < tiles)
       IssueTileLoads<T, Traits>(tma_args, KeyBlockSectionScheduler::At(sched, index), step,
                                 pos.tid);
-    if constexpr (Traits::kTile.dkdv_tma)
-      StoreWarpDkDvStaged<T, Traits, kDropout>(tma_args, tile, pos, dk, dv);
-    else
-      StoreWarpDkDv<T, Traits, kDropout>(tma_args, tile, pos, dk, dv);
+    StoreWarpDkDv<T, Traits, kDropout>(tma_args, tile, pos, dk, dv);
     if (index >= tiles) break;
   }
   if constexpr (kDq || Traits::kTile.dkdv_tma) DrainDqReductions(pos.tid % 128);

@@ -449,6 +449,15 @@ __device__ __forceinline__ int BwdMainloop(const BwdTmaArgs& tma_args,
 // After the mainloop: this warp's dK and dV (its 16 keys of its warpgroup's
 // 64) to global memory; `pos` counts the MMA threads from 0. With dropout dV
 // still lacks 1 / (1 - rate) (the mainloop's kept P^T was unscaled).
+// Each thread stores its fragments, or with BwdTile::dkdv_tma each
+// warpgroup writes its 64 keys of dK (times the softmax scale) and dV into
+// staging tiles over the dS^T buffers and dQ parts (stmatrix, the 128-byte
+// swizzle of the boxes of tma_args.dk_map / dv_map, as the forward's out),
+// and one of its threads stores them; TMA clips the keys past seqlen_k and
+// the columns past head_dim. The caller has the staging free then (every dQ
+// reduction's read waited for, then a CTA barrier); the next tile's
+// mainloop waits for these stores' reads before its first dS^T (its
+// issuer is this one, wg_tid 0).
 template <typename T, typename Traits, bool kDropout>
 __device__ __forceinline__ void StoreWarpDkDv(const BwdTmaArgs& tma_args,
                                               const KeyBlockScheduler::Tile& tile,
@@ -457,66 +466,54 @@ __device__ __forceinline__ void StoreWarpDkDv(const BwdTmaArgs& tma_args,
                                               float (&dv)[Traits::kHeadDim / kMmaN][4]) {
   if constexpr (kDropout) ScaleTiles(dv, tma_args.args.keep_scale);
   const int warpgroup = pos.warp / 4, wg_warp = pos.warp % 4;
-  const int64_t key0 = tile.n_block * Traits::kBlockN + warpgroup * 64 + wg_warp * 16;
-  StoreDkDv<T>(tma_args.args.p, tile.b, tile.h_kv, key0, 0, dk, dv, tma_args.args.scale, pos.g,
-               pos.t);
-}
-
-// The same through shared memory and the TMA unit (BwdTile::dkdv_tma): each
-// warpgroup writes its 64 keys of dK (times the softmax scale) and dV into
-// staging tiles over the dS^T buffers and dQ parts (stmatrix, the 128-byte
-// swizzle of the boxes of tma_args.dk_map / dv_map, as the forward's out),
-// and one of its threads stores them; TMA clips the keys past seqlen_k and
-// the columns past head_dim. The caller has the staging free (every dQ
-// reduction's read waited for, then a CTA barrier); the next tile's
-// mainloop waits for these stores' reads before its first dS^T (its
-// issuer is this one, wg_tid 0).
-template <typename T, typename Traits, bool kDropout>
-__device__ __forceinline__ void StoreWarpDkDvStaged(const BwdTmaArgs& tma_args,
-                                                    const KeyBlockScheduler::Tile& tile,
-                                                    const ThreadPos& pos,
-                                                    const float (&dk)[Traits::kHeadDim / kMmaN][4],
-                                                    float (&dv)[Traits::kHeadDim / kMmaN][4]) {
-  constexpr int kDTiles = Traits::kHeadDim / kMmaN;
-  static_assert(kDTiles % 2 == 0, "whole 16-column steps");
-  if constexpr (kDropout) ScaleTiles(dv, tma_args.args.keep_scale);
-  extern __shared__ unsigned char smem_raw[];
-  const int warpgroup = pos.warp / 4, wg_warp = pos.warp % 4, lane = pos.lane;
-  const uint32_t dk_tile = BwdSmem<Traits>::Of(smem_raw).base + Traits::kDsOffset +
-                           warpgroup * 2 * Traits::kDkDvTileBytes;
-  const uint32_t dv_tile = dk_tile + Traits::kDkDvTileBytes;
-  const float scale = tma_args.args.scale;
-  // One stmatrix per 16 columns: matrices (keys g, g + 8) x (columns 16ks +
-  // 0..7, + 8..15) of this warp's 16 keys; lane l addresses row l % 8 of
-  // matrix l / 8.
-  const int row = wg_warp * 16 + lane % 8 + ((lane / 8) % 2) * 8;
+  if constexpr (!Traits::kTile.dkdv_tma) {
+    const int64_t key0 = tile.n_block * Traits::kBlockN + warpgroup * 64 + wg_warp * 16;
+    StoreDkDv<T>(tma_args.args.p, tile.b, tile.h_kv, key0, 0, dk, dv, tma_args.args.scale, pos.g,
+                 pos.t);
+  } else {
+    constexpr int kDTiles = Traits::kHeadDim / kMmaN;
+    static_assert(kDTiles % 2 == 0, "whole 16-column steps");
+    extern __shared__ unsigned char smem_raw[];
+    const int lane = pos.lane;
+    const uint32_t dk_tile = BwdSmem<Traits>::Of(smem_raw).base + Traits::kDsOffset +
+                             warpgroup * 2 * Traits::kDkDvTileBytes;
+    const uint32_t dv_tile = dk_tile + Traits::kDkDvTileBytes;
+    const float scale = tma_args.args.scale;
+    // One stmatrix per 16 columns: matrices (keys g, g + 8) x (columns 16ks +
+    // 0..7, + 8..15) of this warp's 16 keys; lane l addresses row l % 8 of
+    // matrix l / 8.
+    const int row = wg_warp * 16 + lane % 8 + ((lane / 8) % 2) * 8;
 #pragma unroll
-  for (int ks = 0; ks < kDTiles / 2; ++ks) {
-    const uint32_t at = sm90::SwizzledOffset(row, 2 * ks + lane / 16, 64);
-    const float(&k0)[4] = dk[2 * ks];
-    const float(&k1)[4] = dk[2 * ks + 1];
-    sm90::StMatrixX4(dk_tile + at, Pack2<T>(k0[0] * scale, k0[1] * scale),
-                     Pack2<T>(k0[2] * scale, k0[3] * scale), Pack2<T>(k1[0] * scale, k1[1] * scale),
-                     Pack2<T>(k1[2] * scale, k1[3] * scale));
-    const float(&v0)[4] = dv[2 * ks];
-    const float(&v1)[4] = dv[2 * ks + 1];
-    sm90::StMatrixX4(dv_tile + at, Pack2<T>(v0[0], v0[1]), Pack2<T>(v0[2], v0[3]),
-                     Pack2<T>(v1[0], v1[1]), Pack2<T>(v1[2], v1[3]));
-  }
-  sm90::FenceProxyAsync();
-  NamedBarrierSync(kDkDvStagedBarrier + warpgroup, 128);
-  // The dQ reductions' issuer (wg_tid 0), so that no other predicate stays
-  // live across the tile loop (ptxas kept one and spilled the step loop's
-  // mask predicates into a register's bits: 85 LOP3 a step).
-  if (pos.tid % 128 == 0) {
-    const int key0 = static_cast<int>(tile.n_block) * Traits::kBlockN + warpgroup * 64;
-    const int h = static_cast<int>(tile.h_kv), b = static_cast<int>(tile.b);
-#pragma unroll
-    for (int cb = 0; cb < (kDTiles * 8 + 63) / 64; ++cb) {
-      TmaStoreBox(&tma_args.dk_map, cb * 64, key0, h, b, dk_tile + cb * 64 * sm90::kSwizzleBytes);
-      TmaStoreBox(&tma_args.dv_map, cb * 64, key0, h, b, dv_tile + cb * 64 * sm90::kSwizzleBytes);
+    for (int ks = 0; ks < kDTiles / 2; ++ks) {
+      const uint32_t at = sm90::SwizzledOffset(row, 2 * ks + lane / 16, 64);
+      const float(&k0)[4] = dk[2 * ks];
+      const float(&k1)[4] = dk[2 * ks + 1];
+      sm90::StMatrixX4(dk_tile + at, Pack2<T>(k0[0] * scale, k0[1] * scale),
+                       Pack2<T>(k0[2] * scale, k0[3] * scale),
+                       Pack2<T>(k1[0] * scale, k1[1] * scale),
+                       Pack2<T>(k1[2] * scale, k1[3] * scale));
+      const float(&v0)[4] = dv[2 * ks];
+      const float(&v1)[4] = dv[2 * ks + 1];
+      sm90::StMatrixX4(dv_tile + at, Pack2<T>(v0[0], v0[1]), Pack2<T>(v0[2], v0[3]),
+                       Pack2<T>(v1[0], v1[1]), Pack2<T>(v1[2], v1[3]));
     }
-    BulkCommit();
+    sm90::FenceProxyAsync();
+    NamedBarrierSync(kDkDvStagedBarrier + warpgroup, 128);
+    // The dQ reductions' issuer (wg_tid 0), so that no other predicate stays
+    // live across the tile loop (ptxas kept one and spilled the step loop's
+    // mask predicates into a register's bits: 85 LOP3 a step).
+    if (pos.tid % 128 == 0) {
+      const int key0 = static_cast<int>(tile.n_block) * Traits::kBlockN + warpgroup * 64;
+      const int h = static_cast<int>(tile.h_kv), b = static_cast<int>(tile.b);
+#pragma unroll
+      for (int cb = 0; cb < (kDTiles * 8 + 63) / 64; ++cb) {
+        TmaStoreBox(&tma_args.dk_map, cb * 64, key0, h, b,
+                    dk_tile + cb * 64 * sm90::kSwizzleBytes);
+        TmaStoreBox(&tma_args.dv_map, cb * 64, key0, h, b,
+                    dv_tile + cb * 64 * sm90::kSwizzleBytes);
+      }
+      BulkCommit();
+    }
   }
 }
 
