@@ -345,6 +345,13 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   // ... and with dropout (non-causal from 2048 rows: the kEnds kernel's
   // dropout instantiation).
   c = Case{1, 2100, 2200, 4, 2, 64}; c.dropout = 26.0 / 256; cases->push_back(c);
+  // ... causal with dropout: kBand's kernel, or with the tuning hook
+  // WS_CAUSAL_LIGHT_DROPOUT the causal light kernel on the 192-row tile,
+  // counted from the last row (shifts 112 and 176 rows: tiles with
+  // warpgroups wholly and partly before row 0).
+  c = Case{1, 2192, 2300, 4, 2, 64}; c.causal = true; c.dropout = 26.0 / 256; cases->push_back(c);
+  c = Case{2, 2320, 1900, 2, 1, 64}; c.causal = true; c.dropout = 0.25; c.lengths = true;
+  c.bf16 = false; cases->push_back(c);
   // ... and with lengths (one batch element hides everything).
   c = Case{2, 300, 410, 4, 2, 64}; c.lengths = true; cases->push_back(c);
   c = Case{2, 2100, 2000, 2, 1, 64}; c.causal = true; c.lengths = true; c.bf16 = false;

@@ -238,6 +238,17 @@ constexpr bool kLightTileDropout = JAX_FLASH_TUNE_WS_LIGHT_TILE_DROPOUT;
 constexpr bool kLightTileDropout = false;
 #endif
 
+// Whether causal dropout calls from kLightMinRows take the causal light
+// kernel on its own tile (D = 64's 192 x 128), counted from the last row.
+// Counted from row 0 it was 3% slower at 4k and 2% faster at 16k than
+// kBand's (NOTES_sm90_fwd_light.md); off until timed again: tuning hook
+// -DJAX_FLASH_TUNE_WS_CAUSAL_LIGHT_DROPOUT=1.
+#ifdef JAX_FLASH_TUNE_WS_CAUSAL_LIGHT_DROPOUT
+constexpr bool kCausalLightDropout = JAX_FLASH_TUNE_WS_CAUSAL_LIGHT_DROPOUT;
+#else
+constexpr bool kCausalLightDropout = false;
+#endif
+
 // The kernel for a call without bias or dense mask: a light-mask one where
 // the bucket has a tile of its own for them (FwdWsTileSize: D = 64 both,
 // D = 256 kEnds), the call's mask allows it (LightestMask) and the call is
@@ -286,6 +297,10 @@ cudaError_t LaunchFwdWsLightest(const FwdParams& params, void* workspace, cudaSt
                 (!kDropout || Ends::kBlockN == Band::kBlockN || kLightTileDropout)) {
     if (light == FwdWsMask::kEnds && (tall || !kDropout))
       return LaunchFwdWsKernel<T, Ends, void, kDropout>(params, workspace, stream);
+  }
+  if constexpr (own_tile(Causal{}) && kDropout && kCausalLightDropout) {
+    if (light == FwdWsMask::kCausal && tall)
+      return LaunchFwdWsKernel<T, Causal, void, true>(params, workspace, stream);
   }
   if constexpr (own_tile(Causal{}) && !kDropout) {
     if (light == FwdWsMask::kCausal && tall)
