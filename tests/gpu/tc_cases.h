@@ -437,6 +437,9 @@ inline void AddCheckCases(std::vector<Case>* cases) {
   c = Case{2, 2113, 2113, 2, 1, 64}; c.causal = true; cases->push_back(c);
   c = Case{2, 300, 300, 4, 2, 256}; c.causal = true; cases->push_back(c);
   c = Case{2, 40, 100, 4, 2, 256}; c.causal = true; c.bf16 = false; cases->push_back(c);
+  // ... one warpgroup straddling row 0 (through the threads, arriving on
+  // barrier_o) beside one staging over V (200 rows: 48 before row 0).
+  c = Case{2, 200, 300, 4, 2, 256}; c.causal = true; cases->push_back(c);
   c = Case{3, 1, 300, 4, 2, 128}; c.causal = true; cases->push_back(c);
   c = Case{3, 1, 300, 4, 4, 64}; c.causal = true; cases->push_back(c);
   c = Case{1, 2100, 1, 2, 1, 64}; c.causal = true; cases->push_back(c);
