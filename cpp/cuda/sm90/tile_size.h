@@ -69,7 +69,7 @@ struct FwdTile {
 //   are free between tiles; else each thread stores its fragments, 32 bits
 //   at a time (half of each 32-byte sector per instruction), on the CTA's
 //   path between its tiles. Needs the dS^T and dQ staging bytes to hold four
-//   64-row tiles (static_assert: D = 64, 128). On at D = 128: with
+//   64-row tiles (static_assert: D = 64, 96, 128). On at D = 128: with
 //   rotate_steps, on an H200 2-6% faster at 1k-4k, 1-3% at 16k (causal and
 //   not; dkdv_tma alone 1-4%, rotate_steps alone -2 to +2%);
 // - rotate_steps: in BwdKernel's non-causal calls each key block's walk
