@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // (loads at one fill zeros), and with kOOverV it arrives on barrier_o at
     // once, having staged nothing.
     const int64_t wg_m0 = blk.m0 + 64 * ping.wg;
-    const bool rows_from_0 = Traits::kMask != FwdWsMask::kCausal || wg_m0 >= 0;
+    const bool rows_from_0 = !kTilesFromLastRow<Traits> || wg_m0 >= 0;
     if constexpr (Smem::kOOverV)
       if (keyed)
         NamedBarrierSync(FwdWsBarrierIds<Traits::kConsumerWarpgroups>::kVRead,
@@ -298,17 +298,16 @@ cudaError_t LaunchFwdWsLightest(const FwdParams& params, void* workspace, cudaSt
     if (light == FwdWsMask::kEnds && (tall || !kDropout))
       return LaunchFwdWsKernel<T, Ends, void, kDropout>(params, workspace, stream);
   }
-  if constexpr (own_tile(Causal{}) && kDropout && kCausalLightDropout) {
+  if constexpr (own_tile(Causal{}) && (!kDropout || kCausalLightDropout)) {
     if (light == FwdWsMask::kCausal && tall)
-      return LaunchFwdWsKernel<T, Causal, void, true>(params, workspace, stream);
-  }
-  if constexpr (own_tile(Causal{}) && !kDropout) {
-    if (light == FwdWsMask::kCausal && tall)
-      return LaunchFwdWsKernel<T, Causal>(params, workspace, stream);
-    // Shorter causal calls: the causal light kernel on kBand's tile.
-    using ShortCausal = FwdWsTraits<kHeadDim, FwdWsMask::kCausal, FwdWsMask::kBand>;
-    if (light == FwdWsMask::kCausal)
-      return LaunchFwdWsKernel<T, ShortCausal>(params, workspace, stream);
+      return LaunchFwdWsKernel<T, Causal, void, kDropout>(params, workspace, stream);
+    // Shorter causal calls without dropout: the causal light kernel on
+    // kBand's tile.
+    if constexpr (!kDropout) {
+      using ShortCausal = FwdWsTraits<kHeadDim, FwdWsMask::kCausal, FwdWsMask::kBand>;
+      if (light == FwdWsMask::kCausal)
+        return LaunchFwdWsKernel<T, ShortCausal>(params, workspace, stream);
+    }
   }
   if constexpr (!kDropout) {
     if constexpr (!own_tile(Ends{}))

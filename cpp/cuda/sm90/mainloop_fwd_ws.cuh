@@ -212,8 +212,9 @@ struct TileIndexHandoff {
 
 // ---- producer ------------------------------------------------------------------
 
-// How many rows before row 0 a kernel's first tile starts (FwdBlock::Make's
-// m_shift): the causal kernels count their tiles from the last row, so that
+// Which kernels count their tiles from the last row (kTilesFromLastRow) and
+// how many rows before row 0 their first tile starts (TileRowShift,
+// FwdBlock::Make's m_shift): the causal kernels count their tiles from the last row, so that
 // a tile with fewer than kBlockM rows is the first, which sees the fewest
 // keys; counted from row 0 it was the last, whose missing rows' warpgroups
 // computed a whole row of blocks for nothing (192-row tiles: 2k ends in a
@@ -222,8 +223,11 @@ struct TileIndexHandoff {
 // on one side of row 0; the last tile may then end up to 15 rows past
 // seqlen_q.
 template <typename Traits>
+inline constexpr bool kTilesFromLastRow = Traits::kMask == FwdWsMask::kCausal;
+
+template <typename Traits>
 __device__ __forceinline__ int64_t TileRowShift(const FwdParams& p) {
-  if constexpr (Traits::kMask == FwdWsMask::kCausal) {
+  if constexpr (kTilesFromLastRow<Traits>) {
     const int64_t tail = p.shape.seqlen_q % Traits::kBlockM;
     return tail == 0 ? 0 : (Traits::kBlockM - tail) & ~int64_t{15};
   } else {
