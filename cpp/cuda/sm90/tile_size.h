@@ -69,16 +69,19 @@ struct FwdTile {
 //   are free between tiles; else each thread stores its fragments, 32 bits
 //   at a time (half of each 32-byte sector per instruction), on the CTA's
 //   path between its tiles. Needs the dS^T and dQ staging bytes to hold four
-//   64-row tiles (static_assert: D = 64, 96, 128). On at D = 128: with
-//   rotate_steps, on an H200 2-6% faster at 1k-4k, 1-3% at 16k (causal and
-//   not; dkdv_tma alone 1-4%, rotate_steps alone -2 to +2%);
+//   64-row tiles (static_assert: D = 64, 96, 128). On at D = 96 and 128:
+//   with rotate_steps, on an H200 at D = 128 2-6% faster at 1k-4k, 1-3% at
+//   16k (causal and not; dkdv_tma alone 1-4%, rotate_steps alone -2 to +2%;
+//   with dropout 1-7%), at D = 96 3-6% at 1k, 1-3% at 4k, about 1% at 16k.
+//   Off at D = 64 (5% faster at 1k causal, 1-2% slower at 4k);
 // - rotate_steps: in BwdKernel's non-causal calls each key block's walk
 //   over the query steps starts at its own place (QuerySteps' kRotate: key
 //   block n of N at n / N of the range) and wraps around; else every CTA of
 //   a head starts at the first step, and those running side by side (all a
 //   head's key blocks, in the section order) add their dQ parts into the
 //   same rows at about the same time. Not the warp-specialized kernel. On
-//   at D = 128 with dkdv_tma (above; BENCHMARKS.md, thirty-fourth session).
+//   with dkdv_tma (above; BENCHMARKS.md, thirty-fourth and thirty-fifth
+//   sessions).
 // NOTES_sm90_bwd.md.
 struct BwdTile {
   int block_n, block_m, threads, stages;
@@ -179,7 +182,9 @@ inline constexpr Sm90Tiles kTiles[] = {
      {128, 128, 256, 2, true},
      BwdTile{128, 64, 256, 2}
          .With(&BwdTile::dk_rs_with_dq, true)
-         .With(&BwdTile::dk_rs_with_dropout, true),
+         .With(&BwdTile::dk_rs_with_dropout, true)
+         .With(&BwdTile::dkdv_tma, true)
+         .With(&BwdTile::rotate_steps, true),
      {128, 64, 256, 2}},
     {128,
      {128, 128, 256, 2, false},
