@@ -307,7 +307,17 @@ def _part(what: str, row: dict, base: dict | None, key: str, *, speed: bool,
   if by_round and len(by_round) > 1:
     value = statistics.median(by_round)
     spread = f" ({min(by_round):.2f}-{max(by_round):.2f} by round)"
-  return f"{what} {value:.2f}×{spread} {against} {'ok' if ok(value) else 'MISS'}"
+  return f"{what} {_figure(value, ok)}×{spread} {against} {'ok' if ok(value) else 'MISS'}"
+
+
+def _figure(value: float, ok: Callable[[float], bool]) -> str:
+  """value to 2 decimals, or to as many more as it takes for the printed figure to get
+  the verdict printed beside it: 1.0499 against a 1.05 target reads 1.0499, not 1.05."""
+  for digits in range(2, 7):
+    text = f"{value:.{digits}f}"
+    if ok(float(text)) == ok(value):
+      return text
+  return repr(value)
 
 
 def _line(head: str, parts, target: str) -> list[str]:

@@ -413,6 +413,16 @@ def test_pipeline_target_verdicts_on_a_gpu():
       "(target ≥ 0.8× cudnn)"]
 
 
+def test_a_verdict_figure_that_would_round_onto_the_target_shows_more_digits():
+  # 1.0499x against "at least 1.05x" is a miss; printed to 2 decimals it would read 1.05.
+  mine = _gpu_row("jax_flash", seqlen=4096, head_dim=128, causal=False, fwd=1.0, fwdbwd=3.0)
+  theirs = _gpu_row("cudnn", seqlen=4096, head_dim=128, causal=False, fwd=1.0499, fwdbwd=3.2)
+  lines = bench_report.format_targets([mine, theirs], "gpu").strip().splitlines()[1:]
+  assert lines == [
+      "  plain B=4 H=16 S=4096 D=128 bfloat16 causal=no: fwd 1.0499× cudnn MISS, bwd 1.08× "
+      "cudnn ok (target ≥ 1.05× cudnn from S=2048)"]
+
+
 def test_verdicts_measured_in_rounds_take_the_median_of_each_rounds_ratio():
   # The times' medians say fwd 1.10x, bwd 1.00x; the rounds' ratios (paired within a round)
   # say 1.06 and 1.04, and the verdict gives their range.
