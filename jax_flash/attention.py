@@ -75,6 +75,21 @@ class DTypeError(TypeError, ValueError):
   """
 
 
+def _canonical(x):
+  """A NumPy array as jax computes with it (float64 is float32 without x64),
+  so that checks see the dtype the kernels get; anything else as it is."""
+  return jnp.asarray(x) if isinstance(x, np.ndarray) else x
+
+
+def additive_bias(bias, query_dtype):
+  """A bias as jax.nn and Flax add it: an array, cast to the logits' float
+  dtype (float32, float64 for float64 queries) if it is not a float."""
+  bias = jnp.asarray(bias)
+  if not jnp.issubdtype(bias.dtype, jnp.floating):
+    bias = bias.astype(jnp.promote_types(query_dtype, jnp.float32))
+  return bias
+
+
 def _check_qkv(query, key, value):
   for name, x in (("query", query), ("key", key), ("value", value)):
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
@@ -479,6 +494,7 @@ def flash_attention(query, key, value, *, bias=None, mask=None, block_mask=None,
     The output, shaped like ``query``; with ``return_residual``, a pair
     ``(output, logsumexp)``.
   """
+  query, key, value = (_canonical(x) for x in (query, key, value))
   _check_qkv(query, key, value)
   head_dim = query.shape[-1]
   batch_shape = tuple(query.shape[:-3])
@@ -566,11 +582,14 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, block_mask
   if implementation is not None:
     raise ValueError("implementation must be None for jax_flash.dot_product_attention "
                      f"(it always uses jax_flash kernels), got {implementation!r}")
+  # jax.nn takes array-likes (NumPy float64 as float32 without x64).
+  query, key, value = (jnp.asarray(x) for x in (query, key, value))
   for name, x in (("query", query), ("key", key), ("value", value)):
-    if hasattr(x, "ndim") and x.ndim not in (3, 4):
+    if x.ndim not in (3, 4):
       raise ValueError(f"{name} must have shape (B, T, N, H) or (T, N, H), got {x.shape}")
+  _check_qkv(query, key, value)  # here, so that messages give the shapes as passed
   return_residual = _static_bool("return_residual", return_residual)
-  unbatched = getattr(query, "ndim", 4) == 3
+  unbatched = query.ndim == 3
   if unbatched:  # jax.nn treats (T, N, H) as a batch of one.
     query, key, value = query[None], key[None], value[None]
   # jax.nn takes array-likes, and adds a bias of any dtype to its logits
@@ -579,9 +598,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, block_mask
   if mask is not None:
     mask = jnp.asarray(mask)
   if bias is not None:
-    bias = jnp.asarray(bias)
-    if not jnp.issubdtype(bias.dtype, jnp.floating) and hasattr(query, "dtype"):
-      bias = bias.astype(jnp.promote_types(query.dtype, jnp.float32))
+    bias = additive_bias(bias, query.dtype)
   out, lse = flash_attention(query, key, value, bias=bias, mask=mask, block_mask=block_mask,
                              scale=scale,
                              is_causal=is_causal, dropout_rate=dropout_rate,

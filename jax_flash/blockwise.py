@@ -101,7 +101,8 @@ class _Problem:
 
   def grouped(self, x):
     """(B, S, Hq, D) -> (B, S, Hkv, G, D), in the accumulation dtype."""
-    return x.astype(self.acc).reshape(x.shape[:2] + (self.num_kv_heads, self.group, -1))
+    return x.astype(self.acc).reshape(x.shape[:2] + (self.num_kv_heads, self.group,
+                                                     x.shape[-1]))
 
   def rows(self, x):
     """(B, Hq, Sq) -> (B, Hkv, G, Sq)."""

@@ -57,6 +57,7 @@ from collections.abc import Callable
 import jax.numpy as jnp
 
 import jax_flash
+from jax_flash.attention import additive_bias
 
 
 def _promote(query, key, value, dtype, promote_dtype):
@@ -111,7 +112,8 @@ def attention_fn(query, key, value, bias=None, mask=None, broadcast_dropout: boo
   Args:
     query, key, value: ``(*batch, T, N, H)``, ``(*batch, S, K, H)``; ``N`` a
       multiple of ``K``; any number of batch dimensions, including none.
-    bias: added to the scaled logits; broadcastable to ``(*batch, N, T, S)``.
+    bias: added to the scaled logits; broadcastable to ``(*batch, N, T, S)``; of any
+      numeric dtype, as in Flax (a non-float one is cast to float32).
     mask: bool, broadcastable to ``(*batch, N, T, S)``; ``False`` = masked out.
     broadcast_dropout: one dropout mask shared by all batch elements and heads.
     dropout_rng, dropout_rate, deterministic: dropout on the attention
@@ -228,9 +230,10 @@ def _attention(query, key, value, *, bias, mask, broadcast_dropout, dropout_rng,
       mask = mask != 0
     extra["mask"] = _to_kernel_layout("mask", mask, batch_shape, batch)
   if bias is not None:
-    # Kept in its own dtype: the kernels add it in float32 (float64), which a
-    # cast to a bfloat16 query would only round.
-    extra["bias"] = _to_kernel_layout("bias", jnp.asarray(bias), batch_shape, batch)
+    # A float bias keeps its own dtype: the kernels add it in float32
+    # (float64), which a cast to a bfloat16 query would only round.
+    extra["bias"] = _to_kernel_layout("bias", additive_bias(bias, query.dtype), batch_shape,
+                                      batch)
   if not deterministic and dropout_rate > 0.0:
     if dropout_rng is None:
       raise ValueError("dropout_rng is required when dropout_rate > 0 and not deterministic "

@@ -102,7 +102,8 @@ def _cells(length):
   size = BLOCK_MASK_BLOCK if length > 1 else 1
   cells = -(-length // size)
   counts = np.full(cells, size, np.int32)
-  counts[-1] = length - (cells - 1) * size
+  if cells:  # none for a dim of 0 (an empty problem)
+    counts[-1] = length - (cells - 1) * size
   return size, cells, counts
 
 

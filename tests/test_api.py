@@ -88,6 +88,34 @@ def test_matches_jax_nn_with_bias_and_mask(backend):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=1e-4)
 
 
+def test_numpy_float64_without_x64_is_float32_as_jax_computes_it(backend):
+  """Without x64, jax computes NumPy float64 arrays in float32: the checks must
+  see float32 too (they once saw float64: a scale past float32's range slipped
+  through to NaN outputs, and the drop-in refused a traced float32 query beside
+  NumPy float64 keys as mixed dtypes)."""
+  rng = np.random.default_rng(7)
+  qn, kn, vn = (rng.standard_normal((2, 9, 2, 8)) for _ in range(3))
+  with jax.enable_x64(False):
+    want = jax.nn.dot_product_attention(qn, kn, vn)
+    got = jax_flash.dot_product_attention(qn, kn, vn)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+    grad = lambda f: jax.grad(lambda q: f(q, kn, vn).sum())(qn)
+    np.testing.assert_allclose(np.asarray(grad(jax_flash.dot_product_attention)),
+                               np.asarray(grad(jax.nn.dot_product_attention)),
+                               atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="largest float32"):
+      jax_flash.flash_attention(qn, kn, vn, scale=1e39)
+
+
+def test_drop_in_messages_give_the_shapes_as_passed(backend):
+  """A 3-d query beside a 4-d key: the message shows (9, 4, 8), not the
+  (1, 9, 4, 8) that the drop-in makes of it."""
+  q, k, v = qkv((9, 4, 8), (2, 11, 2, 8))
+  with pytest.raises(ValueError, match=r"query \(9, 4, 8\) and key \(2, 11, 2, 8\)"):
+    jax_flash.dot_product_attention(q, k, v)
+
+
 # -- bad input: Python errors before anything is lowered ------------------------
 
 def _bad(**overrides):
@@ -334,6 +362,38 @@ def test_empty_problems_with_a_bias(backend, empty, bias_shape):
   assert out.shape == q.shape and not np.asarray(out).any()
   for x, g in zip((q, k, v, bias), grads):
     assert g.shape == x.shape and g.dtype == x.dtype and not np.asarray(g).any()
+
+
+@pytest.mark.parametrize("terms", ["mask", "mask and segment ids", "mask and block mask"])
+@pytest.mark.parametrize("empty", ["no rows", "no keys", "no batch"])
+def test_empty_problems_with_a_mask(backend, empty, terms):
+  """A dense mask's tile map has no cells along an empty dim (it once indexed
+  the last of none); with the other terms that make a tile map too."""
+  batch, seqlen_q, seqlen_k = {"no rows": (2, 0, 12), "no keys": (2, 10, 0),
+                               "no batch": (0, 10, 12)}[empty]
+  q, k, v = qkv((batch, seqlen_q, 4, 8), (batch, seqlen_k, 2, 8))
+  extra = dict(mask=jnp.ones((batch, 1, seqlen_q, seqlen_k), bool))
+  if "segment" in terms:
+    extra.update(q_segment_ids=jnp.zeros((batch, seqlen_q), jnp.int32),
+                 kv_segment_ids=jnp.zeros((batch, seqlen_k), jnp.int32))
+  if "block" in terms:
+    extra.update(block_mask=jnp.ones((1, 1, 1, 1), bool))
+  loss = lambda q: jnp.sum(jax_flash.flash_attention(q, k, v, **extra) ** 2)
+  out = jax_flash.flash_attention(q, k, v, **extra)
+  assert out.shape == q.shape and not np.asarray(out).any()
+  assert jax.grad(loss)(q).shape == q.shape
+
+
+@pytest.mark.parametrize("empty", ["no rows", "no keys", "no batch"])
+def test_empty_problems_at_second_order(backend, empty):
+  """Second order runs the blockwise JAX code, whose grouping of heads once
+  reshaped an empty array with -1 (a division by zero)."""
+  batch, seqlen_q, seqlen_k = {"no rows": (2, 0, 12), "no keys": (2, 10, 0),
+                               "no batch": (0, 10, 12)}[empty]
+  q, k, v = qkv((batch, seqlen_q, 4, 8), (batch, seqlen_k, 2, 8))
+  loss = lambda q: jnp.sum(jax_flash.flash_attention(q, k, v, is_causal=True) ** 2)
+  _, hvp = jax.jvp(jax.grad(loss), (q,), (jnp.ones_like(q),))
+  assert hvp.shape == q.shape and not np.asarray(hvp).any()
 
 
 # -- dropout keys -------------------------------------------------------------------

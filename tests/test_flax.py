@@ -221,6 +221,17 @@ def test_bias():
   np.testing.assert_allclose(got, want, **TOLERANCE[jnp.float64])
 
 
+@needs_bias
+def test_bias_of_any_numeric_dtype_as_flax():
+  """Flax adds an integer or boolean bias to its float weights; so does attention_fn."""
+  q, k, v = _qkv(jnp.float32, (2, 9, 2, 8))
+  int_bias = jnp.asarray(np.random.default_rng(5).integers(-2, 3, (1, 2, 9, 9)), jnp.int32)
+  for bias in (int_bias, int_bias > 0):
+    np.testing.assert_allclose(jf.attention_fn(q, k, v, bias=bias),
+                               nn.dot_product_attention(q, k, v, bias=bias),
+                               **TOLERANCE[jnp.float32])
+
+
 def test_dtype_promotion():
   q, k, v = _qkv(jnp.float32, (2, 9, 2, 8))
   out = jf.attention_fn(q, k.astype(jnp.float64), v, dtype=jnp.float32)
