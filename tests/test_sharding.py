@@ -372,6 +372,23 @@ def test_sharded_dropout_drops_what_the_unsharded_run_does(devices, spec):
     assert_flash_close(name, g, ref, ref, jnp.float64)
 
 
+def test_dropout_on_query_shards_not_of_whole_draw_blocks_gathers_and_says_why(devices,
+                                                                              monkeypatch):
+  """Shards of 8 rows split dropout's 16-row blocks of draws: the queries are
+  gathered (the mask stays the unsharded one) and the warning says why."""
+  monkeypatch.setattr(partitioning, "_warned", set())
+  mesh = mesh_2x2(devices)
+  q, k, v = one_hot_problem(4, 32, 32, 4, seed=15)  # 4 sequence shards of 8 rows
+  rng = jax.random.key(16)
+  f = jax.jit(lambda q, k, v: jax_flash.flash_attention(q, k, v, dropout_rate=0.3,
+                                                        dropout_rng=rng))
+  whole = recovered_mask(f(q, k, v))
+  qs, = put(mesh, P(None, ("x", "y")), q)
+  with pytest.warns(partitioning.ShardingFallbackWarning, match="multiple of 16 rows"):
+    got = recovered_mask(f(qs, k, v))
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(whole))
+
+
 @pytest.mark.parametrize("layout", ["batch", "sequence"])
 def test_shard_map_forward_and_gradient(devices, layout):
   """flash_attention inside shard_map with the default check_vma=True: the

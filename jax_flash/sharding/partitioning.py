@@ -185,11 +185,13 @@ def _warn_gathers(layout: Layout, shapes, shardings, specs) -> None:
       moved.append(f"{name} {_spec(have)} -> {spec}")
   if not moved:
     return
+  rows = (f" in shards of a multiple of {layout.position_multiple} rows (dropout draws whole "
+          "blocks)" if layout.position_multiple > 1 else "")
   message = (f"jax_flash: {layout.name} cannot run on these shardings without communication, "
              f"so XLA gathers {'; '.join(moved)}. Each device runs its own shard when inputs "
-             "are sharded over batch dims and/or heads (key/value heads with their query "
-             "heads), or queries over the sequence with keys and values whole; a sharded key "
-             "sequence needs jax_flash.ring_attention (see README, 'Many GPUs').")
+             "are sharded evenly over batch dims and/or heads (key/value heads with their "
+             f"query heads), or queries over the sequence{rows} with keys and values whole; a "
+             "sharded key sequence needs jax_flash.ring_attention (see README, 'Many GPUs').")
   if message not in _warned:
     _warned.add(message)
     warnings.warn(message, ShardingFallbackWarning, stacklevel=2)
