@@ -326,6 +326,25 @@ def test_sequence_sharded_queries_run_locally(devices):
   check_against_reference(f(q, k, v, dout, None), inputs, opts)
 
 
+@pytest.mark.parametrize("window", [(3, 3), (3, 0)], ids=str)
+def test_query_shards_past_the_keys_under_a_left_window(devices, window):
+  """Shards whose rows all lie past the keys' end by more than the window's
+  left side see no key. Their key range was once (lo, lo) with lo past the
+  keys, and the CPU kernel's loop over key blocks read the block holding lo
+  (a crash, most runs); now it is empty, the rows output 0."""
+  mesh = mesh_2x2(devices)
+  rng = np.random.default_rng(17)
+  q = jnp.asarray(rng.standard_normal((2, 256, 4, 8)), jnp.float32)
+  k, v = (jnp.asarray(rng.standard_normal((2, 16, 1, 8)), jnp.float32) for _ in range(2))
+  f = jax.jit(lambda q, k, v: jax_flash.flash_attention(q, k, v, local_window_size=window))
+  want = f(q, k, v)
+  qs, = put(mesh, P(None, ("x", "y")), q)  # shards of 64 rows; keys whole
+  for _ in range(5):  # the old read did not fault every time
+    got = f(qs, k, v)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+  assert not np.asarray(got)[:, 64:].any()
+
+
 def test_other_shardings_gather_with_a_warning(devices, monkeypatch):
   monkeypatch.setattr(partitioning, "_warned", set())
   mesh = mesh_2x2(devices)

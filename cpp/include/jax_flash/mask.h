@@ -233,9 +233,12 @@ struct BatchMask {
     if (causal) hi = Min(hi, i1 + diagonal);  // j <= i1 - 1 + diagonal
     if (window_right >= 0) hi = Min(hi, i1 + diagonal + window_right);
     if (window_left >= 0) lo = Max(lo, i0 + diagonal - window_left);
-    if (hi > lo) lo = BlockStart(lo, kv_position);
-    *begin = lo;
-    *end = hi > lo ? hi : lo;
+    // Empty as (0, 0), not (lo, lo): lo may lie past kv_len (rows past the
+    // keys' end under a left window), and a loop over the blocks from
+    // lo / kBlockN to end would visit the block that holds lo.
+    if (hi <= lo) { *begin = 0; *end = 0; return; }
+    *begin = BlockStart(lo, kv_position);
+    *end = hi;
   }
 
   // Query rows [*begin, *end) that may see some key in [j0, j1): the
@@ -249,9 +252,9 @@ struct BatchMask {
     if (causal) lo = Max(lo, j0 - diagonal);  // i >= j - diagonal
     if (window_right >= 0) lo = Max(lo, j0 - diagonal - window_right);  // i >= j - d - right
     if (window_left >= 0) hi = Min(hi, j1 - diagonal + window_left);  // i <= j - d + left
-    if (hi > lo) lo = BlockStart(lo, q_position);
-    *begin = lo;
-    *end = hi > lo ? hi : lo;
+    if (hi <= lo) { *begin = 0; *end = 0; return; }  // as in KeyRange: lo may be past q_len
+    *begin = BlockStart(lo, q_position);
+    *end = hi;
   }
 
   // True when every (i, j) in the rectangle is visible, so a kernel can skip
