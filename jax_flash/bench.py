@@ -398,9 +398,14 @@ def fill_times(row: dict, case: Case, times: dict) -> None:
 
 
 def _size(text: str) -> int:
-  """'4096', '4k' or '16K' -> int."""
-  text = text.strip().lower()
-  return int(text[:-1]) * 1024 if text.endswith("k") else int(text)
+  """'4096', '4k' or '16K' -> a positive int."""
+  digits = text.strip().lower()
+  kilo = digits.endswith("k")
+  digits = digits[:-1] if kilo else digits
+  if not digits.isdigit() or int(digits) < 1:
+    raise argparse.ArgumentTypeError(f"expected a size of at least 1 such as 4096 or 4k, "
+                                     f"got {text!r}")
+  return int(digits) * (1024 if kilo else 1)
 
 
 def _positive(text: str) -> int:
@@ -433,10 +438,10 @@ def make_parser() -> argparse.ArgumentParser:
                       "memory with --memory, else fa3 on a GPU, cpu on a CPU")
   p.add_argument("--seqlens", nargs="+", type=_size, metavar="S",
                  help="sequence lengths, replacing the preset's, e.g. 1024 4k")
-  p.add_argument("--head-dims", nargs="+", type=int, metavar="D",
+  p.add_argument("--head-dims", nargs="+", type=_positive, metavar="D",
                  help="head dimensions, replacing the preset's, e.g. 64 128")
-  p.add_argument("--batch", type=int, help="batch size (fa3 default: 16384 // S)")
-  p.add_argument("--heads", type=int, help="number of heads (fa3 default: 2048 // D)")
+  p.add_argument("--batch", type=_positive, help="batch size (fa3 default: 16384 // S)")
+  p.add_argument("--heads", type=_positive, help="number of heads (fa3 default: 2048 // D)")
   p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"],
                  help="input dtype, replacing the preset's")
   p.add_argument("--causal", choices=["yes", "no", "both"], default="both",
@@ -452,7 +457,7 @@ def make_parser() -> argparse.ArgumentParser:
                       "same as seq lengths; dropout 0.1, against jax_flash without; segments: 4 "
                       "packed sequences, jax.nn given the dense mask; block-sparse: local + "
                       "global 128 x 128 blocks, jax.nn given the dense mask)")
-  p.add_argument("--repeats", type=int,
+  p.add_argument("--repeats", type=_positive,
                  help="timed samples per measurement (default: by time, 3 to 30)")
   p.add_argument("--rounds", type=_positive, default=1,
                  help="measure every impl this many times per shape, the impls in a rotated "
@@ -473,6 +478,12 @@ def parse_args(argv):
   args = p.parse_args(argv)
   if args.features and "all" in args.features:
     args.features = list(bench_features.FEATURES)
+  if args.dtype == "float64" and not jax.config.jax_enable_x64:
+    p.error("--dtype float64 needs jax's 64-bit mode (JAX_ENABLE_X64=1); without it jax "
+            "would compute in float32")
+  for flag, path in (("--json", args.json), ("--plot", args.plot)):
+    if path and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(path) or ".")):
+      p.error(f"{flag}: cannot write {path!r} (a directory, or its folder does not exist)")
   if args.plot:  # Before anything runs: the plot is drawn after the whole run.
     from jax_flash import plots
     try:

@@ -224,6 +224,33 @@ def test_rounds_rotate_the_impls_and_take_medians_of_each_rounds_ratios(monkeypa
                                    (3, "jax_flash"), (3, "xla"))]
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["--seqlens", "0"], "--seqlens: expected a size of at least 1"),
+    (["--seqlens", "-5"], "--seqlens: expected a size of at least 1"),
+    (["--seqlens", "3.5k"], "--seqlens: expected a size of at least 1"),
+    (["--head-dims", "0"], "--head-dims: expected a whole number of at least 1"),
+    (["--batch", "0"], "--batch: expected a whole number of at least 1"),
+    (["--heads", "-2"], "--heads: expected a whole number of at least 1"),
+    (["--repeats", "0"], "--repeats: expected a whole number of at least 1"),
+    (["--json", "/nonexistent-folder/x.json"], "--json: cannot write"),
+])
+def test_bad_sizes_and_paths_are_refused_before_anything_runs(capsys, argv, message):
+  """Once tracebacks (a division by zero, an MLIR error), a preset's value in
+  place of --batch 0, or a lost run when the JSON could not be written."""
+  with pytest.raises(SystemExit):
+    bench.parse_args(argv)
+  assert message in capsys.readouterr().err
+
+
+def test_float64_needs_x64(capsys):
+  """Without 64-bit jax a float64 row would be float32 under a float64 label."""
+  with jax.enable_x64(False):
+    with pytest.raises(SystemExit):
+      bench.parse_args(["--dtype", "float64"])
+  assert "JAX_ENABLE_X64=1" in capsys.readouterr().err
+  assert bench.parse_args(["--dtype", "float64"]).dtype == "float64"  # x64 on in the tests
+
+
 def test_one_round_is_the_default_and_rounds_must_be_positive(capsys):
   assert bench.parse_args([]).rounds == 1
   for bad in ("0", "-1", "two"):

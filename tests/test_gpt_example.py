@@ -123,6 +123,13 @@ def test_compare_rounds_rotate_the_order_and_report_the_median(monkeypatch, caps
   assert re.search(r"^cudnn +skipped: no GPU here", table, re.M), table
 
 
+def test_no_abbreviated_options():
+  """--comp once passed for --compare and survived its removal from the child
+  processes' command line, each child comparing again, without end."""
+  with pytest.raises(SystemExit):
+    gpt.parse_args(["--comp"])
+
+
 def test_rounds_need_compare():
   with pytest.raises(SystemExit, match="--rounds 2 needs --compare"):
     gpt.main(["--rounds", "2"])

@@ -346,8 +346,10 @@ def compare(argv: list[str], attentions=ATTENTIONS, rounds: int = 1) -> list[dic
 
 
 def parse_args(argv):
+  # No abbreviations: --compare re-runs this command line without "--compare"
+  # in child processes, and an abbreviation of it would survive the removal.
   p = argparse.ArgumentParser(prog="python -m jax_flash.examples.gpt",
-                              description=__doc__.split("\n")[0])
+                              description=__doc__.split("\n")[0], allow_abbrev=False)
   p.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
                  help="base configuration; the flags below override it (default: tiny)")
   for name, kind in (("layers", int), ("d-model", int), ("heads", int), ("seq-len", int),
