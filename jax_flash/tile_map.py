@@ -126,8 +126,11 @@ def from_mask(mask):
   col_size, col_cells, col_counts = _cells(cols)
   padded = jnp.pad(mask, ((0, 0), (0, 0), (0, row_cells * row_size - rows),
                           (0, col_cells * col_size - cols)))  # False: counts nothing
-  visible = padded.reshape(batch, heads, row_cells, row_size, col_cells, col_size).sum(
-      axis=(1, 3, 5), dtype=jnp.int32)[:, None]
+  # Each cell's visible pairs over all heads: a window sum, not a reshape
+  # that splits T and S (jax refuses that under explicit sharding).
+  window = (1, heads, row_size, col_size)
+  visible = jax.lax.reduce_window(padded.astype(jnp.int32), 0, jax.lax.add, window, window,
+                                  "VALID")
   pairs = heads * row_counts[:, None] * col_counts[None, :]  # (R, C), static
   return _classes(visible > 0, visible == pairs)
 
