@@ -57,7 +57,8 @@ if importlib.util.find_spec(f"{__name__}._jax_flash") is None:
 else:
   from jax_flash import _jax_flash
   from jax_flash._ffi import build_info
-  from jax_flash.attention import BLOCK_MASK_BLOCK, dot_product_attention, flash_attention
+  from jax_flash.attention import BLOCK_MASK_BLOCK, flash_attention
+  from jax_flash.nn import dot_product_attention
   from jax_flash.sharding.ring import from_zigzag, ring_attention, to_zigzag
 
   __version__ = _jax_flash.build_info()["version"]
