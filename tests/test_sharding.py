@@ -338,14 +338,16 @@ def test_query_shards_past_the_keys_under_a_left_window(devices, window):
   (a crash, most runs); now it is empty, the rows output 0."""
   mesh = mesh_2x2(devices)
   rng = np.random.default_rng(17)
-  q = jnp.asarray(rng.standard_normal((2, 256, 4, 8)), jnp.float32)
-  k, v = (jnp.asarray(rng.standard_normal((2, 16, 1, 8)), jnp.float32) for _ in range(2))
+  q = jnp.asarray(rng.standard_normal((2, 256, 4, 8)))  # float64: the reference's dtype
+  k, v = (jnp.asarray(rng.standard_normal((2, 16, 1, 8))) for _ in range(2))
   f = jax.jit(lambda q, k, v: jax_flash.flash_attention(q, k, v, local_window_size=window))
-  want = f(q, k, v)
+  i, j = np.arange(256)[:, None], np.arange(16)[None, :]
+  band = (i - window[0] <= j) & (j <= i + window[1])
+  want = attention(q, k, v, jnp.asarray(band)[None, None], Options(window=window))[0]
   qs, = put(mesh, P(None, ("x", "y")), q)  # shards of 64 rows; keys whole
   for _ in range(5):  # the old read did not fault every time
     got = f(qs, k, v)
-  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, atol=1e-12)
   assert not np.asarray(got)[:, 64:].any()
 
 
