@@ -126,11 +126,16 @@ def from_mask(mask):
   col_size, col_cells, col_counts = _cells(cols)
   padded = jnp.pad(mask, ((0, 0), (0, 0), (0, row_cells * row_size - rows),
                           (0, col_cells * col_size - cols)))  # False: counts nothing
-  # Each cell's visible pairs over all heads: a window sum, not a reshape
-  # that splits T and S (jax refuses that under explicit sharding).
-  window = (1, heads, row_size, col_size)
-  visible = jax.lax.reduce_window(padded.astype(jnp.int32), 0, jax.lax.add, window, window,
-                                  "VALID")
+  # Each cell's visible pairs over all heads, one axis split at a time: jax
+  # refuses a reshape that splits T and S together for a batch-sharded mask
+  # under explicit axes, and a window sum (lax.reduce_window) fails for a
+  # head-sharded one and is slow on GPUs. The first sum reads the mask once,
+  # along its contiguous last axis; the heads are summed last, so that a
+  # head-sharded mask all-reduces one int32 per cell.
+  per_row = padded.reshape(batch, heads, row_cells * row_size, col_cells, col_size).sum(
+      axis=4, dtype=jnp.int32)  # (B', H', T, C)
+  visible = per_row.reshape(batch, heads, row_cells, row_size, col_cells).sum(
+      axis=(1, 3), dtype=jnp.int32)[:, None]
   pairs = heads * row_counts[:, None] * col_counts[None, :]  # (R, C), static
   return _classes(visible > 0, visible == pairs)
 

@@ -242,6 +242,41 @@ def test_sharded_jit_runs_each_shard_locally(devices, case):
   check_against_reference(got, inputs, opts)
 
 
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=str)
+def test_head_sharded_mask_sums_only_its_tile_map(devices, axis_type):
+  """A mask with a head per query head, sharded over batch and heads, an
+  argument of the jitted function: its tile map (one class per 128 x 128
+  cell, over all heads) is the one thing summed across devices, an
+  all-reduce of one int32 per cell; the kernels run on local shards. Under
+  explicit axes the map once took a window sum, which jax refuses for a
+  head-sharded array."""
+  q_spec, kv_spec, heads, kv_heads = LOCAL_CASES["batch_x_heads"]
+  mesh = mesh_2x2(devices, axis_type)
+  seqlen = 160
+  inputs = make_inputs(np.random.default_rng(6), 4, seqlen, seqlen, heads, kv_heads, 16)
+  opts = Options(is_causal=True, mask_shape=(4, heads, seqlen, seqlen))
+  mask, = put(mesh, P(q_spec[0], q_spec[2]), opts.kwargs(inputs)["mask"])
+  q, dout = put(mesh, q_spec, inputs.q, inputs.dout)
+  k, v = put(mesh, kv_spec, inputs.k, inputs.v)
+
+  @jax.jit
+  def f(q, k, v, dout, mask):
+    fn = lambda q, k, v: jax_flash.flash_attention(q, k, v, mask=mask, is_causal=True)
+    out, vjp = jax.vjp(fn, q, k, v)
+    return (out,) + vjp(dout)
+
+  text = f.lower(q, k, v, dout, mask).compile().as_text()
+  assert collectives(text) == {"all-reduce"}
+  local_batch = NamedSharding(mesh, q_spec).shard_shape(q.shape)[0]
+  cells = -(-seqlen // jax_flash.BLOCK_MASK_BLOCK)
+  reduced = re.findall(r"= (\w+)\[([\d,]*)\]\S* all-reduce(?:-start)?\(", text)
+  assert reduced == [("s32", f"{local_batch},{cells},{cells}")], reduced
+  local_q = NamedSharding(mesh, q_spec).shard_shape(q.shape)
+  assert kernel_result_shapes(text, "jax_flash_fwd") == [local_q]
+  assert kernel_result_shapes(text, "jax_flash_bwd") == [local_q]
+  check_against_reference(f(q, k, v, dout, mask), inputs, opts)
+
+
 @pytest.mark.parametrize("case", ["batch_x_heads", "sequence"])
 def test_sharded_jit_under_set_mesh(devices, case):
   """Explicit axes in the context (jax.set_mesh): the per-device program is
