@@ -264,6 +264,23 @@ def test_rows_that_see_nothing(backend, dtype):
   check_against_reference(inputs, opts, dtype)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32, jnp.bfloat16],
+                         ids=lambda d: jnp.dtype(d).name)
+def test_soft_cap_far_past_the_cap(backend, dtype):
+  """Logits hundreds of times the cap, where the cap does its work: finite
+  gradients and tangents (the CPU's sech^2 from e^(2x) was inf / inf = NaN
+  from x / cap ~ 44 in float32, ~355 in float64)."""
+  rng = np.random.default_rng(13)
+  inputs = make_inputs(rng, 1, 40, 50, 2, 1, 16)
+  inputs.q *= 20  # logits of std ~20: up to ~800 times the cap
+  opts = Options(softcap=0.1, is_causal=True)
+  check_against_reference(inputs, opts, dtype)
+  q, k, v = (jnp.asarray(x, dtype) for x in (inputs.q, inputs.k, inputs.v))
+  f = lambda q, k, v: jax_flash.flash_attention(q, k, v, logits_soft_cap=0.1, is_causal=True)
+  _, tangent = jax.jit(lambda *a: jax.jvp(f, a, a))(q, k, v)
+  assert not jnp.isnan(tangent).any()
+
+
 def test_segments_without_a_match(backend):
   rng = np.random.default_rng(5)
   inputs = make_inputs(rng, 1, 9, 9, 1, 1, 8)

@@ -111,19 +111,21 @@ inline Vec<A> Exp2(Vec<A> x) {
 }
 
 // tanh for the logit soft cap, and its derivative sech^2 = 1 - tanh^2 for
-// the backward: with e = e^(2x), tanh = 1 - 2 / (e + 1) and
-// sech^2 = 4 e / (e + 1)^2. Computing sech^2 this way avoids the
-// cancellation of 1 - tanh^2 where tanh is close to +-1. Absolute error of
-// tanh a few ulp of 1, which after the multiplication by the cap matches the
-// rounding of the logit itself; Exp2 saturates, where both are exact to
-// working precision.
+// the backward: with e = e^(-2|x|) in [0, 1], tanh |x| = (1 - e) / (1 + e)
+// and sech^2 = 4 e / (1 + e)^2. Computing sech^2 this way avoids the
+// cancellation of 1 - tanh^2 where tanh is close to +-1, and e^(-2|x|)
+// cannot overflow (with e^(2x), sech^2 was inf / inf = NaN from x ~ 44 in
+// float32): where it underflows, tanh is +-1 and sech^2 0, both exact.
+// Absolute error of tanh a few ulp of 1, which after the multiplication by
+// the cap matches the rounding of the logit itself.
 template <typename A>
 inline Vec<A> Tanh(Vec<A> x, Vec<A>* sech2 = nullptr) {
-  constexpr A kTwoLog2e = static_cast<A>(2.0 * M_LOG2E);
-  const Vec<A> e = Exp2<A>(x * kTwoLog2e);
-  const Vec<A> d = e + 1;
+  constexpr A kMinusTwoLog2e = static_cast<A>(-2.0 * M_LOG2E);
+  const Vec<A> e = Exp2<A>((x < 0 ? -x : x) * kMinusTwoLog2e);
+  const Vec<A> d = 1 + e;
   if (sech2 != nullptr) *sech2 = 4 * e / (d * d);
-  return 1 - 2 / d;
+  const Vec<A> magnitude = (1 - e) / d;
+  return x < 0 ? -magnitude : magnitude;
 }
 
 }  // namespace jax_flash::cpu
