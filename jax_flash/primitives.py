@@ -429,8 +429,10 @@ def _fold_into_batch(args, dims, axis_size, batch, target):
   return folded, bias_was_broadcast
 
 
-def _unfold_batch(x, axis_size):
-  return x.reshape((axis_size, x.shape[0] // axis_size) + x.shape[1:])
+def _unfold_batch(x, axis_size, batch):
+  """(axis_size * batch, ...) -> (axis_size, batch, ...): spelled out, so that
+  an axis of size 0 (vmap over nothing, jacrev of an empty output) works."""
+  return x.reshape((axis_size, batch) + x.shape[1:])
 
 
 def _axis_size(args, dims):
@@ -465,7 +467,7 @@ def _fwd_batch_rule(args, dims, **params):
   batch = _example_batch(args[0], q_dim)
   folded, _ = _fold_into_batch(args, dims, axis_size, batch, _ffi.FWD_TARGET)
   out, lse = flash_fwd_p.bind(*folded, **params)
-  return (_unfold_batch(out, axis_size), _unfold_batch(lse, axis_size)), (0, 0)
+  return (_unfold_batch(out, axis_size, batch), _unfold_batch(lse, axis_size, batch)), (0, 0)
 
 
 def _bwd_batch_rule(args, dims, **params):
@@ -473,11 +475,11 @@ def _bwd_batch_rule(args, dims, **params):
   batch = _example_batch(args[0], dims[0])
   folded, bias_was_broadcast = _fold_into_batch(args, dims, axis_size, batch, _ffi.BWD_TARGET)
   dq, dk, dv, dbias = flash_bwd_p.bind(*folded, **params)
-  grads = [_unfold_batch(g, axis_size) for g in (dq, dk, dv)]
+  grads = [_unfold_batch(g, axis_size, batch) for g in (dq, dk, dv)]
   if dbias.shape == (0,):  # no bias, or its gradient not asked for (bias_grad): absent per example
     dbias = jnp.zeros((axis_size, 0), dbias.dtype)
   else:
-    dbias = _unfold_batch(dbias, axis_size)
+    dbias = _unfold_batch(dbias, axis_size, batch)
     if bias_was_broadcast:
       dbias = jnp.sum(dbias, axis=1, keepdims=True)
   return (*grads, dbias), (0, 0, 0, 0)
@@ -488,7 +490,8 @@ def _jvp_batch_rule(args, dims, **params):
   batch = _example_batch(args[0], dims[0])
   folded, _ = _fold_into_batch(args, dims, axis_size, batch, _ffi.JVP_TARGET)
   out_dot, lse_dot = flash_jvp_p.bind(*folded, **params)
-  return (_unfold_batch(out_dot, axis_size), _unfold_batch(lse_dot, axis_size)), (0, 0)
+  return ((_unfold_batch(out_dot, axis_size, batch), _unfold_batch(lse_dot, axis_size, batch)),
+          (0, 0))
 
 
 batching.primitive_batchers[flash_fwd_p] = _fwd_batch_rule

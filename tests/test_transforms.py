@@ -66,6 +66,24 @@ def test_vmap_over_batch_like_axis(backend):
   np.testing.assert_allclose(np.asarray(batched), np.asarray(f(q, k, v)), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("in_axes", [0, (None, 0, 0)], ids=["all", "keys_only"])
+def test_vmap_over_an_axis_of_size_zero(backend, in_axes):
+  """As jax.nn: empty results, for the forward, its tangent and gradient;
+  and jacrev of a call without query rows (a vmap over zero cotangents)."""
+  _, q, k, v = inputs64(6, shape=(2, 5, 7, 2, 1, 8))
+  empty = lambda x: x[None][:0]
+  args = (q if in_axes != 0 else empty(q), empty(k), empty(v))
+  f = functools.partial(jax_flash.flash_attention, is_causal=True)
+  assert jax.vmap(f, in_axes)(*args).shape == (0,) + q.shape
+  _, tangent = jax.vmap(lambda *a: jax.jvp(f, a, a), in_axes)(*args)
+  assert tangent.shape == (0,) + q.shape
+  loss = lambda q, k, v: f(q, k, v).sum()
+  grads = jax.vmap(jax.grad(loss, (0, 1, 2)), in_axes)(*args)
+  assert [g.shape for g in grads] == [(0,) + x.shape for x in (q, k, v)]
+  jac = jax.jacrev(f, argnums=(0, 1, 2))(q[:, :0], k, v)
+  assert [j.shape for j in jac] == [q[:, :0].shape + x.shape for x in (q[:, :0], k, v)]
+
+
 def test_vmap_over_query_only_folds_into_heads(backend):
   _, q, k, v = inputs64(5, shape=(2, 9, 7, 4, 2, 8))
   queries = jnp.stack([q, 2 * q, -q])  # (3, B, T, N, H)
