@@ -277,6 +277,24 @@ def test_head_sharded_mask_sums_only_its_tile_map(devices, axis_type):
   check_against_reference(f(q, k, v, dout, mask), inputs, opts)
 
 
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=str)
+def test_query_heads_over_more_devices_than_key_value_heads(devices, axis_type):
+  """4 query heads over 4 devices, 2 key/value heads: no device holds whole
+  key/value heads of its own, so the plan gathers with a warning. The
+  gradient once failed to compile instead (IndivisibleError): Shardy had
+  split the axis between the key/value heads and their groups, a sub-axis on
+  K, V and their gradients that jax cannot hand to the partitioner."""
+  mesh = jax.make_mesh((4,), ("y",), axis_types=(axis_type,), devices=devices)
+  inputs = make_inputs(np.random.default_rng(7), 1, 24, 24, 4, 2, 8)
+  opts = Options(is_causal=True)
+  q, dout = put(mesh, P(None, None, "y"), inputs.q, inputs.dout)
+  k, v = put(mesh, P(), inputs.k, inputs.v)
+  partitioning._warned.clear()
+  with pytest.warns(partitioning.ShardingFallbackWarning, match="query"):
+    got = flash_and_grads(opts.kwargs(inputs))(q, k, v, dout, None)
+  check_against_reference(got, inputs, opts)
+
+
 @pytest.mark.parametrize("case", ["batch_x_heads", "sequence"])
 def test_sharded_jit_under_set_mesh(devices, case):
   """Explicit axes in the context (jax.set_mesh): the per-device program is

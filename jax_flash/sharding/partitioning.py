@@ -284,12 +284,17 @@ def _shardy_rule(local_prim, layout, params, mesh, operand_types, result_types):
   Query heads are the compound factor (g r) of key/value heads g and the
   group r, so that a sharding of the heads goes to g, splitting query and
   key/value heads together (with one key/value head, h and g are apart).
+  Only where g can take every axis of the mesh whole: an axis that g takes
+  in part (4 devices over 2 key/value heads) becomes a sub-axis on K, V and
+  their gradients, which jax cannot hand to the partitioner (IndivisibleError);
+  without the compound the plan still splits K and V where they divide.
   """
-  del local_prim, params, mesh, result_types
+  del local_prim, params, result_types
   shapes = [tuple(t.shape) for t in operand_types]
   num_heads, num_kv_heads = layout.size(shapes, "h"), layout.size(shapes, "k")
   group = num_heads // num_kv_heads if num_kv_heads else 1
-  compound = group > 1 and num_kv_heads > 1  # (Shardy allows no factor of size 1 in one)
+  # (Shardy allows no factor of size 1 in a compound.)
+  compound = group > 1 and num_kv_heads > 1 and num_kv_heads % math.prod(mesh.shape.values()) == 0
   factors = {"b": "b", "s": "s", "t": "t", "d": "d", "k": "g",
              "h": "(g r)" if compound else "h" if group > 1 else "g"}
   fresh = iter(f"x{i}" for i in range(10_000))
