@@ -34,29 +34,44 @@ def _classes(any_visible, all_visible):
   return tile_map.astype(jnp.uint8)
 
 
-def _whole_sequence(ids):
-  """The ids with their sequence dim unsharded.
+def _whole_sequences(x, seq_dims):
+  """`x` (segment ids or a mask) with its sequence dims `seq_dims` unsharded.
 
-  Cells cut across that dim, which jax refuses to do to a dim sharded
-  explicitly (AxisType.Explicit); gathering the ids (B x S) costs little
-  next to the attention they go with, whose tile map is whole on every
-  device anyway. Other ids are returned as they are.
+  Cells cut across those dims, which jax refuses to do to a dim sharded
+  explicitly (AxisType.Explicit); gathering them costs little next to the
+  attention they go with, whose tile map is whole on every device anyway.
+  Arrays whose sequence dims are not sharded are returned as they are.
   """
-  sharding = jax.typeof(ids).sharding
-  spec = tuple(sharding.spec) + (None,) * (2 - len(sharding.spec))
-  if spec[1] is None:
-    return ids
-  return jax.sharding.reshard(ids, sharding.update(spec=PartitionSpec(spec[0], None)))
+  sharding = jax.typeof(x).sharding
+  spec = tuple(sharding.spec) + (None,) * (x.ndim - len(sharding.spec))
+  if all(spec[d] is None for d in seq_dims):
+    return x
+  whole = PartitionSpec(*(None if d in seq_dims else a for d, a in enumerate(spec)))
+  return jax.sharding.reshard(x, sharding.update(spec=whole))
+
+
+def _cells_for_sharding(cells: int) -> int:
+  """`cells` rounded up to a multiple of the device count.
+
+  Under automatic axes a sequence sharding propagates from the ids or the
+  mask onto the cells that their 128 positions reshape into; where the
+  shards do not divide the cells (2 cells over 4 devices) that is a sub-axis,
+  which jax cannot hand to the partitioner (IndivisibleError). Computed over
+  whole multiples of the devices and sliced back, the cells divide any axis
+  of a mesh over all devices; the extra cells are padding.
+  """
+  return -(-cells // jax.device_count()) * jax.device_count()
 
 
 def _cell_ranges(ids):
   """(min, max) of the ids of each cell, (B, ceil(S / BLOCK_MASK_BLOCK)) each.
 
   The last cell is filled up with its last id (edge padding), which leaves
-  its range as it is.
+  its range as it is, and so are the cells past it (_cells_for_sharding).
   """
   batch, length = ids.shape
-  cells = -(-length // BLOCK_MASK_BLOCK)
+  real_cells = -(-length // BLOCK_MASK_BLOCK)
+  cells = _cells_for_sharding(real_cells)
   fill = cells * BLOCK_MASK_BLOCK - length
   if fill:
     # Spelled out rather than jnp.pad(mode="edge"), which also slices the
@@ -64,7 +79,7 @@ def _cell_ranges(ids):
     last = jnp.broadcast_to(ids[:, -1:], (batch, fill))
     ids = jnp.concatenate([ids, last], axis=1)
   ids = ids.reshape(batch, cells, BLOCK_MASK_BLOCK)
-  return jnp.min(ids, axis=-1), jnp.max(ids, axis=-1)
+  return jnp.min(ids, axis=-1)[:, :real_cells], jnp.max(ids, axis=-1)[:, :real_cells]
 
 
 def from_segment_ids(q_segment_ids, kv_segment_ids):
@@ -87,9 +102,9 @@ def from_segment_ids(q_segment_ids, kv_segment_ids):
   if q_segment_ids.shape[0] != kv_segment_ids.shape[0]:
     raise ValueError("q_segment_ids and kv_segment_ids must have the same batch, got shapes "
                      f"{tuple(q_segment_ids.shape)} and {tuple(kv_segment_ids.shape)}")
-  q_min, q_max = (x[:, :, None] for x in _cell_ranges(_whole_sequence(jnp.asarray(q_segment_ids))))
-  kv_min, kv_max = (x[:, None, :]
-                    for x in _cell_ranges(_whole_sequence(jnp.asarray(kv_segment_ids))))
+  q_ids, kv_ids = (_whole_sequences(jnp.asarray(x), (1,)) for x in (q_segment_ids, kv_segment_ids))
+  q_min, q_max = (x[:, :, None] for x in _cell_ranges(q_ids))
+  kv_min, kv_max = (x[:, None, :] for x in _cell_ranges(kv_ids))
   overlap = (q_min <= kv_max) & (kv_min <= q_max)
   full = (q_min == q_max) & (kv_min == kv_max) & (q_min == kv_min)
   return _classes(overlap, full)[:, None]
@@ -121,21 +136,24 @@ def from_mask(mask):
     raise TypeError("mask must be a boolean array of rank 4, got "
                     f"{getattr(mask, 'dtype', type(mask).__name__)} "
                     f"{tuple(getattr(mask, 'shape', ()))}")
+  mask = _whole_sequences(mask, (2, 3))
   batch, heads, rows, cols = mask.shape
   row_size, row_cells, row_counts = _cells(rows)
   col_size, col_cells, col_counts = _cells(cols)
-  padded = jnp.pad(mask, ((0, 0), (0, 0), (0, row_cells * row_size - rows),
-                          (0, col_cells * col_size - cols)))  # False: counts nothing
+  padded = jnp.pad(mask, ((0, 0), (0, 0), (0, 0), (0, col_cells * col_size - cols)))
   # Each cell's visible pairs over all heads, one axis split at a time: jax
   # refuses a reshape that splits T and S together for a batch-sharded mask
   # under explicit axes, and a window sum (lax.reduce_window) fails for a
   # head-sharded one and is slow on GPUs. The first sum reads the mask once,
   # along its contiguous last axis; the heads are summed last, so that a
   # head-sharded mask all-reduces one int32 per cell.
-  per_row = padded.reshape(batch, heads, row_cells * row_size, col_cells, col_size).sum(
+  # Padding (False) counts nothing.
+  per_row = padded.reshape(batch, heads, rows, col_cells, col_size).sum(
       axis=4, dtype=jnp.int32)  # (B', H', T, C)
-  visible = per_row.reshape(batch, heads, row_cells, row_size, col_cells).sum(
-      axis=(1, 3), dtype=jnp.int32)[:, None]
+  cells = _cells_for_sharding(row_cells)
+  per_row = jnp.pad(per_row, ((0, 0), (0, 0), (0, cells * row_size - rows), (0, 0)))
+  visible = per_row.reshape(batch, heads, cells, row_size, col_cells).sum(
+      axis=(1, 3), dtype=jnp.int32)[:, None, :row_cells]
   pairs = heads * row_counts[:, None] * col_counts[None, :]  # (R, C), static
   return _classes(visible > 0, visible == pairs)
 

@@ -269,8 +269,9 @@ def test_head_sharded_mask_sums_only_its_tile_map(devices, axis_type):
   assert collectives(text) == {"all-reduce"}
   local_batch = NamedSharding(mesh, q_spec).shard_shape(q.shape)[0]
   cells = -(-seqlen // jax_flash.BLOCK_MASK_BLOCK)
+  rows = -(-cells // jax.device_count()) * jax.device_count()  # tile_map._cells_for_sharding
   reduced = re.findall(r"= (\w+)\[([\d,]*)\]\S* all-reduce(?:-start)?\(", text)
-  assert reduced == [("s32", f"{local_batch},{cells},{cells}")], reduced
+  assert reduced == [("s32", f"{local_batch},{rows},{cells}")], reduced
   local_q = NamedSharding(mesh, q_spec).shard_shape(q.shape)
   assert kernel_result_shapes(text, "jax_flash_fwd") == [local_q]
   assert kernel_result_shapes(text, "jax_flash_bwd") == [local_q]
@@ -365,6 +366,34 @@ def test_sharded_gradients_sum_what_they_must(devices, case):
   got = f(q, k, v, dout, bias)
   assert len(got) == (5 if with_bias else 4)
   check_against_reference(got, inputs, opts, bias=bias)
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=str)
+@pytest.mark.parametrize("term", ["segments", "mask"])
+def test_sequence_sharded_terms_of_fewer_cells_than_shards(devices, axis_type, term):
+  """Queries, their segment ids or the mask's rows sharded over the sequence
+  in 4 shards of 40 rows, 2 cells of 128: the tile map is whole on every
+  device. It once failed to compile: under automatic axes the sharding
+  reached the cells as a sub-axis (IndivisibleError), under explicit axes
+  the mask's reshape into cells was refused."""
+  mesh = jax.make_mesh((4,), ("y",), axis_types=(axis_type,), devices=devices)
+  inputs = make_inputs(np.random.default_rng(8), 1, 160, 150, 2, 1, 8)
+  opts = (Options(with_segments=True) if term == "segments"
+          else Options(is_causal=True, mask_shape=(1, 1, 160, 150)))
+  kwargs = opts.kwargs(inputs)
+  sequence = P(None, "y")
+  q, dout = put(mesh, sequence, inputs.q, inputs.dout)
+  k, v = put(mesh, P(), inputs.k, inputs.v)
+  name = "q_segment_ids" if term == "segments" else "mask"
+  sharded, = put(mesh, sequence if term == "segments" else P(None, None, "y"), kwargs.pop(name))
+
+  @jax.jit
+  def f(q, k, v, dout, sharded):  # an argument: a constant's tile map would be folded
+    fn = lambda q, k, v: jax_flash.flash_attention(q, k, v, **kwargs, **{name: sharded})
+    out, vjp = jax.vjp(fn, q, k, v)
+    return (out,) + vjp(dout)
+
+  check_against_reference(f(q, k, v, dout, sharded), inputs, opts)
 
 
 def test_sequence_sharded_queries_run_locally(devices):
