@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_flash
 from conftest import assert_flash_close
@@ -131,6 +131,32 @@ def test_ring_with_data_parallel_batch(cpu_mesh):
   ref = attention_and_grads(inputs.q, inputs.k, inputs.v, inputs.dout,
                             visible_mask(opts, inputs), opts)
   for name, g, r in zip(["out", "dq", "dk", "dv"], got, ref[:1] + ref[2:]):
+    assert_flash_close(name, g, r, r, jnp.float64)
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=str)
+def test_ring_manual_over_the_sequence_alone(cpu_mesh, axis_type):
+  """shard_map manual over "seq" only, the batch sharded over "data" outside
+  it: under explicit axes the ring's accumulators once lacked the batch's
+  sharding, and setting a step's rows into them failed to trace."""
+  mesh = jax.make_mesh((2, 2), ("data", "seq"), axis_types=(axis_type,) * 2,
+                       devices=cpu_mesh.devices.flat)
+  opts = Options(is_causal=True)
+  inputs = make_inputs(np.random.default_rng(9), 2, 36, 36, 2, 1, 8)
+  args = [jax.device_put(jnp.asarray(x), NamedSharding(mesh, P("data", "seq")))
+          for x in (inputs.q, inputs.k, inputs.v, inputs.dout)]
+  attend = jax.shard_map(
+      lambda q, k, v: jax_flash.ring_attention(q, k, v, axis_name="seq", is_causal=True),
+      mesh=mesh, in_specs=P(None, "seq"), out_specs=P(None, "seq"), axis_names={"seq"})
+
+  @jax.jit
+  def f(q, k, v, dout):
+    out, vjp = jax.vjp(attend, q, k, v)
+    return (out,) + vjp(dout)
+
+  ref = attention_and_grads(inputs.q, inputs.k, inputs.v, inputs.dout,
+                            visible_mask(opts, inputs), opts)
+  for name, g, r in zip(["out", "dq", "dk", "dv"], f(*args), ref[:1] + ref[2:]):
     assert_flash_close(name, g, r, r, jnp.float64)
 
 

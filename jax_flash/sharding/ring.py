@@ -205,8 +205,11 @@ def _ring(config, axis_name, num_devices, layout, transfer):
     me = jax.lax.axis_index(axis_name)
     length = q.shape[1]
     acc = accumulation_dtype(q.dtype)
-    out = jnp.zeros(q.shape, acc)
-    lse = jnp.full((q.shape[0], q.shape[2], length), -jnp.inf, acc)
+    # Like q (zeros_like, full_like): under explicit axes not manual here
+    # (a batch sharded over "data"), an accumulator must carry q's sharding
+    # for the rows set into it.
+    out = jnp.zeros_like(q, acc)
+    lse = jnp.moveaxis(jnp.full_like(q[..., 0], -jnp.inf, acc), 1, 2)  # (B, N, T)
     for step in range(num_devices):
       # Issued before this step's kernels, which do not need it: it overlaps.
       following = send((k, v)) if step + 1 < num_devices else None
@@ -224,8 +227,7 @@ def _ring(config, axis_name, num_devices, layout, transfer):
     me = jax.lax.axis_index(axis_name)
     length = q.shape[1]
     acc = accumulation_dtype(q.dtype)
-    dq = jnp.zeros(q.shape, acc)
-    dk, dv = jnp.zeros(k.shape, acc), jnp.zeros(v.shape, acc)
+    dq, dk, dv = (jnp.zeros_like(x, acc) for x in (q, k, v))
     for step in range(num_devices):
       following = send((k, v)) if step + 1 < num_devices else None
       for qs, ks, qp, kp in _calls(config, layout, step, me, num_devices, length):
