@@ -103,6 +103,11 @@ def from_segment_ids(q_segment_ids, kv_segment_ids):
     raise ValueError("q_segment_ids and kv_segment_ids must have the same batch, got shapes "
                      f"{tuple(q_segment_ids.shape)} and {tuple(kv_segment_ids.shape)}")
   q_ids, kv_ids = (_whole_sequences(jnp.asarray(x), (1,)) for x in (q_segment_ids, kv_segment_ids))
+  if jax.typeof(kv_ids).sharding.spec != jax.typeof(q_ids).sharding.spec:
+    # Explicit axes with the batch sharded one way for the queries and
+    # another for the keys (gathered, with a warning, for the kernels):
+    # compared cell by cell, the ids must agree first.
+    kv_ids = jax.sharding.reshard(kv_ids, jax.typeof(q_ids).sharding)
   q_min, q_max = (x[:, :, None] for x in _cell_ranges(q_ids))
   kv_min, kv_max = (x[:, None, :] for x in _cell_ranges(kv_ids))
   overlap = (q_min <= kv_max) & (kv_min <= q_max)

@@ -396,6 +396,31 @@ def test_sequence_sharded_terms_of_fewer_cells_than_shards(devices, axis_type, t
   check_against_reference(f(q, k, v, dout, sharded), inputs, opts)
 
 
+def test_segment_ids_of_differently_sharded_batches(devices):
+  """Explicit axes, the queries' batch over "x" and the keys' over "y",
+  segment ids sharded like each: gathered with a warning like q, k, v alone
+  (the ids' tile map once refused to compare them)."""
+  mesh = mesh_2x2(devices, AxisType.Explicit)
+  inputs = make_inputs(np.random.default_rng(10), 4, 32, 32, 2, 2, 8)
+  opts = Options(with_segments=True)
+  kwargs = opts.kwargs(inputs)
+  q, q_ids = put(mesh, P("x"), inputs.q, kwargs.pop("q_segment_ids"))
+  k, v, kv_ids = put(mesh, P("y"), inputs.k, inputs.v, kwargs.pop("kv_segment_ids"))
+  dout, = put(mesh, P("x"), inputs.dout)
+
+  @jax.jit
+  def f(q, k, v, dout, q_ids, kv_ids):
+    fn = lambda q, k, v: jax_flash.flash_attention(q, k, v, q_segment_ids=q_ids,
+                                                   kv_segment_ids=kv_ids)
+    out, vjp = jax.vjp(fn, q, k, v)
+    return (out,) + vjp(dout)
+
+  partitioning._warned.clear()
+  with pytest.warns(partitioning.ShardingFallbackWarning):
+    got = f(q, k, v, dout, q_ids, kv_ids)
+  check_against_reference(got, inputs, opts)
+
+
 def test_sequence_sharded_queries_run_locally(devices):
   """Queries sharded over the sequence, keys and values whole: the forward
   runs locally (each shard told its rows' positions), dK and dV are sums."""
