@@ -52,12 +52,15 @@ def mesh(request, cpu_mesh):
   return jax.make_mesh((len(gpus),), ("seq",), devices=gpus)
 
 
-def ring_and_grads(mesh, layout, spec=P(None, "seq"), axis_name="seq", **kwargs):
-  """jit of (out, dq, dk, dv) of ring_attention inside shard_map."""
+def ring_and_grads(mesh, layout, spec=P(None, "seq"), axis_name="seq", manual_axes=None,
+                   **kwargs):
+  """jit of (out, dq, dk, dv) of ring_attention inside shard_map (manual over
+  `manual_axes`, shard_map's axis_names; all of the mesh's by default)."""
   attend = jax.shard_map(
       lambda q, k, v: jax_flash.ring_attention(q, k, v, axis_name=axis_name, layout=layout,
                                                **kwargs),
-      mesh=mesh, in_specs=spec, out_specs=spec)
+      mesh=mesh, in_specs=spec, out_specs=spec,
+      **({} if manual_axes is None else {"axis_names": manual_axes}))
 
   @jax.jit
   def f(q, k, v, dout):
@@ -145,18 +148,10 @@ def test_ring_manual_over_the_sequence_alone(cpu_mesh, axis_type):
   inputs = make_inputs(np.random.default_rng(9), 2, 36, 36, 2, 1, 8)
   args = [jax.device_put(jnp.asarray(x), NamedSharding(mesh, P("data", "seq")))
           for x in (inputs.q, inputs.k, inputs.v, inputs.dout)]
-  attend = jax.shard_map(
-      lambda q, k, v: jax_flash.ring_attention(q, k, v, axis_name="seq", is_causal=True),
-      mesh=mesh, in_specs=P(None, "seq"), out_specs=P(None, "seq"), axis_names={"seq"})
-
-  @jax.jit
-  def f(q, k, v, dout):
-    out, vjp = jax.vjp(attend, q, k, v)
-    return (out,) + vjp(dout)
-
+  got = ring_and_grads(mesh, "contiguous", manual_axes={"seq"}, is_causal=True)(*args)
   ref = attention_and_grads(inputs.q, inputs.k, inputs.v, inputs.dout,
                             visible_mask(opts, inputs), opts)
-  for name, g, r in zip(["out", "dq", "dk", "dv"], f(*args), ref[:1] + ref[2:]):
+  for name, g, r in zip(["out", "dq", "dk", "dv"], got, ref[:1] + ref[2:]):
     assert_flash_close(name, g, r, r, jnp.float64)
 
 

@@ -190,6 +190,19 @@ def flash_and_grads(kwargs, with_bias=False):
   return jax.jit(f)
 
 
+def flash_and_grads_of(operands, **kwargs):
+  """Like flash_and_grads, with the arrays of `operands` (a mask, segment
+  ids, ...) arguments of the jitted function: as constants, XLA would fold
+  their tile map and no sharding of theirs would reach the partitioner.
+  Call it as f(q, k, v, dout, operands)."""
+  @jax.jit
+  def f(q, k, v, dout, operands):
+    fn = lambda q, k, v: jax_flash.flash_attention(q, k, v, **operands, **kwargs)
+    out, vjp = jax.vjp(fn, q, k, v)
+    return (out,) + vjp(dout)
+  return f
+
+
 def check_against_reference(got, inputs, opts, bias=None):
   ref = attention_and_grads(inputs.q, inputs.k, inputs.v, inputs.dout,
                             visible_mask(opts, inputs), opts, bias=bias)
@@ -259,13 +272,8 @@ def test_head_sharded_mask_sums_only_its_tile_map(devices, axis_type):
   q, dout = put(mesh, q_spec, inputs.q, inputs.dout)
   k, v = put(mesh, kv_spec, inputs.k, inputs.v)
 
-  @jax.jit
-  def f(q, k, v, dout, mask):
-    fn = lambda q, k, v: jax_flash.flash_attention(q, k, v, mask=mask, is_causal=True)
-    out, vjp = jax.vjp(fn, q, k, v)
-    return (out,) + vjp(dout)
-
-  text = f.lower(q, k, v, dout, mask).compile().as_text()
+  f = flash_and_grads_of({"mask": mask}, is_causal=True)
+  text = f.lower(q, k, v, dout, {"mask": mask}).compile().as_text()
   assert collectives(text) == {"all-reduce"}
   local_batch = NamedSharding(mesh, q_spec).shard_shape(q.shape)[0]
   cells = -(-seqlen // jax_flash.BLOCK_MASK_BLOCK)
@@ -275,7 +283,7 @@ def test_head_sharded_mask_sums_only_its_tile_map(devices, axis_type):
   local_q = NamedSharding(mesh, q_spec).shard_shape(q.shape)
   assert kernel_result_shapes(text, "jax_flash_fwd") == [local_q]
   assert kernel_result_shapes(text, "jax_flash_bwd") == [local_q]
-  check_against_reference(f(q, k, v, dout, mask), inputs, opts)
+  check_against_reference(f(q, k, v, dout, {"mask": mask}), inputs, opts)
 
 
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=str)
@@ -387,13 +395,9 @@ def test_sequence_sharded_terms_of_fewer_cells_than_shards(devices, axis_type, t
   name = "q_segment_ids" if term == "segments" else "mask"
   sharded, = put(mesh, sequence if term == "segments" else P(None, None, "y"), kwargs.pop(name))
 
-  @jax.jit
-  def f(q, k, v, dout, sharded):  # an argument: a constant's tile map would be folded
-    fn = lambda q, k, v: jax_flash.flash_attention(q, k, v, **kwargs, **{name: sharded})
-    out, vjp = jax.vjp(fn, q, k, v)
-    return (out,) + vjp(dout)
-
-  check_against_reference(f(q, k, v, dout, sharded), inputs, opts)
+  operands = {name: sharded}
+  got = flash_and_grads_of(operands, **kwargs)(q, k, v, dout, operands)
+  check_against_reference(got, inputs, opts)
 
 
 def test_segment_ids_of_differently_sharded_batches(devices):
@@ -408,16 +412,10 @@ def test_segment_ids_of_differently_sharded_batches(devices):
   k, v, kv_ids = put(mesh, P("y"), inputs.k, inputs.v, kwargs.pop("kv_segment_ids"))
   dout, = put(mesh, P("x"), inputs.dout)
 
-  @jax.jit
-  def f(q, k, v, dout, q_ids, kv_ids):
-    fn = lambda q, k, v: jax_flash.flash_attention(q, k, v, q_segment_ids=q_ids,
-                                                   kv_segment_ids=kv_ids)
-    out, vjp = jax.vjp(fn, q, k, v)
-    return (out,) + vjp(dout)
-
+  operands = {"q_segment_ids": q_ids, "kv_segment_ids": kv_ids}
   partitioning._warned.clear()
   with pytest.warns(partitioning.ShardingFallbackWarning):
-    got = f(q, k, v, dout, q_ids, kv_ids)
+    got = flash_and_grads_of(operands)(q, k, v, dout, operands)
   check_against_reference(got, inputs, opts)
 
 
