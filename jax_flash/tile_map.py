@@ -50,28 +50,14 @@ def _whole_sequences(x, seq_dims):
   return jax.sharding.reshard(x, sharding.update(spec=whole))
 
 
-def _cells_for_sharding(cells: int) -> int:
-  """`cells` rounded up to a multiple of the device count.
-
-  Under automatic axes a sequence sharding propagates from the ids or the
-  mask onto the cells that their 128 positions reshape into; where the
-  shards do not divide the cells (2 cells over 4 devices) that is a sub-axis,
-  which jax cannot hand to the partitioner (IndivisibleError). Computed over
-  whole multiples of the devices and sliced back, the cells divide any axis
-  of a mesh over all devices; the extra cells are padding.
-  """
-  return -(-cells // jax.device_count()) * jax.device_count()
-
-
 def _cell_ranges(ids):
   """(min, max) of the ids of each cell, (B, ceil(S / BLOCK_MASK_BLOCK)) each.
 
   The last cell is filled up with its last id (edge padding), which leaves
-  its range as it is, and so are the cells past it (_cells_for_sharding).
+  its range as it is.
   """
   batch, length = ids.shape
-  real_cells = -(-length // BLOCK_MASK_BLOCK)
-  cells = _cells_for_sharding(real_cells)
+  cells = -(-length // BLOCK_MASK_BLOCK)
   fill = cells * BLOCK_MASK_BLOCK - length
   if fill:
     # Spelled out rather than jnp.pad(mode="edge"), which also slices the
@@ -79,7 +65,7 @@ def _cell_ranges(ids):
     last = jnp.broadcast_to(ids[:, -1:], (batch, fill))
     ids = jnp.concatenate([ids, last], axis=1)
   ids = ids.reshape(batch, cells, BLOCK_MASK_BLOCK)
-  return jnp.min(ids, axis=-1)[:, :real_cells], jnp.max(ids, axis=-1)[:, :real_cells]
+  return jnp.min(ids, axis=-1), jnp.max(ids, axis=-1)
 
 
 def from_segment_ids(q_segment_ids, kv_segment_ids):
@@ -155,10 +141,9 @@ def from_mask(mask):
   # Padding (False) counts nothing.
   per_row = padded.reshape(batch, heads, rows, col_cells, col_size).sum(
       axis=4, dtype=jnp.int32)  # (B', H', T, C)
-  cells = _cells_for_sharding(row_cells)
-  per_row = jnp.pad(per_row, ((0, 0), (0, 0), (0, cells * row_size - rows), (0, 0)))
-  visible = per_row.reshape(batch, heads, cells, row_size, col_cells).sum(
-      axis=(1, 3), dtype=jnp.int32)[:, None, :row_cells]
+  per_row = jnp.pad(per_row, ((0, 0), (0, 0), (0, row_cells * row_size - rows), (0, 0)))
+  visible = per_row.reshape(batch, heads, row_cells, row_size, col_cells).sum(
+      axis=(1, 3), dtype=jnp.int32)[:, None]
   pairs = heads * row_counts[:, None] * col_counts[None, :]  # (R, C), static
   return _classes(visible > 0, visible == pairs)
 

@@ -13,6 +13,7 @@ does; shard_map forward and gradient type-check (check_vma=True).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import warnings
@@ -277,9 +278,8 @@ def test_head_sharded_mask_sums_only_its_tile_map(devices, axis_type):
   assert collectives(text) == {"all-reduce"}
   local_batch = NamedSharding(mesh, q_spec).shard_shape(q.shape)[0]
   cells = -(-seqlen // jax_flash.BLOCK_MASK_BLOCK)
-  rows = -(-cells // jax.device_count()) * jax.device_count()  # tile_map._cells_for_sharding
   reduced = re.findall(r"= (\w+)\[([\d,]*)\]\S* all-reduce(?:-start)?\(", text)
-  assert reduced == [("s32", f"{local_batch},{rows},{cells}")], reduced
+  assert reduced == [("s32", f"{local_batch},{cells},{cells}")], reduced
   local_q = NamedSharding(mesh, q_spec).shard_shape(q.shape)
   assert kernel_result_shapes(text, "jax_flash_fwd") == [local_q]
   assert kernel_result_shapes(text, "jax_flash_bwd") == [local_q]
@@ -377,26 +377,32 @@ def test_sharded_gradients_sum_what_they_must(devices, case):
 
 
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=str)
-@pytest.mark.parametrize("term", ["segments", "mask"])
+@pytest.mark.parametrize("term", ["segments", "mask", "mask_keys"])
 def test_sequence_sharded_terms_of_fewer_cells_than_shards(devices, axis_type, term):
   """Queries, their segment ids or the mask's rows sharded over the sequence
   in 4 shards of 40 rows, 2 cells of 128: the tile map is whole on every
   device. It once failed to compile: under automatic axes the sharding
   reached the cells as a sub-axis (IndivisibleError), under explicit axes
-  the mask's reshape into cells was refused."""
+  the mask's reshape into cells was refused. A mask sharded over its keys
+  (mask_keys), which the kernels need whole, is gathered with a warning."""
   mesh = jax.make_mesh((4,), ("y",), axis_types=(axis_type,), devices=devices)
-  inputs = make_inputs(np.random.default_rng(8), 1, 160, 150, 2, 1, 8)
+  keys = 160 if term == "mask_keys" else 150
+  inputs = make_inputs(np.random.default_rng(8), 1, 160, keys, 2, 1, 8)
   opts = (Options(with_segments=True) if term == "segments"
-          else Options(is_causal=True, mask_shape=(1, 1, 160, 150)))
+          else Options(is_causal=True, mask_shape=(1, 1, 160, keys)))
   kwargs = opts.kwargs(inputs)
   sequence = P(None, "y")
   q, dout = put(mesh, sequence, inputs.q, inputs.dout)
   k, v = put(mesh, P(), inputs.k, inputs.v)
   name = "q_segment_ids" if term == "segments" else "mask"
-  sharded, = put(mesh, sequence if term == "segments" else P(None, None, "y"), kwargs.pop(name))
+  spec = {"segments": sequence, "mask": P(None, None, "y"), "mask_keys": P(None, None, None, "y")}
+  sharded, = put(mesh, spec[term], kwargs.pop(name))
 
   operands = {name: sharded}
-  got = flash_and_grads_of(operands, **kwargs)(q, k, v, dout, operands)
+  partitioning._warned.clear()
+  with (pytest.warns(partitioning.ShardingFallbackWarning, match="mask") if term == "mask_keys"
+        else contextlib.nullcontext()):
+    got = flash_and_grads_of(operands, **kwargs)(q, k, v, dout, operands)
   check_against_reference(got, inputs, opts)
 
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-from jax._src import dispatch
+from jax._src import dispatch, sharding_impls
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.interpreters import mlir
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
@@ -112,6 +112,26 @@ def _dims_axes(sharding, ndim: int) -> list[tuple[str, ...]] | None:
 
 def _spec(dims_axes: Sequence[tuple[str, ...]]) -> P:
   return P(*(None if not a else a[0] if len(a) == 1 else tuple(a) for a in dims_axes))
+
+
+def _decoded(sharding, mesh, ndim: int):
+  """An operand's sharding as a NamedSharding of `mesh`, where it is one.
+
+  The partitioner is handed XLA's shardings undecoded (decode_shardings=
+  False), since jax's own decoding raises IndivisibleError for a sub-axis:
+  a sharding that propagation gives a reshaped operand, e.g. the cells of a
+  tile map whose ids or mask are sharded in more shards than there are cells
+  (160 positions over 4 devices: 2 cells). Such a sharding is left as it is
+  (no spec): the plan takes nothing from it and reshards the operand.
+  """
+  if isinstance(sharding, NamedSharding) or mesh.empty:
+    return sharding
+  try:
+    # jax's decoder (private; what decode_shardings=True calls).
+    spec, = sharding_impls.parse_flatten_op_sharding(sharding._to_xla_hlo_sharding(ndim), mesh)
+  except (ValueError, StopIteration):  # IndivisibleError is a ValueError
+    return sharding
+  return NamedSharding(mesh, P(*spec, *((None,) * (ndim - len(spec)))))
 
 
 def _make_plan(layout: Layout, mesh, shapes, shardings) -> _Plan:
@@ -264,16 +284,20 @@ def _result_shardings(layout, mesh, plan):
   return tuple(NamedSharding(mesh, s) for s in _planned_specs(plan, layout.result_roles))
 
 
+def _shapes_and_shardings(mesh, arg_shapes):
+  shapes = [a.shape for a in arg_shapes]
+  return shapes, [_decoded(a.sharding, mesh, len(a.shape)) for a in arg_shapes]
+
+
 def _infer(local_prim, layout, params, mesh, arg_shapes, result_shape):
   del local_prim, params, result_shape
-  plan = _make_plan(layout, mesh, [a.shape for a in arg_shapes], [a.sharding for a in arg_shapes])
+  plan = _make_plan(layout, mesh, *_shapes_and_shardings(mesh, arg_shapes))
   return _result_shardings(layout, mesh, plan)
 
 
 def _partition(local_prim, layout, params, mesh, arg_shapes, result_shape):
   del result_shape
-  shapes = [a.shape for a in arg_shapes]
-  shardings = [a.sharding for a in arg_shapes]
+  shapes, shardings = _shapes_and_shardings(mesh, arg_shapes)
   plan = _make_plan(layout, mesh, shapes, shardings)
   specs = _planned_specs(plan, layout.operand_roles)
   _warn_gathers(layout, shapes, shardings, specs)
@@ -291,8 +315,8 @@ def _shardy_rule(local_prim, layout, params, mesh, operand_types, result_types):
   key/value heads together (with one key/value head, h and g are apart).
   Only where g can take every axis of the mesh whole: an axis that g takes
   in part (4 devices over 2 key/value heads) becomes a sub-axis on K, V and
-  their gradients, which jax cannot hand to the partitioner (IndivisibleError);
-  without the compound the plan still splits K and V where they divide.
+  their gradients, which the plan can only gather (_decoded); without the
+  compound the plan still splits K and V where they divide.
   """
   del local_prim, params, result_types
   shapes = [tuple(t.shape) for t in operand_types]
@@ -319,7 +343,7 @@ def _local_call(local_prim, layout, params, *args):
 
 _partitioned_call = custom_partitioning(_local_call, static_argnums=(0, 1, 2))
 _partitioned_call.def_partition(partition=_partition, infer_sharding_from_operands=_infer,
-                                sharding_rule=_shardy_rule)
+                                sharding_rule=_shardy_rule, decode_shardings=False)
 
 
 def sharded_lowering(prim, local_prim, layout_of: Callable[..., Layout]):
