@@ -11,12 +11,13 @@ smoke run.
 from __future__ import annotations
 
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 import jax_flash
 from conftest import assert_flash_close
@@ -144,6 +145,25 @@ def test_ring_manual_over_the_sequence_alone(cpu_mesh, axis_type):
   sharding, and setting a step's rows into them failed to trace."""
   mesh = jax.make_mesh((2, 2), ("data", "seq"), axis_types=(axis_type,) * 2,
                        devices=cpu_mesh.devices.flat)
+  check_ring_manual_over_the_sequence_alone(mesh)
+
+
+def test_ring_manual_over_the_sequence_alone_in_a_mesh_context(cpu_mesh):
+  """The same inside `with mesh:` (jax's older mesh context), which hands the
+  partitioner the whole mesh while XLA partitions each "data" group of
+  devices on its own: XLA once aborted the process (a failed check in
+  spmd_partitioner_util.cc); the batch is now gathered, with the warning."""
+  if not hasattr(Mesh, "__enter__"):
+    pytest.skip("this jax has no `with mesh:` context")
+  mesh = jax.make_mesh((2, 2), ("data", "seq"), axis_types=(AxisType.Auto,) * 2,
+                       devices=cpu_mesh.devices.flat)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    with mesh:
+      check_ring_manual_over_the_sequence_alone(mesh)
+
+
+def check_ring_manual_over_the_sequence_alone(mesh):
   opts = Options(is_causal=True)
   inputs = make_inputs(np.random.default_rng(9), 2, 36, 36, 2, 1, 8)
   args = [jax.device_put(jnp.asarray(x), NamedSharding(mesh, P("data", "seq")))

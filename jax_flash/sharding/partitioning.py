@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax._src import dispatch, sharding_impls
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.interpreters import mlir
@@ -284,20 +285,32 @@ def _result_shardings(layout, mesh, plan):
   return tuple(NamedSharding(mesh, s) for s in _planned_specs(plan, layout.result_roles))
 
 
-def _shapes_and_shardings(mesh, arg_shapes):
+def _mesh_and_operands(mesh, arg_shapes):
+  """The mesh to plan on, the operands' shapes and their decoded shardings.
+
+  Inside a shard_map manual over some of the mesh's axes, XLA partitions
+  each group of devices that the manual axes leave (the other axes'
+  devices) on its own, while jax hands over the whole mesh of the caller's
+  context (`with mesh:`); shardings over a group decoded against it are
+  wrong (XLA aborted on them). Where the operands' devices are not the
+  mesh's, the plan has no mesh: it gathers, with the warning.
+  """
   shapes = [a.shape for a in arg_shapes]
-  return shapes, [_decoded(a.sharding, mesh, len(a.shape)) for a in arg_shapes]
+  hlo = [a.sharding._to_xla_hlo_sharding(len(a.shape)) for a in arg_shapes]
+  if any(h.is_tiled() and h.num_devices() != mesh.size for h in hlo):
+    mesh = jax.sharding.Mesh(np.empty((), object), ())  # jax's empty mesh
+  return mesh, shapes, [_decoded(a.sharding, mesh, len(a.shape)) for a in arg_shapes]
 
 
 def _infer(local_prim, layout, params, mesh, arg_shapes, result_shape):
   del local_prim, params, result_shape
-  plan = _make_plan(layout, mesh, *_shapes_and_shardings(mesh, arg_shapes))
-  return _result_shardings(layout, mesh, plan)
+  mesh, shapes, shardings = _mesh_and_operands(mesh, arg_shapes)
+  return _result_shardings(layout, mesh, _make_plan(layout, mesh, shapes, shardings))
 
 
 def _partition(local_prim, layout, params, mesh, arg_shapes, result_shape):
   del result_shape
-  shapes, shardings = _shapes_and_shardings(mesh, arg_shapes)
+  mesh, shapes, shardings = _mesh_and_operands(mesh, arg_shapes)
   plan = _make_plan(layout, mesh, shapes, shardings)
   specs = _planned_specs(plan, layout.operand_roles)
   _warn_gathers(layout, shapes, shardings, specs)
