@@ -21,7 +21,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 import jax_flash
 from conftest import assert_flash_close
-from reference import Options, make_inputs, visible_mask
+from reference import Options, attention, make_inputs, visible_mask
 from reference import attention_and_grads as dense_attention_and_grads
 
 # The float64 reference under jit: one compilation per shape instead of one
@@ -105,6 +105,40 @@ def test_ring_matches_attention_on_the_whole_sequence(mesh, case):
   ref = attention_and_grads(inputs.q, inputs.k, inputs.v, inputs.dout,
                             visible_mask(opts, inputs), opts)
   for name, g, r in zip(["out", "dq", "dk", "dv"], got, ref[:1] + ref[2:]):
+    assert_flash_close(f"{case} {name}", g, r, r, jnp.float64)
+
+
+@pytest.mark.parametrize("case", ["contiguous_causal_mqa", "zigzag_causal_window",
+                                  "contiguous_window_softcap"])
+def test_ring_second_order(cpu_mesh, case):
+  """grad of a function of the ring's gradient (wrt q, k and v): the ring's
+  backward is made of the kernels' primitives, whose own derivatives (the
+  blockwise formulation) carry the second order, as for flash_attention."""
+  layout, length, heads, kv_heads, opts = CASES[case]
+  n = cpu_mesh.size
+  inputs = make_inputs(np.random.default_rng(11), 1, n * length, n * length, heads, kv_heads, 8)
+  order = lambda x: jax_flash.to_zigzag(x, n) if layout == "zigzag" else x
+  unorder = lambda x: jax_flash.from_zigzag(x, n) if layout == "zigzag" else x
+  ring = jax.shard_map(
+      lambda q, k, v: jax_flash.ring_attention(q, k, v, axis_name="seq", layout=layout,
+                                               is_causal=opts.is_causal, scale=opts.scale,
+                                               local_window_size=opts.window,
+                                               logits_soft_cap=opts.softcap),
+      mesh=cpu_mesh, in_specs=P(None, "seq"), out_specs=P(None, "seq"))
+  mask = visible_mask(opts, inputs)
+  spec = NamedSharding(cpu_mesh, P(None, "seq"))
+  shard = lambda x: jax.sharding.reshard(order(x), spec)
+  attend = {"ring": lambda q, k, v: unorder(ring(shard(q), shard(k), shard(v))),
+            "dense": lambda q, k, v: attention(q, k, v, mask, opts)[0]}
+
+  def second(f):
+    first = jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * inputs.dout), argnums=(0, 1, 2))
+    return jax.grad(lambda *a: sum(jnp.sum(g ** 2) for g in first(*a)), argnums=(0, 1, 2))
+
+  args = (inputs.q, inputs.k, inputs.v)
+  got = jax.jit(second(attend["ring"]))(*args)
+  ref = second(attend["dense"])(*args)
+  for name, g, r in zip(["d2q", "d2k", "d2v"], got, ref):
     assert_flash_close(f"{case} {name}", g, r, r, jnp.float64)
 
 
@@ -200,6 +234,29 @@ def test_zigzag_helpers():
                                                       axis=-1), ids)
   with pytest.raises(ValueError, match="2 \\* num_devices = 8 equal chunks"):
     jax_flash.to_zigzag(jnp.zeros((1, 12, 1, 1)), 4)
+  # Array-likes, as jnp's functions take them.
+  np.testing.assert_array_equal(jax_flash.to_zigzag(np.asarray(x).tolist(), 4), z)
+
+
+@pytest.mark.parametrize("fn", [jax_flash.to_zigzag, jax_flash.from_zigzag])
+def test_zigzag_argument_errors(fn):
+  """An axis outside the array once wrapped around (axis 4 of a 4-d array
+  reordered its batch); num_devices 0 divided by zero."""
+  x = jnp.zeros((4, 12, 1, 1))
+  for axis in (4, -5):
+    with pytest.raises(ValueError, match=f"axis {axis} is out of bounds .*\\(4, 12, 1, 1\\)"):
+      fn(x, 2, axis=axis)
+  with pytest.raises(TypeError, match="axis must be an int, got float"):
+    fn(x, 2, axis=1.0)
+  for n in (0, -2):
+    with pytest.raises(ValueError, match=f"num_devices must be at least 1, got {n}"):
+      fn(x, n)
+  for n in (2.0, "2", True):
+    with pytest.raises(TypeError, match="num_devices must be a static Python int"):
+      fn(x, n)
+  with pytest.raises(TypeError, match="num_devices must be a static Python int"):
+    jax.jit(fn)(x, 2)
+  np.testing.assert_array_equal(fn(x, np.int64(2), axis=np.int32(1)), fn(x, 2, axis=1))
 
 
 def test_ring_argument_errors(cpu_mesh):
@@ -207,6 +264,9 @@ def test_ring_argument_errors(cpu_mesh):
   q = jnp.zeros((1, 8, 2, 8))
   with pytest.raises(ValueError, match="inside shard_map"):
     jax_flash.ring_attention(q, q, q, axis_name="seq")
+  for name in (0, None, ()):
+    with pytest.raises(TypeError, match="axis_name must be a mesh axis name"):
+      jax_flash.ring_attention(q, q, q, axis_name=name)
 
   def call(q, k, **kwargs):
     return jax.shard_map(lambda q, k: jax_flash.ring_attention(q, k, k, axis_name="seq",

@@ -34,18 +34,29 @@ from jax_flash.primitives import (accumulation_dtype, flash_bwd_p, flash_fwd_p, 
 LAYOUTS = ("contiguous", "zigzag")
 
 
-def _zigzag_order(num_devices: int) -> np.ndarray:
+def _zigzag_order(num_devices, what) -> np.ndarray:
+  if isinstance(num_devices, (bool, np.bool_)) or not isinstance(num_devices, (int, np.integer)):
+    raise TypeError(f"{what}: num_devices must be a static Python int, got "
+                    f"{type(num_devices).__name__} {num_devices!r}")
+  if num_devices < 1:
+    raise ValueError(f"{what}: num_devices must be at least 1, got {num_devices}")
   return np.array([c for d in range(num_devices) for c in (d, 2 * num_devices - 1 - d)])
 
 
 def _reorder(x, order, axis, what):
+  x = jnp.asarray(x)
+  if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
+    raise TypeError(f"{what}: axis must be an int, got {type(axis).__name__} {axis!r}")
+  if not -x.ndim <= axis < x.ndim:
+    raise ValueError(f"{what}: axis {axis} is out of bounds for an array of shape {x.shape} "
+                     "(the sequence axis: -3 for (..., T, N, H), -1 for segment ids)")
   axis = axis % x.ndim
   chunks = len(order)
   if x.shape[axis] % chunks:
     raise ValueError(f"{what}: the sequence axis {axis} of shape {x.shape} must split into "
                      f"2 * num_devices = {chunks} equal chunks")
   shape = x.shape[:axis] + (chunks, x.shape[axis] // chunks) + x.shape[axis + 1:]
-  x = jnp.asarray(x).reshape(shape)
+  x = x.reshape(shape)
   # Chunks keep the array's sharding (under explicit sharding jax asks for it).
   x = x.at[(slice(None),) * axis + (order,)].get(out_sharding=jax.typeof(x).sharding)
   return x.reshape(shape[:axis] + (-1,) + shape[axis + 2:])
@@ -59,12 +70,13 @@ def to_zigzag(x, num_devices: int, *, axis: int = -3):
   sharding the result evenly over ``num_devices`` devices gives device
   ``d`` the chunks ``d`` and ``2 * num_devices - 1 - d``.
   """
-  return _reorder(x, _zigzag_order(num_devices), axis, "to_zigzag")
+  return _reorder(x, _zigzag_order(num_devices, "to_zigzag"), axis, "to_zigzag")
 
 
 def from_zigzag(x, num_devices: int, *, axis: int = -3):
   """Undoes :func:`to_zigzag`: tokens back in sequence order."""
-  return _reorder(x, np.argsort(_zigzag_order(num_devices)), axis, "from_zigzag")
+  return _reorder(x, np.argsort(_zigzag_order(num_devices, "from_zigzag")), axis,
+                  "from_zigzag")
 
 
 def ring_attention(query, key, value, *, axis_name, is_causal: bool = False,
@@ -108,6 +120,10 @@ def _ring_attention(query, key, value, *, axis_name, is_causal, scale, local_win
   if layout == "zigzag" and query.shape[-3] % 2:
     raise ValueError("layout='zigzag' needs an even local sequence length (two chunks per "
                      f"device), got {query.shape[-3]}")
+  names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+  if not names or not all(isinstance(n, str) for n in names):
+    raise TypeError("ring_attention: axis_name must be a mesh axis name (a str) or a tuple of "
+                    f"them, got {axis_name!r}")
   try:
     num_devices = jax.lax.axis_size(axis_name)
   except NameError:
