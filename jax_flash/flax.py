@@ -57,7 +57,7 @@ from collections.abc import Callable
 import jax.numpy as jnp
 
 import jax_flash
-from jax_flash.attention import additive_bias
+from jax_flash.attention import _static_bool, _static_float, additive_bias
 
 
 def _promote(query, key, value, dtype, promote_dtype):
@@ -163,7 +163,7 @@ def make_attention_fn(*, is_causal: bool = False,
   if not isinstance(is_causal, bool):
     raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
   options = dict(local_window_size=local_window_size, logits_soft_cap=logits_soft_cap,
-                 deterministic=bool(deterministic_backward))
+                 deterministic=_static_bool("deterministic_backward", deterministic_backward))
   configured_causal = is_causal
 
   # Same signature as attention_fn (linen keeps only keyword arguments that
@@ -184,7 +184,7 @@ def make_attention_fn(*, is_causal: bool = False,
                       qk_attn_weights_einsum=qk_attn_weights_einsum,
                       attn_weights_value_einsum=attn_weights_value_einsum,
                       promote_dtype=promote_dtype,
-                      is_causal=bool(is_causal) or configured_causal,
+                      is_causal=_static_bool("is_causal", is_causal) or configured_causal,
                       kernel_options=options)
 
   configured.__doc__ = (f"jax_flash.flax.attention_fn with is_causal={is_causal}, "
@@ -234,13 +234,19 @@ def _attention(query, key, value, *, bias, mask, broadcast_dropout, dropout_rng,
     # (float64), which a cast to a bfloat16 query would only round.
     extra["bias"] = _to_kernel_layout("bias", additive_bias(bias, query.dtype), batch_shape,
                                       batch)
-  if not deterministic and dropout_rate > 0.0:
+  # Checked here, before `dropout_rate > 0` decides anything (Flax would skip
+  # dropout for a negative or NaN rate without a word).
+  dropout_rate = _static_float("dropout_rate", dropout_rate)
+  if not 0.0 <= dropout_rate < 1.0:
+    raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}")
+  if not _static_bool("deterministic", deterministic) and dropout_rate > 0.0:
     if dropout_rng is None:
       raise ValueError("dropout_rng is required when dropout_rate > 0 and not deterministic "
                        f"(dropout_rate={dropout_rate})")
-    extra.update(dropout_rate=float(dropout_rate), dropout_rng=dropout_rng,
-                 broadcast_dropout=bool(broadcast_dropout))
+    extra.update(dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+                 broadcast_dropout=_static_bool("broadcast_dropout", broadcast_dropout))
 
-  out = jax_flash.flash_attention(flat(query), flat(key), flat(value), is_causal=bool(is_causal),
+  out = jax_flash.flash_attention(flat(query), flat(key), flat(value),
+                                  is_causal=_static_bool("is_causal", is_causal),
                                   **kernel_options, **extra)
   return out.reshape(query.shape[:-1] + value.shape[-1:])

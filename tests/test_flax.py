@@ -285,6 +285,37 @@ def test_mask_of_too_high_rank_is_a_clear_error():
 def test_make_attention_fn_checks_is_causal():
   with pytest.raises(TypeError, match="is_causal must be a bool"):
     jf.make_attention_fn(is_causal="yes")
+  with pytest.raises(TypeError, match="deterministic_backward must be a bool"):
+    jf.make_attention_fn(deterministic_backward="no")
+
+
+@pytest.mark.parametrize("name, value, error, message", [
+    ("is_causal", "no", TypeError, "is_causal must be a bool, got str"),
+    ("deterministic", "yes", TypeError, "deterministic must be a bool, got str"),
+    ("broadcast_dropout", "no", TypeError, "broadcast_dropout must be a bool, got str"),
+    ("dropout_rate", "0.1", TypeError, "dropout_rate must be a float, got str"),
+    ("dropout_rate", -0.1, ValueError, "dropout_rate must be in \\[0, 1\\), got -0.1"),
+    ("dropout_rate", float("nan"), ValueError, "dropout_rate must be finite"),
+])
+def test_flags_and_rate_are_checked_not_converted(name, value, error, message):
+  """Flags once went through bool() ("no" ran causal, deterministic="yes"
+  skipped dropout), and a negative or NaN rate skipped dropout silently."""
+  q, k, v = _qkv(jnp.float32, (2, 9, 2, 8))
+  kwargs = dict(dropout_rate=0.5, dropout_rng=jax.random.key(0), deterministic=False)
+  kwargs[name] = value
+  with pytest.raises(error, match=message):
+    jf.attention_fn(q, k, v, **kwargs)
+  with pytest.raises(error, match=message):
+    jf.make_attention_fn()(q, k, v, **kwargs)
+
+
+def test_traced_flags_are_a_clear_error():
+  q, k, v = _qkv(jnp.float32, (2, 9, 2, 8))
+  key = jax.random.key(0)
+  with pytest.raises(TypeError, match="dropout_rate must be a static Python value"):
+    jax.jit(lambda r: jf.attention_fn(q, k, v, dropout_rate=r, dropout_rng=key))(0.1)
+  with pytest.raises(TypeError, match="is_causal must be a static Python value"):
+    jax.jit(lambda c: jf.attention_fn(q, k, v, is_causal=c))(True)
 
 
 # -- dropout (needs the kernels' dropout) ----------------------------------------
