@@ -523,7 +523,9 @@ def test_handler_rejects_bad_operands(backend, case):
     params["dropout_rate"] = 0.5
     ops["dropout_key"] = np.zeros((3, 2), np.uint32)
   operands = [q, k, v, *mask_operands(q.dtype, **ops)]
-  with pytest.raises(Exception, match="jax_flash"):
+  # Shapes as Python writes tuples: (2,), not (2).
+  message = {"lengths shape": r"jax_flash: q_seqlens must have shape \(2,\), got \(5,\)"}
+  with pytest.raises(Exception, match=message.get(case, "jax_flash")):
     jax.block_until_ready(flash_fwd_p.bind(*map(jnp.asarray, operands), **params))
 
 

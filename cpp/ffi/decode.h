@@ -83,8 +83,8 @@ inline ffi::Error ExpectDims(const char* name, ffi::AnyBuffer::Dimensions dims,
   std::string want = "(";
   i = 0;
   for (int64_t e : expected) want += (i++ ? ", " : "") + std::to_string(e);
-  return Invalid(std::string(name) + " must have shape " + want + ")" +
-                 ", got " + DimsToString(dims));
+  want += expected.size() == 1 ? ",)" : ")";  // Python's tuples, as DimsToString
+  return Invalid(std::string(name) + " must have shape " + want + ", got " + DimsToString(dims));
 }
 
 // q, k, v -> shape; checks ranks, dtypes, head_dim range, GQA divisibility.
