@@ -57,7 +57,7 @@ from collections.abc import Callable
 import jax.numpy as jnp
 
 import jax_flash
-from jax_flash.attention import _static_bool, _static_float, additive_bias
+from jax_flash.attention import _static_bool, _static_float, _window, additive_bias
 
 
 def _promote(query, key, value, dtype, promote_dtype):
@@ -162,6 +162,11 @@ def make_attention_fn(*, is_causal: bool = False,
   """
   if not isinstance(is_causal, bool):
     raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+  # Checked now, where the mistake is made, and again by flash_attention at
+  # each call (with the lengths the window is clamped to and the dtype).
+  _window(local_window_size, 1, 1)
+  if logits_soft_cap is not None:
+    _static_float("logits_soft_cap", logits_soft_cap, positive=True)
   options = dict(local_window_size=local_window_size, logits_soft_cap=logits_soft_cap,
                  deterministic=_static_bool("deterministic_backward", deterministic_backward))
   configured_causal = is_causal

@@ -287,6 +287,14 @@ def test_make_attention_fn_checks_is_causal():
     jf.make_attention_fn(is_causal="yes")
   with pytest.raises(TypeError, match="deterministic_backward must be a bool"):
     jf.make_attention_fn(deterministic_backward="no")
+  # Its kernel options when it is made, not at the first call.
+  with pytest.raises(ValueError, match="local_window_size must be non-negative"):
+    jf.make_attention_fn(local_window_size=(-1, 3))
+  with pytest.raises(TypeError, match="local_window_size must be None, an int, or a"):
+    jf.make_attention_fn(local_window_size=2.5)
+  for cap in (0.0, float("nan")):
+    with pytest.raises(ValueError, match="logits_soft_cap must be"):
+      jf.make_attention_fn(logits_soft_cap=cap)
 
 
 @pytest.mark.parametrize("name, value, error, message", [
