@@ -130,7 +130,10 @@ def _decoded(sharding, mesh, ndim: int):
   try:
     # jax's decoder (private; what decode_shardings=True calls).
     spec, = sharding_impls.parse_flatten_op_sharding(sharding._to_xla_hlo_sharding(ndim), mesh)
-  except (ValueError, StopIteration):  # IndivisibleError is a ValueError
+  except (ValueError, NotImplementedError, AssertionError, StopIteration):
+    # IndivisibleError (a ValueError) for a sub-axis; the others for
+    # shardings jax's decoder does not handle (several subgroup kinds, a
+    # maximal sharding): all of them are resharded.
     return sharding
   return NamedSharding(mesh, P(*spec, *((None,) * (ndim - len(spec)))))
 
