@@ -287,21 +287,28 @@ def test_head_sharded_mask_sums_only_its_tile_map(devices, axis_type):
 
 
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=str)
-def test_query_heads_over_more_devices_than_key_value_heads(devices, axis_type):
-  """4 query heads over 4 devices, 2 key/value heads: no device holds whole
-  key/value heads of its own, so the plan gathers with a warning. The
-  gradient once failed to compile instead (IndivisibleError): Shardy had
-  split the axis between the key/value heads and their groups, a sub-axis on
-  K, V and their gradients that jax cannot hand to the partitioner."""
+@pytest.mark.parametrize("heads", [4, 8])
+def test_query_heads_over_more_devices_than_key_value_heads(devices, axis_type, heads):
+  """Query heads over 4 devices, 2 key/value heads kept whole: no device can
+  hold key/value heads split like its query heads, but each device's query
+  heads share one, which it takes from K and V; dK and dV are its share in
+  that head's place, summed over devices (one all-reduce). This once gathered
+  the queries with a warning, and before that failed to compile
+  (IndivisibleError: Shardy had split the axis between the key/value heads
+  and their groups, a sub-axis on K, V and their gradients)."""
   mesh = jax.make_mesh((4,), ("y",), axis_types=(axis_type,), devices=devices)
-  inputs = make_inputs(np.random.default_rng(7), 1, 24, 24, 4, 2, 8)
-  opts = Options(is_causal=True)
+  inputs = make_inputs(np.random.default_rng(7), 1, 24, 24, heads, 2, 8)
+  opts = Options(is_causal=True, window=(9, 2))
   q, dout = put(mesh, P(None, None, "y"), inputs.q, inputs.dout)
   k, v = put(mesh, P(), inputs.k, inputs.v)
-  partitioning._warned.clear()
-  with pytest.warns(partitioning.ShardingFallbackWarning, match="query"):
-    got = flash_and_grads(opts.kwargs(inputs))(q, k, v, dout, None)
-  check_against_reference(got, inputs, opts)
+  f = flash_and_grads(opts.kwargs(inputs))
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", partitioning.ShardingFallbackWarning)
+    text = f.lower(q, k, v, dout, None).compile().as_text()
+  assert collectives(text) == {"all-reduce"}
+  assert kernel_result_shapes(text, "jax_flash_fwd") == [(1, 24, heads // 4, 8)]
+  assert kernel_result_shapes(text, "jax_flash_bwd", 1) == [(1, 24, 1, 8)]  # dK: one head
+  check_against_reference(f(q, k, v, dout, None), inputs, opts)
 
 
 @pytest.mark.parametrize("case", ["batch_x_heads", "sequence"])

@@ -10,7 +10,8 @@ Each operand and result dimension has a *role*:
   b batch, s query sequence, t key sequence, h query heads, k key/value
   heads, d head dim, None anything else (a broadcast dim, a key's words).
 The plan shards b, h (with k when the key/value heads split evenly, else
-k/v stay whole: multi-query attention) and s; t and d are never sharded
+k/v stay whole and each device takes the head its query heads share) and
+s; t and d are never sharded
 (a kernel needs every key of its rows; ring attention covers a sharded key
 sequence). A local call differs from its slice of the whole problem only in
 where it sits, which the offsets operand (mask.h's Offset) tells the kernel:
@@ -181,6 +182,11 @@ def _make_plan(layout: Layout, mesh, shapes, shardings) -> _Plan:
   batch = pick("b", lambda n: layout.size(shapes, "b") % n == 0) if layout.batch_shardable else ()
   heads = pick("hk", lambda n: num_heads % n == 0)
   kv_heads = kv_prefix(heads) if heads else ()
+  if kv_heads is None and math.prod(mesh.shape[a] for a in heads) % num_kv_heads == 0:
+    # Query heads over more devices than there are key/value heads, along
+    # one axis (4 over 2): each device's query heads still share one
+    # key/value head, which it takes from whole K and V (_local_fn).
+    kv_heads = ()
   if kv_heads is None:
     used.difference_update(heads)
     heads, kv_heads = (), ()
@@ -263,8 +269,20 @@ def _local_fn(local_prim, layout: Layout, params: dict, plan: _Plan, local_shape
   def index(axes):
     return jax.lax.axis_index(axes if len(axes) > 1 else axes[0])
 
+  # K and V whole while their query heads are split (_make_plan): each
+  # device computes with the one key/value head its query heads share, and
+  # its share of dK / dV goes back in that head's place before the sum.
+  num_kv_heads = layout.size(local_shapes, "k")
+  shared_kv = bool(plan.heads) and not plan.kv_heads and num_kv_heads > 1
+  devices_per_kv_head = math.prod(mesh.shape[a] for a in plan.heads) // num_kv_heads
+
   def fn(*args):
     args = list(args)
+    if shared_kv:
+      kv_head = index(plan.heads) // devices_per_kv_head
+      args = [x if "k" not in roles or is_absent(x) else
+              jax.lax.dynamic_slice_in_dim(x, kv_head, 1, axis=roles.index("k"))
+              for x, roles in zip(args, layout.operand_roles)]
     if shifts:
       offsets = args[layout.offsets_index]
       offsets = jnp.zeros((NUM_OFFSETS,), jnp.int32) if is_absent(offsets) else offsets
@@ -274,6 +292,11 @@ def _local_fn(local_prim, layout: Layout, params: dict, plan: _Plan, local_shape
     results = local_prim.bind(*args, **params)
     summed = []
     for result, roles in zip(results, layout.result_roles):
+      if shared_kv and "k" in roles and result.size:
+        axis = roles.index("k")
+        whole = jnp.zeros(result.shape[:axis] + (num_kv_heads,) + result.shape[axis + 1:],
+                          result.dtype)
+        result = jax.lax.dynamic_update_slice_in_dim(whole, result, kv_head, axis)
       missing = [a for role in ("b", "h", "s") for a in plan.axes(role)
                  if not any(a in plan.axes(r) for r in roles)]
       if missing and result.size and jnp.issubdtype(result.dtype, jnp.floating):
