@@ -159,3 +159,22 @@ def attention_and_grads(q, k, v, dout, mask, opts: Options, *, bias=None, comput
   dq, dk, dv, dbias = vjp(dout.astype(out.dtype))
   lse = attention(q, k, v, mask, opts, bias=bias, compute_dtype=compute_dtype)[1]
   return (out, lse, dq, dk, dv) + (() if bias is None else (dbias,))
+
+
+# -- dropout masks, recovered exactly -------------------------------------------
+# Attending to one-hot values (V[j] = e_j) makes output row i the row i of
+# the dropped probabilities, so the kept pairs are the non-zero outputs.
+
+
+def one_hot_problem(batch=2, seqlen_q=50, seqlen_k=64, heads=3, seed=0, kv_heads=None):
+  rng = np.random.default_rng(seed)
+  kv_heads = heads if kv_heads is None else kv_heads
+  q = jnp.asarray(0.3 * rng.standard_normal((batch, seqlen_q, heads, seqlen_k)))
+  k = jnp.asarray(0.3 * rng.standard_normal((batch, seqlen_k, kv_heads, seqlen_k)))
+  v = jnp.broadcast_to(jnp.eye(seqlen_k)[None, :, None, :], (batch, seqlen_k, kv_heads, seqlen_k))
+  return q, k, v
+
+
+def recovered_mask(out):
+  """(B, N, T, S) kept elements, from an output computed with one-hot values."""
+  return jnp.transpose(out != 0, (0, 2, 1, 3))

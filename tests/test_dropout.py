@@ -15,7 +15,7 @@ import pytest
 import jax_flash
 from jax_flash import dropout
 from conftest import assert_flash_close
-from reference import Options, attention
+from reference import Options, attention, one_hot_problem, recovered_mask
 
 RATE = 0.3
 # The kernels draw 8-bit numbers: the rate they apply is RATE rounded to the
@@ -28,20 +28,6 @@ REALISED = 77 / 256
 def on_each_backend(backend):
   """Every test runs on the CPU and, if there is one, the GPU."""
   return backend
-
-
-def one_hot_problem(batch=2, seqlen_q=50, seqlen_k=64, heads=3, seed=0, kv_heads=None):
-  rng = np.random.default_rng(seed)
-  kv_heads = heads if kv_heads is None else kv_heads
-  q = jnp.asarray(0.3 * rng.standard_normal((batch, seqlen_q, heads, seqlen_k)))
-  k = jnp.asarray(0.3 * rng.standard_normal((batch, seqlen_k, kv_heads, seqlen_k)))
-  v = jnp.broadcast_to(jnp.eye(seqlen_k)[None, :, None, :], (batch, seqlen_k, kv_heads, seqlen_k))
-  return q, k, v
-
-
-def recovered_mask(out):
-  """(B, N, T, S) kept elements, from an output computed with one-hot values."""
-  return jnp.transpose(out != 0, (0, 2, 1, 3))
 
 
 def test_keep_rate_and_scaling():
