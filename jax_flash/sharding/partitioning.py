@@ -116,8 +116,9 @@ def _spec(dims_axes: Sequence[tuple[str, ...]]) -> P:
   return P(*(None if not a else a[0] if len(a) == 1 else tuple(a) for a in dims_axes))
 
 
-def _decoded(sharding, mesh, ndim: int):
-  """An operand's sharding as a NamedSharding of `mesh`, where it is one.
+def _decoded(sharding, hlo, mesh, ndim: int):
+  """An operand's sharding (`hlo`: as XLA's HloSharding) as a NamedSharding
+  of `mesh`, where it is one.
 
   The partitioner is handed XLA's shardings undecoded (decode_shardings=
   False), since jax's own decoding raises IndivisibleError for a sub-axis:
@@ -130,7 +131,7 @@ def _decoded(sharding, mesh, ndim: int):
     return sharding
   try:
     # jax's decoder (private; what decode_shardings=True calls).
-    spec, = sharding_impls.parse_flatten_op_sharding(sharding._to_xla_hlo_sharding(ndim), mesh)
+    spec, = sharding_impls.parse_flatten_op_sharding(hlo, mesh)
   except (ValueError, NotImplementedError, AssertionError, StopIteration):
     # IndivisibleError (a ValueError) for a sub-axis; the others for
     # shardings jax's decoder does not handle (several subgroup kinds, a
@@ -325,7 +326,8 @@ def _mesh_and_operands(mesh, arg_shapes):
   hlo = [a.sharding._to_xla_hlo_sharding(len(a.shape)) for a in arg_shapes]
   if any(h.is_tiled() and h.num_devices() != mesh.size for h in hlo):
     mesh = jax.sharding.Mesh(np.empty((), object), ())  # jax's empty mesh
-  return mesh, shapes, [_decoded(a.sharding, mesh, len(a.shape)) for a in arg_shapes]
+  return mesh, shapes, [_decoded(a.sharding, h, mesh, len(a.shape))
+                        for a, h in zip(arg_shapes, hlo)]
 
 
 def _infer(local_prim, layout, params, mesh, arg_shapes, result_shape):
